@@ -1,0 +1,43 @@
+# Every target runs inside the one environment built from requirements.lock (tools/ensure_env.sh builds it on
+# first use, outside the clone, keyed by the lock's hash, and reuses it after).
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+WITH_ENV = env_dir=$$(tools/ensure_env.sh); export PATH="$$env_dir/bin:$$PATH" VIRTUAL_ENV="$$env_dir"
+PYTEST_ARGS ?=
+
+.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui clean
+
+help:
+	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
+	@echo "make test      run the whole test suite"
+	@echo "make test-unit run the fast unit tests only"
+	@echo "make lint      ruff"
+	@echo "make lock      re-resolve requirements.lock from requirements.in"
+
+env:
+	@$(WITH_ENV); echo "environment: $$env_dir"
+
+test:
+	@$(WITH_ENV); python -m pytest $(PYTEST_ARGS)
+
+test-unit:
+	@$(WITH_ENV); python -m pytest -m unit $(PYTEST_ARGS)
+
+lint:
+	@$(WITH_ENV); ruff check .
+
+demo:
+	@$(WITH_ENV); python -m pipelines.demo
+
+lock:
+	uv pip compile requirements.in -p 3.11 -o requirements.lock --no-header
+
+airflow-ui:
+	@$(WITH_ENV); python -m pipelines.cli ui airflow
+
+mlflow-ui:
+	@$(WITH_ENV); python -m pipelines.cli ui mlflow
+
+clean:
+	rm -rf var .pytest_cache

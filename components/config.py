@@ -1,0 +1,247 @@
+"""Typed pipeline configuration: one frozen dataclass per stage, built once at the edge and passed down.
+
+Sources, later ones winning: the defaults below, a YAML file, environment variables (only the few named in
+`ENVIRONMENT_KEYS`), then explicit `section.key=value` overrides (CLI flags or Airflow params). This module is
+the only place that reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown or malformed."""
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    # Root of everything the pipeline writes locally: raw logs, features, samples, checkpoints, MLflow, Airflow.
+    data_root: str = "var"
+    # Model store: a local directory or s3://bucket/prefix. Empty means <data_root>/model_store.
+    model_store: str = ""
+    # Optional S3 endpoint (MinIO, or a moto server in tests).
+    s3_endpoint_url: str = ""
+
+    @property
+    def root(self) -> Path:
+        return Path(self.data_root).absolute()
+
+    @property
+    def model_store_uri(self) -> str:
+        return self.model_store or str(self.root / "model_store")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    start: str = "2026-01-01T00:00"  # first minute written, UTC
+    minutes: int = 60
+    rows_per_minute: int = 5000
+    seed: int = 7
+    # Share of categorical draws that are values never seen before (new ads, new users).
+    new_value_rate: float = 0.01
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[2]"
+    # Spark Connect URL (sc://host:port). When set, jobs run against that server instead of a local session.
+    remote: str = ""
+    driver_memory: str = "4g"
+    shuffle_partitions: int = 4
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    # A categorical value gets its own embedding row after this many occurrences; rarer values share a row.
+    min_count: int = 5
+    # Share of the interval's minutes, taken from its end, held out for evaluation.
+    eval_fraction: float = 0.1
+    # Rows per TFRecord block (one tf.Example per block).
+    block_rows: int = 1024
+    num_shards: int = 4
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "dcnv2"
+    embedding_dim: int = 16
+    num_cross_layers: int = 3
+    mlp_units: tuple[int, ...] = (512, 256, 128)
+    batch_size: int = 4096
+    epochs: int = 3
+    learning_rate: float = 0.05
+    # Row-sparse updates: embeddings get Adagrad's scatter updates; only touched rows change.
+    embedding_learning_rate: float = 0.05
+    jit_compile: bool = True
+    mixed_precision: bool = False
+    # Gradient accumulation over this many micro-batches per optimizer step (1 = off).
+    micro_batches: int = 1
+    shuffle_buffer_blocks: int = 64
+    log_every_steps: int = 20
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    min_auc: float = 0.60
+    max_logloss: float = 0.69
+    # |mean prediction - mean label| / mean label
+    max_calibration_error: float = 0.25
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    # Empty means sqlite:///<data_root>/mlflow/mlflow.db
+    tracking_uri: str = ""
+    experiment: str = "ctr"
+    # Under pytest a tracking outage fails the run; elsewhere it is logged and the pipeline goes on.
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    host: str = "127.0.0.1"
+    port: int = 8501
+    model_name: str = "ctr"
+    max_instances: int = 1024
+    max_body_bytes: int = 4 * 1024 * 1024
+    poll_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.tracking_uri or f"sqlite:///{self.paths.root / 'mlflow' / 'mlflow.db'}"
+
+    def flat(self) -> dict[str, str]:
+        """Every value as `section.key -> str`, for MLflow params and logs."""
+        out: dict[str, str] = {}
+        for section in dataclasses.fields(self):
+            values = getattr(self, section.name)
+            for item in dataclasses.fields(values):
+                value = getattr(values, item.name)
+                if isinstance(value, tuple):
+                    value = ",".join(str(v) for v in value)
+                out[f"{section.name}.{item.name}"] = str(value)
+        return out
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> PipelineConfig:
+        """Returns a copy with `section.key` values replaced, each parsed to the field's type."""
+        sections: dict[str, dict[str, Any]] = {}
+        for dotted, raw in overrides.items():
+            section, _, key = dotted.partition(".")
+            current = getattr(self, section, None) if section else None
+            if current is None or not dataclasses.is_dataclass(current) or not key:
+                raise ConfigError(
+                    f"unknown config key {dotted!r}: expected 'section.key' with section one of "
+                    f"{[f.name for f in dataclasses.fields(self)]}"
+                )
+            fields = {f.name: f for f in dataclasses.fields(current)}
+            if key not in fields:
+                raise ConfigError(
+                    f"unknown config key {dotted!r}: section {section!r} has keys {sorted(fields)}"
+                )
+            hint = typing.get_type_hints(type(current))[key]
+            sections.setdefault(section, {})[key] = _parse(dotted, raw, hint)
+        replaced = {name: dataclasses.replace(getattr(self, name), **values) for name, values in sections.items()}
+        return dataclasses.replace(self, **replaced)
+
+
+# Environment variables read at the edge, and the config key each one sets.
+ENVIRONMENT_KEYS: dict[str, str] = {
+    "CTR_HOME": "paths.data_root",
+    "CTR_MODEL_STORE": "paths.model_store",
+    "CTR_S3_ENDPOINT_URL": "paths.s3_endpoint_url",
+    "MLFLOW_TRACKING_URI": "tracking.tracking_uri",
+    "SPARK_REMOTE": "spark.remote",
+}
+
+
+def load_config(
+    overrides: Mapping[str, Any] | None = None,
+    yaml_path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> PipelineConfig:
+    """Builds the config from defaults, an optional YAML file, the environment and explicit overrides."""
+    values: dict[str, Any] = {}
+    if yaml_path:
+        import yaml
+
+        path = Path(yaml_path)
+        if not path.exists():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(loaded).__name__}")
+        for section, items in loaded.items():
+            if not isinstance(items, dict):
+                raise ConfigError(f"config file {str(path)!r}: section {section!r} must be a mapping, got {items!r}")
+            for key, value in items.items():
+                values[f"{section}.{key}"] = value
+    env = os.environ if environ is None else environ
+    for variable, key in ENVIRONMENT_KEYS.items():
+        if env.get(variable):
+            values[key] = env[variable]
+    values.update(overrides or {})
+    return PipelineConfig().with_overrides(values)
+
+
+def parse_override_args(pairs: list[str]) -> dict[str, str]:
+    """Parses CLI `--set section.key=value` pairs."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"override {pair!r} is not of the form section.key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _parse(key: str, raw: Any, hint: Any) -> Any:
+    try:
+        if hint is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in {"1", "true", "yes", "on"}:
+                return True
+            if text in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError("expected true or false")
+        if hint is int:
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError("expected an integer")
+            return int(raw)
+        if hint is float:
+            return float(raw)
+        if hint is str:
+            return str(raw)
+        origin = typing.get_origin(hint)
+        if origin is tuple:
+            (item_type, *_rest) = typing.get_args(hint)
+            items = raw if isinstance(raw, list | tuple) else [p for p in str(raw).split(",") if p.strip()]
+            return tuple(item_type(p) for p in items)
+        if origin in (typing.Union, types.UnionType):
+            return raw
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"config key {key!r}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}: {err}") from err
+    raise ConfigError(f"config key {key!r}: unsupported type {hint!r}")

@@ -1,0 +1,49 @@
+"""Where each output lives under the data root. Every path is a function of the data interval."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from components.interval import Interval
+
+RAW_DATASET = "click_log"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    # Raw minute partitions: raw/click_log/date=YYYY-MM-DD/minute=HHMM/part-00000.tsv (+ _SUCCESS)
+    def raw_minute_dir(self, minute: datetime) -> Path:
+        return self.root / "raw" / RAW_DATASET / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
+
+    def quarantine_minute_dir(self, minute: datetime) -> Path:
+        return self.root / "quarantine" / RAW_DATASET / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
+
+    def validation_report(self, interval: Interval) -> Path:
+        return self.root / "validation" / interval.tag / "report.json"
+
+    def feature_state_dir(self, interval: Interval) -> Path:
+        return self.root / "features" / interval.tag
+
+    def samples_dir(self, interval: Interval, split: str) -> Path:
+        return self.root / "samples" / interval.tag / split
+
+    def checkpoint_dir(self, interval: Interval) -> Path:
+        return self.root / "checkpoints" / interval.tag
+
+    def evaluation_dir(self, interval: Interval) -> Path:
+        return self.root / "evaluation" / interval.tag
+
+    def export_dir(self, interval: Interval) -> Path:
+        return self.root / "exports" / interval.tag
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.root / "airflow"
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.root / "mlflow"

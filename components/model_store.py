@@ -1,0 +1,167 @@
+"""The model store: versioned model directories in a local folder or under an S3 prefix.
+
+Layout: <store>/<model_name>/<version>/{...files, manifest.json}. Versions are integers as strings (the
+TF-Serving convention), increasing with the data they were trained on. A version exists only once its
+manifest is there: locally the version is built in a staging directory and renamed into place; on S3 every
+object is uploaded before the manifest object.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.manifest import MANIFEST_NAME, ManifestError, commit_dir, read_manifest, staging_dir
+
+
+class ModelStoreError(RuntimeError):
+    """A version is missing, incomplete or corrupt in the model store."""
+
+
+class ModelStore(Protocol):
+    uri: str
+
+    def publish(self, model_name: str, version: str, source: Path) -> str: ...
+    def versions(self, model_name: str) -> list[str]: ...
+    def manifest(self, model_name: str, version: str) -> dict[str, Any]: ...
+    def fetch(self, model_name: str, version: str, cache_dir: Path) -> Path: ...
+
+    def latest(self, model_name: str) -> str | None: ...
+
+
+def _check_version(version: str) -> None:
+    if not version.isdigit():
+        raise ModelStoreError(f"model version {version!r} must be a decimal integer, e.g. 202601020000")
+
+
+def _check_source(source: Path) -> None:
+    if not (source / MANIFEST_NAME).is_file():
+        raise ModelStoreError(f"cannot publish {source}: it has no {MANIFEST_NAME}; export the model first")
+    read_manifest(source)
+
+
+class LocalModelStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).absolute()
+        self.uri = str(self.root)
+
+    def publish(self, model_name: str, version: str, source: Path) -> str:
+        """Copies an exported model directory (with its manifest) into the store as `version`."""
+        _check_version(version)
+        _check_source(Path(source))
+        final = self.root / model_name / version
+        staging = staging_dir(final)
+        shutil.rmtree(staging)
+        shutil.copytree(source, staging)
+        commit_dir(staging, final)
+        return str(final)
+
+    def versions(self, model_name: str) -> list[str]:
+        base = self.root / model_name
+        if not base.is_dir():
+            return []
+        found = [p.name for p in base.iterdir() if p.name.isdigit() and (p / MANIFEST_NAME).is_file()]
+        return sorted(found, key=int)
+
+    def latest(self, model_name: str) -> str | None:
+        versions = self.versions(model_name)
+        return versions[-1] if versions else None
+
+    def manifest(self, model_name: str, version: str) -> dict[str, Any]:
+        path = self.root / model_name / version / MANIFEST_NAME
+        if not path.is_file():
+            raise ModelStoreError(f"version {version} of {model_name!r} is not in {self.uri}")
+        return json.loads(path.read_text())
+
+    def fetch(self, model_name: str, version: str, cache_dir: Path) -> Path:
+        """Returns a local directory holding the version, after verifying its checksums."""
+        directory = self.root / model_name / version
+        try:
+            read_manifest(directory)
+        except ManifestError as err:
+            raise ModelStoreError(f"version {version} of {model_name!r} is corrupt or incomplete: {err}") from err
+        return directory
+
+
+class S3ModelStore:
+    def __init__(self, uri: str, endpoint_url: str = "", client: Any = None):
+        if not uri.startswith("s3://"):
+            raise ModelStoreError(f"S3 model store URI must start with s3://, got {uri!r}")
+        self.uri = uri.rstrip("/")
+        bucket, _, prefix = self.uri[len("s3://"):].partition("/")
+        self.bucket, self.prefix = bucket, prefix
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=endpoint_url or None)
+        self.client = client
+
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def publish(self, model_name: str, version: str, source: Path) -> str:
+        _check_version(version)
+        source = Path(source)
+        _check_source(source)
+        files = sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+        for path in files:  # every object first ...
+            self.client.upload_file(str(path), self.bucket, self._key(model_name, version, str(path.relative_to(source))))
+        # ... the manifest last: readers ignore a version without one.
+        self.client.upload_file(str(source / MANIFEST_NAME), self.bucket, self._key(model_name, version, MANIFEST_NAME))
+        return f"{self.uri}/{model_name}/{version}"
+
+    def versions(self, model_name: str) -> list[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        found = set()
+        base = self._key(model_name) + "/"
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+            for item in page.get("Contents", []):
+                version, _, rest = item["Key"][len(base):].partition("/")
+                if rest == MANIFEST_NAME and version.isdigit():
+                    found.add(version)
+        return sorted(found, key=int)
+
+    def latest(self, model_name: str) -> str | None:
+        versions = self.versions(model_name)
+        return versions[-1] if versions else None
+
+    def manifest(self, model_name: str, version: str) -> dict[str, Any]:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(model_name, version, MANIFEST_NAME))["Body"]
+        except self.client.exceptions.NoSuchKey as err:
+            raise ModelStoreError(f"version {version} of {model_name!r} is not in {self.uri}") from err
+        return json.loads(body.read())
+
+    def fetch(self, model_name: str, version: str, cache_dir: Path) -> Path:
+        final = Path(cache_dir) / model_name / version
+        if final.is_dir():
+            try:
+                read_manifest(final)
+                return final
+            except ManifestError:
+                shutil.rmtree(final)
+        manifest = self.manifest(model_name, version)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{version}."))
+        for name in manifest["files"]:
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.client.download_file(self.bucket, self._key(model_name, version, name), str(target))
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest))
+        try:
+            read_manifest(staging)
+        except ManifestError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ModelStoreError(f"version {version} of {model_name!r} in {self.uri} is corrupt: {err}") from err
+        return commit_dir(staging, final)
+
+
+def open_model_store(uri: str, endpoint_url: str = "") -> ModelStore:
+    if uri.startswith("s3://"):
+        return S3ModelStore(uri, endpoint_url=endpoint_url)
+    if "://" in uri:
+        raise ModelStoreError(f"model store {uri!r} is neither a local directory nor an s3:// URI")
+    return LocalModelStore(uri)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Prints the path of the project's Python environment, building it first if needed.
+#
+# The environment is ~4 GB and takes ~5 minutes to install, so it lives outside the clone,
+# keyed by the hash of requirements.lock: every clone (and CI) with the same lock reuses it,
+# and a changed lock builds a new one. A build that was interrupted is detected by the
+# missing ".complete" marker and redone from scratch.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+lock="$root/requirements.lock"
+python_bin="${CTR_PYTHON:-python3.11}"
+cache="${CTR_ENV_CACHE:-$HOME/.cache/ctr-pipeline}"
+lock_hash=$(sha256sum "$lock" | cut -c1-16)
+venv="$cache/venv-py311-$lock_hash"
+
+log() { echo "[env] $*" >&2; }
+
+if ! command -v java >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    log "Java is missing (Spark needs Java 17): installing openjdk-17-jre-headless with apt-get"
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >&2
+  else
+    log "Java 17 is required by Spark and was not found on PATH. Install it (e.g. 'sudo apt-get install openjdk-17-jre-headless') and retry."
+    exit 1
+  fi
+fi
+if ! command -v "$python_bin" >/dev/null 2>&1; then
+  log "$python_bin was not found on PATH. Install Python 3.11 or set CTR_PYTHON to its path."
+  exit 1
+fi
+
+mkdir -p "$cache"
+uv_bin=$(command -v uv || true)
+if [ -z "$uv_bin" ]; then
+  if [ ! -x "$cache/uv/bin/uv" ]; then
+    log "bootstrapping uv into $cache/uv"
+    "$python_bin" -m venv "$cache/uv" >&2 && "$cache/uv/bin/pip" install -q uv >&2
+  fi
+  uv_bin="$cache/uv/bin/uv"
+fi
+
+if [ ! -f "$venv/.complete" ]; then
+  log "building the environment for lock $lock_hash in $venv (first use: ~5 minutes, ~4 GB)"
+  rm -rf "$venv"
+  "$uv_bin" venv -q -p "$python_bin" "$venv" >&2
+  "$uv_bin" pip install -p "$venv/bin/python" -r "$lock" >&2
+  touch "$venv/.complete"
+  log "environment ready"
+fi
+
+# The project itself is installed editable from this clone (cheap; keeps the `ctr` script pointing here).
+if ! "$venv/bin/python" - "$root" <<'PY' >/dev/null 2>&1
+import sys, pathlib, importlib.util
+spec = importlib.util.find_spec("pipelines")
+sys.exit(0 if spec and pathlib.Path(spec.origin).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)
+PY
+then
+  "$uv_bin" pip install -q -p "$venv/bin/python" --no-deps -e "$root" >&2
+fi
+echo "$venv"
