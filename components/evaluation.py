@@ -1,0 +1,85 @@
+"""Offline evaluation and the quality gate."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from components.config import GateConfig
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve with ties counted as one half (Mann-Whitney U)."""
+    labels = np.asarray(labels).astype(bool).ravel()
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    if labels.shape != scores.shape:
+        raise ValueError(f"roc_auc: {labels.shape[0]} labels but {scores.shape[0]} scores")
+    num_positive = int(labels.sum())
+    num_negative = len(labels) - num_positive
+    if num_positive == 0 or num_negative == 0:
+        raise ValueError(f"roc_auc needs both classes, got {num_positive} positives and {num_negative} negatives")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    ranks = np.empty(len(scores), dtype=np.float64)
+    # Average ranks (1-based) over runs of tied scores.
+    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(scores)]])
+    average = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(average, ends - starts)
+    return float((ranks[labels].sum() - num_positive * (num_positive + 1) / 2.0) / (num_positive * num_negative))
+
+
+def log_loss(labels: np.ndarray, probabilities: np.ndarray, eps: float = 1e-7) -> float:
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    p = np.clip(np.asarray(probabilities, dtype=np.float64).ravel(), eps, 1.0 - eps)
+    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    auc: float
+    logloss: float
+    mean_prediction: float
+    mean_label: float
+    num_examples: int
+
+    @property
+    def calibration_error(self) -> float:
+        """|mean prediction - mean label| / mean label."""
+        return abs(self.mean_prediction - self.mean_label) / max(self.mean_label, 1e-12)
+
+    def metrics(self) -> dict[str, float]:
+        return {**asdict(self), "calibration_error": self.calibration_error}
+
+
+def evaluate(labels: np.ndarray, probabilities: np.ndarray) -> Evaluation:
+    return Evaluation(
+        auc=roc_auc(labels, probabilities),
+        logloss=log_loss(labels, probabilities),
+        mean_prediction=float(np.mean(probabilities)),
+        mean_label=float(np.mean(labels)),
+        num_examples=int(np.size(labels)),
+    )
+
+
+class QualityGateError(RuntimeError):
+    """A model failed the quality gate and must not be published."""
+
+
+def check_gate(evaluation: Evaluation, gate: GateConfig) -> list[str]:
+    """The reasons the model fails the gate; empty when it passes."""
+    failures = []
+    if not np.isfinite([evaluation.auc, evaluation.logloss, evaluation.mean_prediction]).all():
+        failures.append(f"non-finite metrics: {evaluation.metrics()}")
+    if evaluation.auc < gate.min_auc:
+        failures.append(f"AUC {evaluation.auc:.4f} is below gate.min_auc={gate.min_auc}")
+    if evaluation.logloss > gate.max_logloss:
+        failures.append(f"logloss {evaluation.logloss:.4f} is above gate.max_logloss={gate.max_logloss}")
+    if evaluation.calibration_error > gate.max_calibration_error:
+        failures.append(
+            f"calibration error {evaluation.calibration_error:.3f} (mean prediction {evaluation.mean_prediction:.4f} "
+            f"vs mean label {evaluation.mean_label:.4f}) is above gate.max_calibration_error={gate.max_calibration_error}"
+        )
+    return failures

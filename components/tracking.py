@@ -1,0 +1,119 @@
+"""MLflow tracking as a side channel: one adapter, one MLflow run per pipeline run.
+
+Every step of a run (each possibly its own Airflow task process) finds the same MLflow run by its run key
+(tag `ctr.run_key`, e.g. "ctr_daily/scheduled__2026-01-02T00:00:00+00:00") or creates it. A tracking outage
+is logged and the pipeline goes on, unless `tracking.strict` is set (tests set it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from components.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+RUN_KEY_TAG = "ctr.run_key"
+
+
+class Tracker:
+    def __init__(self, config: PipelineConfig, run_key: str, run_name: str, tags: Mapping[str, str]):
+        self._strict = config.tracking.strict
+        self._uri = config.tracking_uri
+        self._experiment = config.tracking.experiment
+        self._artifact_root = (config.paths.root / "mlflow" / "artifacts").as_uri()
+        self._run_key = run_key
+        self._run_name = run_name
+        self._tags = dict(tags)
+        self._client = None
+        self.run_id: str | None = None
+
+    def _guard(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - tracking must not break training unless strict
+            if self._strict:
+                raise
+            log.warning("MLflow %s failed (tracking is a side channel, the pipeline goes on): %s", what, err)
+            return None
+
+    def start(self) -> str | None:
+        return self._guard("start", self._start)
+
+    def _start(self) -> str:
+        from mlflow.tracking import MlflowClient
+
+        if self._uri.startswith("sqlite:///"):
+            Path(self._uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        self._client = client = MlflowClient(tracking_uri=self._uri)
+        experiment = client.get_experiment_by_name(self._experiment)
+        experiment_id = (experiment.experiment_id if experiment else
+                         client.create_experiment(self._experiment, artifact_location=self._artifact_root))
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{self._run_key}'",
+                                   max_results=1)
+        if found:
+            self.run_id = found[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+        else:
+            run = client.create_run(experiment_id, run_name=self._run_name,
+                                    tags={RUN_KEY_TAG: self._run_key, **self._tags})
+            self.run_id = run.info.run_id
+        return self.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        def do() -> None:
+            from mlflow.entities import Param
+
+            existing = self._client.get_run(self.run_id).data.params
+            new = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
+            changed = {k: (existing[k], str(v)) for k, v in params.items() if k in existing and existing[k] != str(v)}
+            if changed:
+                log.warning("MLflow params already logged with other values are kept: %s", changed)
+            for i in range(0, len(new), 100):
+                self._client.log_batch(self.run_id, params=new[i:i + 100])
+
+        if self.run_id:
+            self._guard("log_params", do)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        def do() -> None:
+            import time
+
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                     if v is not None and math.isfinite(float(v))]
+            self._client.log_batch(self.run_id, metrics=items)
+
+        if self.run_id:
+            self._guard("log_metrics", do)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        if self.run_id:
+            for k, v in tags.items():
+                self._guard("set_tag", self._client.set_tag, self.run_id, k, str(v))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if not self.run_id:
+            return
+        path = Path(path)
+        if path.is_dir():
+            self._guard("log_artifacts", self._client.log_artifacts, self.run_id, str(path), artifact_path)
+        else:
+            self._guard("log_artifact", self._client.log_artifact, self.run_id, str(path), artifact_path)
+
+    def log_dict(self, payload: Any, artifact_file: str) -> None:
+        if self.run_id:
+            self._guard("log_dict", self._client.log_dict, self.run_id, payload, artifact_file)
+
+    def log_figure(self, figure: Any, artifact_file: str) -> None:
+        if self.run_id:
+            self._guard("log_figure", self._client.log_figure, self.run_id, figure, artifact_file)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.run_id:
+            self._guard("end", self._client.set_terminated, self.run_id, status)

@@ -1,0 +1,156 @@
+"""`ctr`: the command line of the CTR pipeline.
+
+    ctr generate                      write a synthetic click log (minute partitions)
+    ctr run daily --date 2026-01-01   run the daily pipeline without Airflow
+    ctr serve                         serve the newest published model (TF-Serving REST API)
+    ctr airflow dags list             the Airflow CLI on the project's embedded settings
+    ctr ui airflow | ctr ui mlflow    open the Airflow UI / the MLflow UI on this data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+
+from components.config import ConfigError, PipelineConfig, load_config, parse_override_args
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for noisy in ("py4j", "great_expectations", "urllib3", "alembic", "matplotlib", "absl"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _config(args: argparse.Namespace, extra: dict | None = None) -> PipelineConfig:
+    overrides = parse_override_args(args.set or [])
+    overrides.update(extra or {})
+    return load_config(overrides=overrides, yaml_path=args.config)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from components.layout import Layout
+    from components.synthetic import generate
+
+    extra = {f"generate.{k}": v for k, v in (("minutes", args.minutes), ("rows_per_minute", args.rows_per_minute),
+                                              ("start", args.start), ("seed", args.seed)) if v is not None}
+    config = _config(args, extra)
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            print(f"  generated {done}/{total} minutes", flush=True)
+
+    summary = generate(config.generate, Layout(config.paths.root), progress=progress)
+    print(json.dumps(summary, indent=2))
+    print(f"planted model AUC (best achievable): {summary['planted_auc']:.4f}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from components.interval import Interval
+    from pipelines.context import RunContext
+    from pipelines.runner import run_steps, select_steps
+
+    config = _config(args)
+    if args.date:
+        interval = Interval.day(args.date)
+    elif args.start and args.end:
+        interval = Interval.parse(args.start, args.end)
+    else:
+        raise ConfigError("give --date YYYY-MM-DD or both --start and --end (ISO times, UTC)")
+    steps = select_steps(args.pipeline, args.steps.split(",") if args.steps else None)
+    ctx = RunContext(config=config, interval=interval, pipeline=args.pipeline,
+                     run_id=args.run_id or f"cli__{interval.tag}__{uuid.uuid4().hex[:8]}")
+    outputs = run_steps(ctx, steps)
+    print(json.dumps(outputs, indent=2, default=str))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from serving.server import serve
+
+    extra = {"serving.port": args.port} if args.port else {}
+    if args.host:
+        extra["serving.host"] = args.host
+    serve(_config(args, extra))
+    return 0
+
+
+def cmd_airflow(args: argparse.Namespace) -> int:
+    from pipelines.airflow_env import airflow_environment
+
+    env = airflow_environment(_config(args))
+    return subprocess.call([sys.executable, "-m", "airflow", *args.airflow_args], env=env)
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from pipelines.airflow_env import airflow_environment
+
+    config = _config(args)
+    if args.which == "airflow":
+        env = airflow_environment(config, api_port=args.port or 8080)
+        print(f"Airflow UI on http://localhost:{args.port or 8080} (admin password: "
+              f"{config.paths.root / 'airflow' / 'simple_auth_manager_passwords.json.generated'})", flush=True)
+        return subprocess.call([sys.executable, "-m", "airflow", "standalone"], env=env)
+    port = str(args.port or 5000)
+    print(f"MLflow UI on http://localhost:{port} ({config.tracking_uri})", flush=True)
+    return subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", config.tracking_uri,
+                            "--host", "127.0.0.1", "--port", port])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctr", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="YAML file of config sections (see components/config.py)")
+    common.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override one config value")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", parents=[common], help="write a synthetic click log")
+    p.add_argument("--minutes", type=int)
+    p.add_argument("--rows-per-minute", type=int)
+    p.add_argument("--start", help="first minute, ISO time (UTC)")
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("run", parents=[common], help="run a pipeline without Airflow")
+    p.add_argument("pipeline", choices=["daily"])
+    p.add_argument("--date", help="the UTC day to process, YYYY-MM-DD")
+    p.add_argument("--start")
+    p.add_argument("--end")
+    p.add_argument("--steps", help="comma-separated subset of steps, e.g. train,evaluate")
+    p.add_argument("--run-id")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("serve", parents=[common], help="serve the newest published model")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("airflow", parents=[common], help="the Airflow CLI on the project's embedded settings")
+    p.add_argument("airflow_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_airflow)
+
+    p = sub.add_parser("ui", parents=[common], help="start the Airflow or MLflow UI on this data")
+    p.add_argument("which", choices=["airflow", "mlflow"])
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _setup_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"ctr: configuration error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""What every step of a pipeline run receives: the config, the data interval and the run's identity."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from components.config import PipelineConfig
+from components.interval import Interval
+from components.layout import Layout
+
+progress_log = logging.getLogger("ctr.progress")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    description: str
+    run: object  # Callable[[RunContext], dict]
+
+
+@dataclass
+class RunContext:
+    config: PipelineConfig
+    interval: Interval
+    pipeline: str  # "daily"
+    run_id: str  # Airflow run_id, or one made by the CLI
+    dag_id: str = ""
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def layout(self) -> Layout:
+        return Layout(self.config.paths.root)
+
+    @property
+    def run_key(self) -> str:
+        return f"{self.dag_id or 'ctr_' + self.pipeline}/{self.run_id}"
+
+    @cached_property
+    def tracker(self):
+        from components.tracking import Tracker
+
+        tags = {"ctr.pipeline": self.pipeline, "ctr.interval_start": self.interval.start.isoformat(),
+                "ctr.interval_end": self.interval.end.isoformat(), **self.extra_tags}
+        if self.dag_id:
+            tags.update({"airflow.dag_id": self.dag_id, "airflow.run_id": self.run_id})
+        tracker = Tracker(self.config, run_key=self.run_key, run_name=f"{self.pipeline} {self.interval.tag}",
+                          tags=tags)
+        tracker.start()
+        return tracker
+
+    def progress(self, message: str, *args) -> None:
+        progress_log.info("[ctr %s] " + message, self.pipeline, *args)

@@ -1,0 +1,283 @@
+"""The daily pipeline, defined once: the Airflow DAG `ctr_daily` and `ctr run daily` both run these steps.
+
+validate -> features -> samples -> train -> evaluate -> export. Each step is a transaction on its data
+interval: it reads the manifests its predecessor committed, writes its own outputs under paths that are a
+function of the interval (re-runs replace them), and logs to the run's MLflow run. Heavy libraries are
+imported inside the steps so the DAG file parses fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import timedelta
+
+from pipelines.context import RunContext, Step
+
+MODEL_NAME = "ctr"
+
+
+def split_minutes(ctx: RunContext) -> tuple[list, list]:
+    """The interval's minutes, split in time: the last `eval_fraction` of them are held out for evaluation."""
+    minutes = list(ctx.interval.minutes())
+    num_eval = max(1, math.ceil(len(minutes) * ctx.config.features.eval_fraction))
+    return minutes[:-num_eval], minutes[-num_eval:]
+
+
+def _raw_paths(ctx: RunContext, minutes) -> list[str]:
+    from components.validation import RAW_FILE
+
+    paths = []
+    for minute in minutes:
+        path = ctx.layout.raw_minute_dir(minute) / RAW_FILE
+        if path.exists():
+            paths.append(str(path))
+    return paths
+
+
+def validate(ctx: RunContext) -> dict:
+    from components.validation import validate_interval
+
+    minutes = list(ctx.interval.minutes())
+    ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
+    report_path = ctx.layout.validation_report(ctx.interval)
+    tracker = ctx.tracker
+    tracker.log_params(ctx.config.flat())
+    try:
+        report = validate_interval(ctx.layout, minutes, report_path)
+    finally:
+        if report_path.exists():
+            tracker.log_artifact(report_path, "validation")
+    tracker.log_metrics({"validation.slices_passed": report["num_passed"],
+                         "validation.slices_failed": len(report["failed"]),
+                         "validation.slices_missing": len(report["missing"]),
+                         "validation.rows": report["num_rows"]})
+    ctx.progress("validate: %d slices passed, %d quarantined, %d missing, %d rows", report["num_passed"],
+                 len(report["failed"]), len(report["missing"]), report["num_rows"])
+    return {"report": str(report_path), "rows": report["num_rows"]}
+
+
+def _spark(ctx: RunContext):
+    from spark_jobs.session import get_spark
+
+    return get_spark(ctx.config.spark, app_name=f"ctr-{ctx.pipeline}")
+
+
+def features(ctx: RunContext) -> dict:
+    from components.manifest import read_manifest
+    from spark_jobs.features import build_feature_state, write_feature_state
+    from spark_jobs.raw import extract_raw, parse_raw
+
+    train_minutes, _ = split_minutes(ctx)
+    paths = _raw_paths(ctx, train_minutes)
+    if not paths:
+        raise RuntimeError(f"no validated raw slices to build features from in {ctx.interval.tag}; run validate first")
+    ctx.progress("features: building vocabularies from %d training minute slices with Spark", len(paths))
+    started = time.monotonic()
+    spark = _spark(ctx)
+    frame = parse_raw(extract_raw(spark, paths)).cache()
+    num_rows = frame.count()
+    state = build_feature_state(frame, ctx.config.features.min_count, version=f"daily-{ctx.interval.tag}")
+    frame.unpersist()
+    directory = ctx.layout.feature_state_dir(ctx.interval)
+    write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": len(paths)},
+                        num_rows=num_rows)
+    manifest = read_manifest(directory)
+    ctx.tracker.log_artifact(directory / "manifest.json", "manifests/feature_state")
+    sizes = manifest["vocabulary_sizes"]
+    ctx.tracker.log_metrics({"features.training_rows": num_rows, "features.vocabulary_rows": sum(sizes.values()),
+                             "features.seconds": time.monotonic() - started})
+    ctx.progress("features: %d rows, %d admitted values over 26 vocabularies (min_count=%d) in %.0f s", num_rows,
+                 sum(sizes.values()), ctx.config.features.min_count, time.monotonic() - started)
+    return {"feature_state": str(directory)}
+
+
+def samples(ctx: RunContext) -> dict:
+    from components.feature_state import load_feature_state
+    from components.manifest import read_manifest
+    from spark_jobs.raw import extract_raw, parse_raw
+    from spark_jobs.samples import write_samples
+
+    state_dir = ctx.layout.feature_state_dir(ctx.interval)
+    state = load_feature_state(state_dir)
+    state_manifest = read_manifest(state_dir, verify=False)
+    spark = _spark(ctx)
+    out = {}
+    for split, minutes in zip(("train", "eval"), split_minutes(ctx), strict=True):
+        paths = _raw_paths(ctx, minutes)
+        if not paths:
+            raise RuntimeError(f"no validated raw slices for the {split} split of {ctx.interval.tag}")
+        started = time.monotonic()
+        directory = ctx.layout.samples_dir(ctx.interval, split)
+        manifest = write_samples(
+            parse_raw(extract_raw(spark, paths)), state, directory, split=split,
+            block_rows=ctx.config.features.block_rows, num_shards=ctx.config.features.num_shards,
+            seed=ctx.config.features.seed,
+            inputs={"interval": ctx.interval.tag, "raw_slices": len(paths),
+                    "feature_state": {"version": state.version, "path": str(state_dir),
+                                      "manifest_created_at": state_manifest["created_at"]}},
+        )
+        seconds = time.monotonic() - started
+        rows = manifest["row_counts"]["rows"]
+        ctx.tracker.log_artifact(directory / "manifest.json", f"manifests/samples_{split}")
+        ctx.tracker.log_metrics({f"samples.{split}_rows": rows, f"samples.{split}_seconds": seconds})
+        ctx.progress("samples: %s split, %d rows in %d block TFRecord shards, %.0f s", split, rows,
+                     len(manifest["shards"]), seconds)
+        out[split] = str(directory)
+    return out
+
+
+def _sample_files(ctx: RunContext, split: str) -> tuple[list[str], dict]:
+    from components.manifest import read_manifest
+
+    directory = ctx.layout.samples_dir(ctx.interval, split)
+    manifest = read_manifest(directory, kind="samples")
+    return [str(directory / name) for name in sorted(manifest["files"])], manifest
+
+
+def train(ctx: RunContext) -> dict:
+    import numpy as np
+
+    from components.feature_state import load_feature_state
+    from components.manifest import write_json_atomic
+    from trainer.train import StepMetricsLogger, train_model
+
+    state = load_feature_state(ctx.layout.feature_state_dir(ctx.interval))
+    train_files, train_manifest = _sample_files(ctx, "train")
+    eval_files, _ = _sample_files(ctx, "eval")
+    config = ctx.config.train
+    ctx.progress("train: %s on %d rows, batch %d, %d epochs, XLA=%s, mixed precision=%s, micro-batches=%d",
+                 config.model, train_manifest["row_counts"]["rows"], config.batch_size, config.epochs,
+                 config.jit_compile, config.mixed_precision, config.micro_batches)
+    tracker = ctx.tracker
+    curve: list[tuple[int, dict]] = []
+
+    def log_step(metrics: dict, step: int) -> None:
+        curve.append((step, dict(metrics)))
+        tracker.log_metrics({f"train.{k}": v for k, v in metrics.items()}, step=step)
+        ctx.progress("train: step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+
+    result = train_model(config, state.table_sizes(), train_files, eval_files,
+                         ctx.layout.checkpoint_dir(ctx.interval),
+                         callbacks=[StepMetricsLogger(log_step, config.log_every_steps)])
+    evaluation_dir = ctx.layout.evaluation_dir(ctx.interval)
+    evaluation_dir.mkdir(parents=True, exist_ok=True)
+    np.savez(evaluation_dir / "predictions.npz", labels=result.eval_labels, predictions=result.eval_predictions)
+    summary = {"examples_per_second": result.examples_per_second, "num_train_examples": result.num_train_examples,
+               "history": result.history}
+    write_json_atomic(evaluation_dir / "training.json", summary)
+    tracker.log_metrics({"train.examples_per_second": result.examples_per_second})
+    _log_training_curve(ctx, curve)
+    ctx.progress("train: done, %.0f examples/s", result.examples_per_second)
+    return {"checkpoint": str(ctx.layout.checkpoint_dir(ctx.interval))}
+
+
+def _log_training_curve(ctx: RunContext, curve: list[tuple[int, dict]]) -> None:
+    if not curve:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({k for _, m in curve for k in m})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        points = [(s, m[key]) for s, m in curve if key in m]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"training {ctx.interval.tag}")
+    fig.tight_layout()
+    path = ctx.layout.evaluation_dir(ctx.interval) / "training_curve.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    ctx.tracker.log_artifact(path, "plots")
+
+
+def evaluate(ctx: RunContext) -> dict:
+    import numpy as np
+
+    from components.evaluation import QualityGateError, check_gate, evaluate as compute
+    from components.manifest import write_json_atomic
+    from components.synthetic import planted_auc
+
+    evaluation_dir = ctx.layout.evaluation_dir(ctx.interval)
+    data = np.load(evaluation_dir / "predictions.npz")
+    evaluation = compute(data["labels"], data["predictions"])
+    _, eval_minutes = split_minutes(ctx)
+    best = planted_auc(ctx.layout, eval_minutes)
+    failures = check_gate(evaluation, ctx.config.gate)
+    report = {"metrics": evaluation.metrics(), "planted_auc": best, "gate": {"passed": not failures,
+              "failures": failures, "config": ctx.config.gate.__dict__}}
+    write_json_atomic(evaluation_dir / "report.json", report)
+    metrics = {f"eval.{k}": v for k, v in evaluation.metrics().items()}
+    if best is not None:
+        metrics["eval.planted_auc"] = best
+        metrics["eval.auc_gap_to_planted"] = best - evaluation.auc
+    ctx.tracker.log_metrics({**metrics, "gate.passed": float(not failures)})
+    ctx.tracker.log_artifact(evaluation_dir / "report.json", "evaluation")
+    ctx.progress("evaluate: AUC %.4f (planted model %s), logloss %.4f, mean prediction %.4f vs label %.4f",
+                 evaluation.auc, f"{best:.4f}" if best is not None else "n/a", evaluation.logloss,
+                 evaluation.mean_prediction, evaluation.mean_label)
+    if failures:
+        ctx.tracker.set_tags({"gate": "failed"})
+        raise QualityGateError("the model failed the quality gate and is not published: " + "; ".join(failures))
+    ctx.tracker.set_tags({"gate": "passed"})
+    return report
+
+
+def model_version(ctx: RunContext) -> str:
+    """Versions are the end of the data interval, YYYYMMDDHHMM: later data, higher version."""
+    return f"{ctx.interval.end:%Y%m%d%H%M}"
+
+
+def export(ctx: RunContext) -> dict:
+    import keras
+
+    from components.feature_state import load_feature_state
+    from components.manifest import commit_dir, read_manifest, staging_dir, write_manifest
+    from components.model_store import open_model_store
+    from trainer.export import export_serving_model
+
+    state_dir = ctx.layout.feature_state_dir(ctx.interval)
+    state = load_feature_state(state_dir)
+    checkpoint = ctx.layout.checkpoint_dir(ctx.interval)
+    read_manifest(checkpoint, kind="checkpoint")
+    report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
+    if not report["gate"]["passed"]:
+        raise RuntimeError("refusing to export: the evaluation report says the gate failed")
+    model = keras.saving.load_model(checkpoint / "model.keras")
+    version = model_version(ctx)
+    directory = ctx.layout.export_dir(ctx.interval)
+    staging = staging_dir(directory)
+    files = export_serving_model(model, state, staging)
+    write_manifest(
+        staging, kind="full_model", version=version, files=files,
+        inputs={"interval": ctx.interval.as_dict(), "feature_state": state.version,
+                "samples": {s: str(ctx.layout.samples_dir(ctx.interval, s)) for s in ("train", "eval")}},
+        extra={"parent": None, "model": ctx.config.train.model, "metrics": report["metrics"],
+               "data_end": ctx.interval.end.isoformat(), "run_key": ctx.run_key},
+    )
+    commit_dir(staging, directory)
+    store = open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)
+    uri = store.publish(MODEL_NAME, version, directory)
+    ctx.tracker.log_artifact(directory, "model")
+    ctx.tracker.set_tags({"model.version": version, "model.uri": uri})
+    ctx.tracker.end("FINISHED")
+    ctx.progress("export: published model version %s to %s", version, uri)
+    return {"version": version, "uri": uri}
+
+
+STEPS: tuple[Step, ...] = (
+    Step("validate", "great-expectations validation of the raw minute slices; bad slices quarantined", validate),
+    Step("features", "Spark: vocabularies with min-count admission and dense transforms", features),
+    Step("samples", "Spark: block TFRecords for the train and eval splits", samples),
+    Step("train", "Keras 3 training from block TFRecords", train),
+    Step("evaluate", "AUC, logloss and calibration on the held-out later slice; quality gate", evaluate),
+    Step("export", "SavedModel on raw features, published to the model store", export),
+)
+STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
+RETRIES_DELAY = timedelta(minutes=1)

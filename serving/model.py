@@ -1,0 +1,195 @@
+"""One loaded model version: its `serving_default` signature and the conversion of JSON values to its inputs.
+
+The signature takes raw features, one 1-D tensor per feature. The input names and dtypes are read from the
+signature itself, so any model that follows the contract (and the tiny fixture models in the tests) is
+served without a hard-coded feature list. Float inputs take numbers, with null or a missing key meaning NaN
+(missing); string inputs take strings, with null or a missing key meaning "" (missing).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from components.manifest import ManifestError, read_manifest
+
+SIGNATURE_NAME = "serving_default"
+OUTPUT_NAME = "probability"
+SAVED_MODEL_DIR = "saved_model"
+MODEL_KIND = "full_model"
+
+
+class ModelLoadError(RuntimeError):
+    """A version directory does not hold a model that serving can load."""
+
+
+class InvalidInput(ValueError):
+    """Request values that do not fit the model's input signature."""
+
+
+def _natural_key(name: str) -> tuple[Any, ...]:
+    """Sorts I2 before I10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    version: str
+    manifest: Mapping[str, Any]
+    directory: Path
+    function: Any  # the signature's ConcreteFunction
+    input_specs: Mapping[str, tf.TensorSpec]
+    loaded_at: datetime
+    # The loaded SavedModel object: the function's variables live only as long as it does.
+    root: Any = field(repr=False)
+
+    @classmethod
+    def load(cls, directory: str | Path, version: str | None = None, *, verify: bool = True) -> LoadedModel:
+        """Loads `<directory>/saved_model` after reading (and, with `verify`, checksumming) its manifest."""
+        directory = Path(directory)
+        try:
+            manifest = read_manifest(directory, kind=MODEL_KIND, verify=verify)
+        except ManifestError as err:
+            raise ModelLoadError(f"cannot load the model in {directory}: {err}") from err
+        saved_model = directory / SAVED_MODEL_DIR
+        if not saved_model.is_dir():
+            raise ModelLoadError(f"cannot load the model in {directory}: it has no {SAVED_MODEL_DIR}/ folder")
+        root = tf.saved_model.load(str(saved_model))
+        signature = root.signatures.get(SIGNATURE_NAME)
+        if signature is None:
+            raise ModelLoadError(
+                f"the SavedModel in {saved_model} has no {SIGNATURE_NAME!r} signature; "
+                f"it has {sorted(root.signatures)}; export it with signatures={{{SIGNATURE_NAME!r}: ...}}"
+            )
+        args, specs = signature.structured_input_signature
+        if args or not specs:
+            raise ModelLoadError(f"{SIGNATURE_NAME!r} in {saved_model} must take named inputs, got {args!r}")
+        for name, spec in specs.items():
+            if not (spec.dtype.is_floating or spec.dtype == tf.string) or spec.shape.rank != 1:
+                raise ModelLoadError(
+                    f"input {name!r} of {SIGNATURE_NAME!r} in {saved_model} is {spec}; "
+                    "serving expects 1-D float or string inputs, one value per instance"
+                )
+        if OUTPUT_NAME not in signature.structured_outputs:
+            raise ModelLoadError(
+                f"{SIGNATURE_NAME!r} in {saved_model} returns {sorted(signature.structured_outputs)}, "
+                f"expected an output named {OUTPUT_NAME!r}"
+            )
+        return cls(
+            version=version or str(manifest["version"]),
+            manifest=manifest,
+            directory=directory,
+            function=signature,
+            input_specs=dict(specs),
+            loaded_at=datetime.now(UTC),
+            root=root,
+        )
+
+    @property
+    def input_names(self) -> list[str]:
+        return sorted(self.input_specs, key=_natural_key)
+
+    def predict(self, instances: Sequence[Any]) -> np.ndarray:
+        """Predicts a list of instances in TF-Serving's row form: one {feature: value} object each."""
+        converters = self._converters()
+        columns: dict[str, list[Any]] = {name: [] for name in converters}
+        for index, instance in enumerate(instances):
+            if not isinstance(instance, dict):
+                raise InvalidInput(
+                    f"instance {index} must be a JSON object of feature values, got {_show(instance)}"
+                )
+            self._check_names(instance, f"instance {index}")
+            for name, convert in converters.items():
+                try:
+                    columns[name].append(convert(instance.get(name)))
+                except InvalidInput as err:
+                    raise InvalidInput(f"instance {index}: feature {name!r} {err}") from None
+        return self._run(columns, len(instances))
+
+    def predict_columns(self, inputs: Mapping[str, Any]) -> np.ndarray:
+        """Predicts the columnar form {feature: [value per instance]}; absent features are missing."""
+        self._check_names(inputs, "inputs")
+        lengths = {}
+        for name, values in inputs.items():
+            if not isinstance(values, list):
+                raise InvalidInput(
+                    f"inputs[{name!r}] must be a list of one value per instance, got {_show(values)}"
+                )
+            lengths[name] = len(values)
+        if len(set(lengths.values())) > 1:
+            raise InvalidInput(f"inputs must all hold the same number of values, got lengths {lengths}")
+        num_instances = next(iter(lengths.values()), 0)
+        columns: dict[str, list[Any]] = {}
+        for name, convert in self._converters().items():
+            values = inputs.get(name, [None] * num_instances)
+            converted = columns[name] = []
+            for index, value in enumerate(values):
+                try:
+                    converted.append(convert(value))
+                except InvalidInput as err:
+                    raise InvalidInput(f"inputs[{name!r}][{index}] {err}") from None
+        return self._run(columns, num_instances)
+
+    def _converters(self) -> dict[str, Callable[[Any], Any]]:
+        return {name: _converter(spec.dtype) for name, spec in self.input_specs.items()}
+
+    def _check_names(self, given: Mapping[str, Any], where: str) -> None:
+        unknown = sorted(set(given) - set(self.input_specs), key=lambda name: _natural_key(str(name)))
+        if unknown:
+            raise InvalidInput(
+                f"{where} has unknown features {unknown}; the model takes {self.input_names}"
+            )
+
+    def _run(self, columns: Mapping[str, list[Any]], num_instances: int) -> np.ndarray:
+        tensors = {
+            name: tf.constant(columns[name], dtype=spec.dtype, shape=[num_instances])
+            for name, spec in self.input_specs.items()
+        }
+        outputs = self.function(**tensors)
+        probability = np.asarray(outputs[OUTPUT_NAME]).reshape(-1)
+        if probability.shape != (num_instances,):
+            raise RuntimeError(
+                f"model version {self.version} returned {probability.size} values of {OUTPUT_NAME!r} "
+                f"for {num_instances} instances"
+            )
+        return probability
+
+
+def _converter(dtype: tf.DType) -> Callable[[Any], Any]:
+    """Turns one JSON value into a value of `dtype`, or raises InvalidInput saying what is wrong."""
+    if dtype == tf.string:
+        return _to_string
+    largest = float(np.finfo(dtype.as_numpy_dtype).max)
+
+    def to_float(value: Any) -> float:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return math.nan
+        # bool is an int in Python, but true/false is not a count or a measurement.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(f"must be a number or null (missing), got {_show(value)}")
+        if abs(value) > largest:
+            raise InvalidInput(f"is {_show(value)}, outside the range of {dtype.name}; send a finite number")
+        return float(value)
+
+    return to_float
+
+
+def _to_string(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput(f"must be a string or null (missing), got {_show(value)}")
+    return value
