@@ -6,7 +6,7 @@ SHELL := /bin/bash
 WITH_ENV = env_dir=$$(tools/ensure_env.sh); export PATH="$$env_dir/bin:$$PATH" VIRTUAL_ENV="$$env_dir"
 PYTEST_ARGS ?=
 
-.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui clean
+.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -41,3 +41,6 @@ mlflow-ui:
 
 clean:
 	rm -rf var .pytest_cache
+
+serve:
+	@$(WITH_ENV); python -m pipelines.cli serve

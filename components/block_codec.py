@@ -1,6 +1,6 @@
 """Block TFRecords: one tf.Example per block of rows, column-packed (see components.schema).
 
-Encoding works on whole columns with pyarrow and the tfx-bsl C++ encoder; nothing here loops over rows.
+Encoding works on whole column blocks with numpy; nothing here loops over rows.
 The TFRecord framing (length, masked crc32c of the length, data, masked crc32c of the data) is written by
 hand so Spark executors need no TensorFlow; the bytes are identical to tf.io.TFRecordWriter's.
 """
@@ -12,7 +12,6 @@ from collections.abc import Iterable, Iterator
 
 import google_crc32c
 import numpy as np
-import pyarrow as pa
 
 from components.schema import (
     BLOCK_CATEGORICAL_KEY,
@@ -60,10 +59,63 @@ def read_framed_records(data: bytes, verify: bool = True) -> Iterator[bytes]:
         offset = end
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _packed_varints(values: np.ndarray) -> bytes:
+    """Protobuf varint encoding of non-negative int64 values, vectorized (no loop over values)."""
+    v = values.astype(np.uint64).ravel()
+    if v.size == 0:
+        return b""
+    num_bytes = np.ones(v.shape, dtype=np.int64)
+    for k in range(1, 10):
+        num_bytes += v >= np.uint64(1 << (7 * k))
+    starts = np.concatenate([[0], np.cumsum(num_bytes)[:-1]])
+    out = np.empty(int(num_bytes.sum()), dtype=np.uint8)
+    for k in range(int(num_bytes.max())):
+        mask = num_bytes > k
+        byte = (v[mask] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        byte |= np.where(num_bytes[mask] > k + 1, np.uint64(0x80), np.uint64(0))
+        out[starts[mask] + k] = byte.astype(np.uint8)
+    return out.tobytes()
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+
+
+def _feature_entry(key: str, feature: bytes) -> bytes:
+    # Features.feature is map<string, Feature>: each entry is a message {1: key, 2: value}.
+    return _field(1, _field(1, key.encode()) + _field(2, feature))
+
+
+def _float_feature(values: np.ndarray) -> bytes:
+    # Feature.float_list = 2; FloatList.value = 1 (packed little-endian float32)
+    return _field(2, _field(1, np.ascontiguousarray(values, dtype="<f4").tobytes()))
+
+
+def _int64_feature(values: np.ndarray) -> bytes:
+    # Feature.int64_list = 3; Int64List.value = 1 (packed varints)
+    return _field(3, _field(1, _packed_varints(values)))
+
+
 def encode_blocks(labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray, block_rows: int) -> list[bytes]:
     """Serialized tf.Examples, one per block of up to `block_rows` rows.
 
-    labels: [n] float, dense: [n, DENSE_INPUT_DIM] float32, categorical: [n, NUM_CATEGORICAL] int64 rows.
+    labels: [n] float, dense: [n, DENSE_INPUT_DIM] float32, categorical: [n, NUM_CATEGORICAL] int64 rows (>= 0).
+    The protobuf bytes are written directly, with map entries in sorted key order, so the same rows always give
+    the same bytes (a generic encoder's map order can differ between processes, which breaks byte-identical
+    re-runs). The result parses as an ordinary tf.train.Example.
     """
     num_rows = len(labels)
     if dense.shape != (num_rows, DENSE_INPUT_DIM) or categorical.shape != (num_rows, NUM_CATEGORICAL):
@@ -71,24 +123,18 @@ def encode_blocks(labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray
             f"encode_blocks: expected dense [{num_rows}, {DENSE_INPUT_DIM}] and categorical "
             f"[{num_rows}, {NUM_CATEGORICAL}], got {dense.shape} and {categorical.shape}"
         )
-    if num_rows == 0:
-        return []
-    from tfx_bsl.coders.example_coder import RecordBatchToExamplesEncoder
-
-    starts = np.arange(0, num_rows, block_rows, dtype=np.int64)
-    sizes = np.diff(np.append(starts, num_rows))
-
-    def packed(values: np.ndarray, width: int, value_type: pa.DataType) -> pa.ListArray:
-        offsets = pa.array(np.append(starts, num_rows) * width, pa.int32())
-        return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1), value_type))
-
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.ListArray.from_arrays(pa.array(np.arange(len(sizes) + 1), pa.int32()), pa.array(sizes, pa.int64())),
-            packed(np.asarray(labels, np.float32), 1, pa.float32()),
-            packed(np.ascontiguousarray(dense, np.float32), DENSE_INPUT_DIM, pa.float32()),
-            packed(np.ascontiguousarray(categorical, np.int64), NUM_CATEGORICAL, pa.int64()),
-        ],
-        names=[BLOCK_NUM_ROWS_KEY, BLOCK_LABEL_KEY, BLOCK_DENSE_KEY, BLOCK_CATEGORICAL_KEY],
-    )
-    return RecordBatchToExamplesEncoder().encode(batch)
+    if num_rows and int(categorical.min()) < 0:
+        raise ValueError(f"encode_blocks: categorical rows must be >= 0, got {int(categorical.min())}")
+    labels = np.asarray(labels, dtype=np.float32)
+    records = []
+    for start in range(0, num_rows, block_rows):
+        end = min(start + block_rows, num_rows)
+        features = {
+            BLOCK_CATEGORICAL_KEY: _int64_feature(categorical[start:end]),
+            BLOCK_DENSE_KEY: _float_feature(dense[start:end]),
+            BLOCK_LABEL_KEY: _float_feature(labels[start:end]),
+            BLOCK_NUM_ROWS_KEY: _int64_feature(np.array([end - start])),
+        }
+        body = b"".join(_feature_entry(key, features[key]) for key in sorted(features))
+        records.append(_field(1, body))  # Example.features = 1
+    return records

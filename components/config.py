@@ -234,6 +234,8 @@ def _parse(key: str, raw: Any, hint: Any) -> Any:
         if hint is float:
             return float(raw)
         if hint is str:
+            if raw is None:  # an empty YAML value; str(None) would silently become the text "None"
+                raise ValueError("expected a string, write '' for an empty one")
             return str(raw)
         origin = typing.get_origin(hint)
         if origin is tuple:

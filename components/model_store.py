@@ -32,8 +32,13 @@ class ModelStore(Protocol):
     def latest(self, model_name: str) -> str | None: ...
 
 
+def _is_version(name: str) -> bool:
+    # str.isdigit alone admits "²" and other Unicode digits, which int() (the sort key) rejects.
+    return name.isascii() and name.isdigit()
+
+
 def _check_version(version: str) -> None:
-    if not version.isdigit():
+    if not _is_version(version):
         raise ModelStoreError(f"model version {version!r} must be a decimal integer, e.g. 202601020000")
 
 
@@ -63,7 +68,7 @@ class LocalModelStore:
         base = self.root / model_name
         if not base.is_dir():
             return []
-        found = [p.name for p in base.iterdir() if p.name.isdigit() and (p / MANIFEST_NAME).is_file()]
+        found = [p.name for p in base.iterdir() if _is_version(p.name) and (p / MANIFEST_NAME).is_file()]
         return sorted(found, key=int)
 
     def latest(self, model_name: str) -> str | None:
@@ -120,7 +125,7 @@ class S3ModelStore:
         for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
             for item in page.get("Contents", []):
                 version, _, rest = item["Key"][len(base):].partition("/")
-                if rest == MANIFEST_NAME and version.isdigit():
+                if rest == MANIFEST_NAME and _is_version(version):
                     found.add(version)
         return sorted(found, key=int)
 

@@ -24,8 +24,11 @@ from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL, NUM_R
 log = logging.getLogger(__name__)
 
 SUITE_NAME = "raw_click_log"
-SUITE_VERSION = "1"
+SUITE_VERSION = "2"
 NUM_FIELDS_COLUMN = "_num_fields"
+# 1 for a line ending in a newline, 0 for a last line cut short (a writer died mid-line; it can keep all 40
+# fields and still have lost characters of the last one).
+LINE_TERMINATED_COLUMN = "_line_terminated"
 RAW_FILE = "part-00000.tsv"
 VALIDATED_MARKER = "_VALIDATED.json"
 MAX_UNEXPECTED_SHOWN = 5
@@ -56,7 +59,8 @@ def read_raw_slice(path: str | Path) -> pd.DataFrame:
         lines.pop()
     if not lines:
         return pd.DataFrame({**{c: pd.Series([], dtype=object) for c in RAW_COLUMNS},
-                             NUM_FIELDS_COLUMN: pd.Series([], dtype="int64")})
+                             NUM_FIELDS_COLUMN: pd.Series([], dtype="int64"),
+                             LINE_TERMINATED_COLUMN: pd.Series([], dtype="int64")})
     series = pd.Series(lines, dtype=object)
     num_fields = series.str.count("\t") + 1
     split = series.str.split("\t", expand=True, n=NUM_RAW_FIELDS)
@@ -65,6 +69,10 @@ def read_raw_slice(path: str | Path) -> pd.DataFrame:
     frame.columns = list(RAW_COLUMNS)
     frame = frame.replace({"": None})
     frame[NUM_FIELDS_COLUMN] = num_fields.astype("int64")
+    terminated = pd.Series(1, index=series.index, dtype="int64")
+    if not text.endswith("\n"):
+        terminated.iloc[-1] = 0
+    frame[LINE_TERMINATED_COLUMN] = terminated
     return frame
 
 
@@ -78,6 +86,7 @@ def raw_click_log_suite():
     suite.add_expectation(
         e.ExpectColumnValuesToBeBetween(column=NUM_FIELDS_COLUMN, min_value=NUM_RAW_FIELDS, max_value=NUM_RAW_FIELDS)
     )
+    suite.add_expectation(e.ExpectColumnValuesToBeBetween(column=LINE_TERMINATED_COLUMN, min_value=1, max_value=1))
     suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=LABEL))
     suite.add_expectation(e.ExpectColumnValuesToBeInSet(column=LABEL, value_set=["0", "1"]))
     for name in DENSE_FEATURES:

@@ -19,8 +19,16 @@ MODEL_NAME = "ctr"
 
 
 def split_minutes(ctx: RunContext) -> tuple[list, list]:
-    """The interval's minutes, split in time: the last `eval_fraction` of them are held out for evaluation."""
-    minutes = list(ctx.interval.minutes())
+    """The interval's minutes that hold (validated) raw data, split in time: the last `eval_fraction` of them
+    are held out for evaluation, so the model is always scored on traffic later than what it trained on."""
+    from components.validation import RAW_FILE
+
+    minutes = [m for m in ctx.interval.minutes() if (ctx.layout.raw_minute_dir(m) / RAW_FILE).exists()]
+    if len(minutes) < 2:
+        raise RuntimeError(
+            f"{ctx.interval.tag} has {len(minutes)} minute slice(s) of raw data; at least 2 are needed to train on "
+            f"earlier minutes and evaluate on later ones (data root {ctx.layout.root})"
+        )
     num_eval = max(1, math.ceil(len(minutes) * ctx.config.features.eval_fraction))
     return minutes[:-num_eval], minutes[-num_eval:]
 

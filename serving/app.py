@@ -61,7 +61,7 @@ def create_app(source: ModelSource, config: ServingConfig) -> Starlette:
                 "has loaded cleanly; retry later"
             )
         version = request.path_params.get("version")
-        if version is not None and not (version.isdigit() and int(version) == int(model.version)):
+        if version is not None and not (version == model.version or _same_number(version, model.version)):
             raise ModelNotFound(
                 f"version {version} of model {name!r} is not loaded; the loaded version is {model.version}"
             )
@@ -186,6 +186,10 @@ def parse_body(body: bytes) -> dict[str, Any]:
             f"expected {EXPECTED_BODY}"
         )
     return payload
+
+
+def _same_number(left: str, right: str) -> bool:
+    return left.isdigit() and right.isdigit() and int(left) == int(right)
 
 
 def _json_type(value: Any) -> str:

@@ -45,7 +45,7 @@ def _show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadedModel:
     version: str
     manifest: Mapping[str, Any]
@@ -149,9 +149,7 @@ class LoadedModel:
     def _check_names(self, given: Mapping[str, Any], where: str) -> None:
         unknown = sorted(set(given) - set(self.input_specs), key=lambda name: _natural_key(str(name)))
         if unknown:
-            raise InvalidInput(
-                f"{where} has unknown features {unknown}; the model takes {self.input_names}"
-            )
+            raise InvalidInput(f"{where} has unknown features {unknown}; the model takes {self.input_names}")
 
     def _run(self, columns: Mapping[str, list[Any]], num_instances: int) -> np.ndarray:
         tensors = {

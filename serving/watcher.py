@@ -114,7 +114,7 @@ class ModelWatcher:
             )
             return False
         self._model = model
-        self._failures.pop(latest, None)
+        self._failures = {v: entry for v, entry in self._failures.items() if int(v) > int(latest)}
         logger.info(
             "now serving version %s of %r (was %s); fetched, loaded and warmed up in %.2f s",
             model.version, self.model_name, current.version if current else None, time.monotonic() - started,

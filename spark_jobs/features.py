@@ -53,8 +53,11 @@ def signed_log1p(column):
 def dense_statistics(frame: DataFrame) -> tuple[DenseTransform, ...]:
     transformed = frame.select(*[signed_log1p(F.col(name)).alias(name) for name in DENSE_FEATURES])
     quantiles = transformed.approxQuantile(list(DENSE_FEATURES), list(CLIP_QUANTILES), QUANTILE_RELATIVE_ERROR)
+    # least/greatest skip nulls, so missing values are kept missing explicitly (not clipped to `low`).
     clipped = transformed.select(*[
-        F.least(F.greatest(F.col(name), F.lit(q[0] if q else 0.0)), F.lit(q[1] if q else 0.0)).alias(name)
+        F.when(F.col(name).isNull(), None)
+        .otherwise(F.least(F.greatest(F.col(name), F.lit(q[0] if q else 0.0)), F.lit(q[1] if q else 0.0)))
+        .alias(name)
         for name, q in zip(DENSE_FEATURES, quantiles, strict=True)
     ])
     moments = clipped.agg(*[F.mean(name).alias(f"{name}_mean") for name in DENSE_FEATURES],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from components.config import SparkConfig
@@ -17,6 +18,9 @@ def get_spark(config: SparkConfig, app_name: str = "ctr"):
         log.info("connecting to Spark Connect at %s", config.remote)
         return SparkSession.builder.remote(config.remote).getOrCreate()
     log.info("starting a local Spark session (%s)", config.master)
+    # Local Python workers must run this interpreter (its environment has pyarrow, tfx-bsl, ...). PySpark reads
+    # the worker's interpreter from this variable only, not from the session config.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return (
         SparkSession.builder.master(config.master)
         .appName(app_name)
@@ -25,7 +29,5 @@ def get_spark(config: SparkConfig, app_name: str = "ctr"):
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.pyspark.driver.python", sys.executable)
         .getOrCreate()
     )

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the Spark Connect server that ships in the pyspark wheel, in the foreground (--wait), so the
+# container lives as long as the server. Jobs reach it at sc://<host>:15002; their Python UDFs
+# (mapInArrow + the tfx-bsl encoder) run here, which is why this runs from the project image.
+# Extra arguments are passed to spark-submit (e.g. --conf spark.sql.shuffle.partitions=64).
+set -euo pipefail
+
+if [ -z "${SPARK_HOME:-}" ]; then
+  SPARK_HOME="$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+  export SPARK_HOME
+fi
+mkdir -p "${SPARK_LOG_DIR:-/tmp/spark/logs}" "${SPARK_PID_DIR:-/tmp/spark}"
+
+exec "$SPARK_HOME/sbin/start-connect-server.sh" --wait \
+  --master "${SPARK_MASTER:-local[*]}" \
+  --driver-memory "${SPARK_DRIVER_MEMORY:-4g}" \
+  --name ctr-spark-connect \
+  --conf spark.connect.grpc.binding.port=15002 \
+  --conf spark.local.dir="${SPARK_LOCAL_DIR:-/tmp/spark/local}" \
+  "$@"

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sklearn.metrics import log_loss as sklearn_log_loss
+from sklearn.metrics import roc_auc_score
+
+from components.config import GateConfig
+from components.evaluation import Evaluation, check_gate, evaluate, log_loss, roc_auc
+
+pytestmark = pytest.mark.unit
+
+
+def test_roc_auc_hand_computed():
+    # Pairs (positive, negative): (0.35, 0.1) ok, (0.35, 0.4) wrong, (0.8, 0.1) ok, (0.8, 0.4) ok -> 3/4.
+    assert roc_auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == 0.75
+
+
+def test_roc_auc_counts_ties_as_one_half():
+    # Pairs: (0.5 vs 0.5) tie = 1/2, (0.5 vs 0.2) = 1, (0.9 vs 0.5) = 1, (0.9 vs 0.2) = 1 -> 3.5 / 4.
+    assert roc_auc([0, 1, 0, 1], [0.5, 0.5, 0.2, 0.9]) == 0.875
+    # All scores tied: every pair is a tie.
+    assert roc_auc([0, 1, 1, 0, 1], [0.3] * 5) == 0.5
+    # A tie run of three across both classes: positives 0.4, 0.4; negatives 0.4, 0.1 -> (0.5 + 1) * 2 / 4.
+    assert roc_auc([1, 1, 0, 0], [0.4, 0.4, 0.4, 0.1]) == 0.75
+
+
+def test_roc_auc_perfect_and_reversed():
+    assert roc_auc([0, 0, 1], [0.1, 0.2, 0.3]) == 1.0
+    assert roc_auc([1, 1, 0], [0.1, 0.2, 0.3]) == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_roc_auc_equals_sklearn_on_random_data(seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.random(5000) < 0.2
+    # Rounded scores make many ties.
+    scores = np.round(rng.random(5000) * 0.5 + 0.3 * labels, 2)
+    expected = roc_auc_score(labels, scores)
+    assert 0.6 < expected < 0.95
+    assert roc_auc(labels, scores) == pytest.approx(expected, abs=1e-12)
+
+
+def test_roc_auc_accepts_column_shapes():
+    assert roc_auc(np.array([[0], [1]]), np.array([[0.2], [0.7]])) == 1.0
+
+
+def test_roc_auc_needs_both_classes():
+    with pytest.raises(ValueError, match="roc_auc needs both classes, got 3 positives and 0 negatives"):
+        roc_auc([1, 1, 1], [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="got 0 positives and 2 negatives"):
+        roc_auc([0, 0], [0.1, 0.2])
+
+
+def test_roc_auc_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="roc_auc: 3 labels but 2 scores"):
+        roc_auc([0, 1, 0], [0.1, 0.2])
+
+
+def test_log_loss_hand_value():
+    # -(ln 0.8 + ln 0.6) / 2
+    expected = -(math.log(0.8) + math.log(0.6)) / 2
+    assert log_loss([1, 0], [0.8, 0.4]) == pytest.approx(expected, rel=1e-12)
+    assert log_loss([1, 0], [0.8, 0.4]) == pytest.approx(0.366985, abs=1e-6)
+
+
+def test_log_loss_clips_certain_wrong_predictions():
+    assert log_loss([1, 0], [0.0, 1.0]) == pytest.approx(-math.log(1e-7), rel=1e-6)
+    assert math.isfinite(log_loss([1], [0.0]))
+
+
+def test_log_loss_equals_sklearn():
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0.01, 0.99, 1000)
+    y = rng.random(1000) < p
+    assert log_loss(y, p) == pytest.approx(sklearn_log_loss(y, p), rel=1e-9)
+
+
+def test_evaluate_and_calibration_error():
+    evaluation = evaluate(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
+    assert evaluation.auc == 0.75
+    assert evaluation.mean_prediction == pytest.approx(0.4125)
+    assert evaluation.mean_label == 0.5
+    assert evaluation.num_examples == 4
+    assert evaluation.calibration_error == pytest.approx(0.175)
+    metrics = evaluation.metrics()
+    assert set(metrics) == {"auc", "logloss", "mean_prediction", "mean_label", "num_examples", "calibration_error"}
+    assert metrics["calibration_error"] == pytest.approx(0.175)
+
+
+GATE = GateConfig(min_auc=0.6, max_logloss=0.5, max_calibration_error=0.25)
+
+
+def _evaluation(auc=0.8, logloss=0.4, mean_prediction=0.2, mean_label=0.2):
+    return Evaluation(auc=auc, logloss=logloss, mean_prediction=mean_prediction, mean_label=mean_label, num_examples=100)
+
+
+def test_gate_passes_a_good_model():
+    assert check_gate(_evaluation(), GATE) == []
+    # The thresholds themselves pass.
+    assert check_gate(_evaluation(auc=0.6, logloss=0.5, mean_prediction=0.25), GATE) == []
+
+
+def test_gate_fails_low_auc():
+    assert check_gate(_evaluation(auc=0.55), GATE) == ["AUC 0.5500 is below gate.min_auc=0.6"]
+
+
+def test_gate_fails_high_logloss():
+    assert check_gate(_evaluation(logloss=0.61234), GATE) == ["logloss 0.6123 is above gate.max_logloss=0.5"]
+
+
+def test_gate_fails_miscalibration():
+    assert check_gate(_evaluation(mean_prediction=0.3, mean_label=0.2), GATE) == [
+        "calibration error 0.500 (mean prediction 0.3000 vs mean label 0.2000) is above gate.max_calibration_error=0.25"
+    ]
+
+
+def test_gate_fails_non_finite_metrics():
+    failures = check_gate(_evaluation(logloss=float("nan")), GATE)
+    assert len(failures) == 1
+    assert failures[0].startswith("non-finite metrics: {'auc': 0.8, 'logloss': nan")
+
+
+def test_gate_lists_every_failure():
+    failures = check_gate(_evaluation(auc=0.5, logloss=0.9, mean_prediction=0.1, mean_label=0.2), GATE)
+    assert [f.split(" ")[0] for f in failures] == ["AUC", "logloss", "calibration"]

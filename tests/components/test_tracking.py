@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from components.config import load_config
+from components.tracking import RUN_KEY_TAG, Tracker
+
+pytestmark = pytest.mark.integration
+
+RUN_KEY = "ctr_daily/scheduled__2026-01-02T00:00:00+00:00"
+
+
+def _config(data_root, **overrides):
+    return load_config(
+        overrides={"paths.data_root": str(data_root), "tracking.strict": True, **overrides}, environ={}
+    )
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    # One sqlite backend for the module: creating its schema takes seconds.
+    return tmp_path_factory.mktemp("tracking")
+
+
+@pytest.fixture(scope="module")
+def client(data_root):
+    from mlflow.tracking import MlflowClient
+
+    config = _config(data_root)
+    Tracker(config, "warm-up", "warm-up", {}).start()  # creates the database and the experiment
+    return MlflowClient(tracking_uri=config.tracking_uri)
+
+
+def test_the_tracking_uri_defaults_to_sqlite_under_the_data_root(data_root, client):
+    config = _config(data_root)
+    assert config.tracking_uri == f"sqlite:///{data_root / 'mlflow' / 'mlflow.db'}"
+    assert (data_root / "mlflow" / "mlflow.db").is_file()
+    experiment = client.get_experiment_by_name("ctr")
+    assert experiment.artifact_location == (data_root / "mlflow" / "artifacts").as_uri()
+
+
+def test_start_twice_with_the_same_run_key_returns_the_same_run(data_root, client):
+    config = _config(data_root)
+    first = Tracker(config, RUN_KEY, "daily 2026-01-02", {"dag_id": "ctr_daily"})
+    run_id = first.start()
+    first.end()
+    # Another task process of the same pipeline run.
+    second = Tracker(config, RUN_KEY, "daily 2026-01-02", {"dag_id": "ctr_daily"})
+    assert second.start() == run_id
+    assert client.get_run(run_id).info.status == "RUNNING"  # reopened
+    other = Tracker(config, RUN_KEY + "-other", "daily", {})
+    assert other.start() != run_id
+
+    run = client.get_run(run_id)
+    assert run.data.tags[RUN_KEY_TAG] == RUN_KEY
+    assert run.data.tags["dag_id"] == "ctr_daily"
+    assert run.info.run_name == "daily 2026-01-02"
+    experiment = client.get_experiment_by_name("ctr")
+    keyed = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{RUN_KEY}'")
+    assert [r.info.run_id for r in keyed] == [run_id]
+
+
+def test_params_metrics_tags_and_artifacts_land(data_root, client, tmp_path):
+    config = _config(data_root)
+    tracker = Tracker(config, "artifacts-run", "artifacts", {})
+    run_id = tracker.start()
+    tracker.log_params(config.flat())
+    tracker.log_params({"train.epochs": "99", "extra": 5})  # a logged param keeps its first value
+    tracker.log_metrics({"auc": 0.75, "logloss": 0.5, "skipped_nan": float("nan"), "skipped_none": None}, step=3)
+    tracker.log_metrics({"auc": 0.8}, step=4)
+    tracker.set_tags({"model_version": 202601020000})
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"num_rows": 400}))
+    tracker.log_artifact(report, "validation")
+    folder = tmp_path / "evaluation"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    (folder / "b.txt").write_text("b")
+    tracker.log_artifact(folder, "evaluation")
+    tracker.log_dict({"auc": 0.8}, "metrics/summary.json")
+    tracker.end()
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert len(run.data.params) == len(config.flat()) + 1
+    assert run.data.params["train.epochs"] == "3"
+    assert run.data.params["train.mlp_units"] == "512,256,128"
+    assert run.data.params["extra"] == "5"
+    assert run.data.metrics == {"auc": 0.8, "logloss": 0.5}
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "auc")] == [(3, 0.75), (4, 0.8)]
+    assert run.data.tags["model_version"] == "202601020000"
+
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["evaluation", "metrics", "validation"]
+    assert sorted(a.path for a in client.list_artifacts(run_id, "evaluation")) == ["evaluation/a.txt",
+                                                                                  "evaluation/b.txt"]
+    downloaded = client.download_artifacts(run_id, "validation/report.json", str(tmp_path / "down"))
+    assert json.loads(open(downloaded).read()) == {"num_rows": 400}
+    summary = client.download_artifacts(run_id, "metrics/summary.json", str(tmp_path / "down"))
+    assert json.loads(open(summary).read()) == {"auc": 0.8}
+
+
+def _unwritable_sqlite(tmp_path) -> str:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the database's directory should be")
+    return f"sqlite:///{blocker / 'mlflow.db'}"
+
+
+BROKEN_URIS = {
+    "unwritable-sqlite": (_unwritable_sqlite, OSError, "not-a-directory"),
+    "unknown-scheme": (lambda tmp_path: "bogus://nowhere", Exception, "unsupported URI 'bogus://nowhere'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_URIS))
+def test_a_tracking_outage_is_logged_not_fatal_when_not_strict(tmp_path, caplog, case):
+    make_uri, _, message = BROKEN_URIS[case]
+    config = _config(tmp_path, **{"tracking.strict": False, "tracking.tracking_uri": make_uri(tmp_path)})
+    tracker = Tracker(config, RUN_KEY, "daily", {})
+    with caplog.at_level(logging.WARNING, logger="components.tracking"):
+        assert tracker.start() is None
+    assert tracker.run_id is None
+    assert "MLflow start failed (tracking is a side channel, the pipeline goes on)" in caplog.text
+    assert message in caplog.text
+    # Every later call is a no-op rather than an error.
+    tracker.log_params({"a": 1})
+    tracker.log_metrics({"auc": 0.7})
+    tracker.set_tags({"a": "b"})
+    tracker.log_artifact(tmp_path)
+    tracker.end()
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_URIS))
+def test_a_tracking_outage_raises_when_strict(tmp_path, case):
+    make_uri, error, message = BROKEN_URIS[case]
+    config = _config(tmp_path, **{"tracking.tracking_uri": make_uri(tmp_path)})
+    with pytest.raises(error, match=re.escape(message)):
+        Tracker(config, RUN_KEY, "daily", {}).start()

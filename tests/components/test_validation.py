@@ -1,0 +1,244 @@
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from components.config import GenerateConfig
+from components.interval import Interval
+from components.layout import Layout
+from components.manifest import file_sha256
+from components.schema import NUM_RAW_FIELDS, RAW_COLUMNS
+from components.synthetic import RAW_FILE, SUCCESS_MARKER, generate
+from components.validation import (
+    LINE_TERMINATED_COLUMN,
+    NUM_FIELDS_COLUMN,
+    SUITE_VERSION,
+    VALIDATED_MARKER,
+    DataValidationError,
+    raw_click_log_suite,
+    read_raw_slice,
+    validate_interval,
+)
+
+pytestmark = pytest.mark.unit
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+ROWS = 200
+
+
+def minute(index: int) -> datetime:
+    return START + timedelta(minutes=index)
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory):
+    """One generated dataset for the module. Minutes 0-1: clean; 2-7: the quarantine run (2-6 damaged there);
+    8: missing; 9: changed after it passed."""
+    layout = Layout(tmp_path_factory.mktemp("validation"))
+    generate(GenerateConfig(start="2026-01-01T00:00", minutes=10, rows_per_minute=ROWS, seed=3), layout)
+    shutil.rmtree(layout.raw_minute_dir(minute(8)))
+    return layout
+
+
+def _raw(layout: Layout, index: int):
+    return layout.raw_minute_dir(minute(index)) / RAW_FILE
+
+
+def _replace_field(layout: Layout, index: int, line: int, field: int, value: str) -> None:
+    path = _raw(layout, index)
+    lines = path.read_text().split("\n")
+    fields = lines[line].split("\t")
+    fields[field] = value
+    lines[line] = "\t".join(fields)
+    path.write_text("\n".join(lines))
+
+
+@pytest.fixture(scope="module")
+def quarantine_run(layout):
+    """Damages minutes 2-6, validates minutes 2-8 once, and keeps what the first run left behind."""
+    truncated = _raw(layout, 2)
+    truncated.write_bytes(truncated.read_bytes()[:-25])  # a writer died mid-line, fields lost
+    cut_in_last_field = _raw(layout, 6)
+    data = cut_in_last_field.read_bytes()
+    assert re.search(rb"\t[0-9a-f]{8}\n$", data)  # the last field is not missing, so it can be cut short
+    cut_in_last_field.write_bytes(data[:-4])
+    _replace_field(layout, 3, line=7, field=0, value="2")  # label 2
+    _replace_field(layout, 4, line=11, field=3, value="12x")  # I3 not a number
+    _raw(layout, 5).write_bytes(b"")  # an empty file
+    damaged = {i: _raw(layout, i).read_bytes() for i in (2, 3, 4, 5, 6)}
+    minutes = [minute(i) for i in range(2, 9)]
+    interval = Interval(minute(2), minute(9))
+    report_path = layout.validation_report(interval)
+    with pytest.raises(DataValidationError) as raised:
+        validate_interval(layout, minutes, report_path)
+    first_report = json.loads(report_path.read_text())
+    return {"error": str(raised.value), "damaged": damaged, "minutes": minutes, "report_path": report_path,
+            "first_report": first_report}
+
+
+def test_read_raw_slice_counts_fields_and_maps_empty_to_none(tmp_path):
+    path = tmp_path / RAW_FILE
+    full = ["1", "5", "", *["0"] * 11, "abcd1234", "", *["ffff0000"] * 24]
+    assert len(full) == NUM_RAW_FIELDS
+    path.write_text("\t".join(full) + "\n" + "0\t3\n" + "\t".join(full + ["extra"]) + "\n")
+    frame = read_raw_slice(path)
+    assert list(frame.columns) == [*RAW_COLUMNS, NUM_FIELDS_COLUMN, LINE_TERMINATED_COLUMN]
+    assert frame[NUM_FIELDS_COLUMN].tolist() == [40, 2, 41]
+    assert frame[LINE_TERMINATED_COLUMN].tolist() == [1, 1, 1]
+    assert frame["label"].tolist() == ["1", "0", "1"]
+    assert frame["I1"].tolist() == ["5", "3", "5"]
+    assert frame["I2"].tolist() == [None, None, None]
+    assert frame["C1"].tolist() == ["abcd1234", None, "abcd1234"]
+    assert frame["C2"].tolist() == [None, None, None]
+    assert frame["C26"].tolist()[0] == "ffff0000"
+
+
+def test_read_raw_slice_of_an_empty_file(tmp_path):
+    path = tmp_path / RAW_FILE
+    path.write_bytes(b"")
+    frame = read_raw_slice(path)
+    assert len(frame) == 0
+    assert list(frame.columns) == [*RAW_COLUMNS, NUM_FIELDS_COLUMN, LINE_TERMINATED_COLUMN]
+
+
+def test_read_raw_slice_marks_an_unterminated_last_line(tmp_path):
+    path = tmp_path / RAW_FILE
+    line = "\t".join(["0", *["1"] * 13, *["abcdef01"] * 26])
+    path.write_text(line + "\n" + line[:-3])  # cut inside the last field: all 40 fields are still there
+    frame = read_raw_slice(path)
+    assert frame[NUM_FIELDS_COLUMN].tolist() == [40, 40]
+    assert frame[LINE_TERMINATED_COLUMN].tolist() == [1, 0]
+    assert frame["C26"].tolist() == ["abcdef01", "abcde"]
+
+
+def test_suite_has_one_expectation_per_column_rule():
+    import great_expectations as gx
+
+    gx.get_context(mode="ephemeral")  # GX builds suites only with an active context, as RawSliceValidator has
+    suite = raw_click_log_suite()
+    types = [e.expectation_type for e in suite.expectations]
+    assert len(types) == 5 + 13 + 26
+    assert types.count("expect_column_values_to_match_regex") == 39
+    assert suite.meta["version"] == SUITE_VERSION
+
+
+def test_clean_slices_pass_and_are_not_validated_twice(layout, tmp_path, monkeypatch):
+    report_path = tmp_path / "report.json"
+    report = validate_interval(layout, [minute(0), minute(1)], report_path)
+    assert report["num_slices"] == 2
+    assert report["num_passed"] == 2
+    assert report["num_rows"] == 2 * ROWS
+    assert report["failed"] == [] and report["missing"] == []
+    assert json.loads(report_path.read_text()) == report
+    marker = json.loads((layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).read_text())
+    assert marker == {"sha256": file_sha256(_raw(layout, 0)), "suite_version": SUITE_VERSION, "num_rows": ROWS}
+
+    # A re-run trusts the markers: the validator is never built.
+    import components.validation as validation
+
+    def fail():
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(validation, "RawSliceValidator", fail)
+    again = validate_interval(layout, [minute(0), minute(1)], tmp_path / "again.json")
+    assert again["num_passed"] == 2 and again["num_rows"] == 2 * ROWS
+
+
+def test_damaged_slices_are_quarantined_with_their_raw_bytes(layout, quarantine_run):
+    for index, damaged in quarantine_run["damaged"].items():
+        target = layout.quarantine_minute_dir(minute(index))
+        assert sorted(p.name for p in target.iterdir()) == sorted([RAW_FILE, SUCCESS_MARKER, "report.json"])
+        assert (target / RAW_FILE).read_bytes() == damaged
+        assert not layout.raw_minute_dir(minute(index)).exists()
+    # The clean minute of the same interval stays in the raw log.
+    assert _raw(layout, 7).exists()
+
+
+BETWEEN = "expect_column_values_to_be_between"
+ONE_ROW = r"1 of 200 rows unexpected, e\.g\. "
+
+
+@pytest.mark.parametrize(
+    ("index", "failures"),
+    [
+        (2, [(BETWEEN, "_num_fields", ONE_ROW + r"\[\d+\]"), (BETWEEN, "_line_terminated", ONE_ROW + r"\[0\]")]),
+        (3, [("expect_column_values_to_be_in_set", "label", ONE_ROW + r"\['2'\]")]),
+        (4, [("expect_column_values_to_match_regex", "I3", ONE_ROW + r"\['12x'\]")]),
+        (5, [("expect_table_row_count_to_be_between", None, r"observed 0")]),
+        (6, [(BETWEEN, "_line_terminated", ONE_ROW + r"\[0\]")]),
+    ],
+)
+def test_quarantine_report_names_the_failed_expectations(layout, quarantine_run, index, failures):
+    report = json.loads((layout.quarantine_minute_dir(minute(index)) / "report.json").read_text())
+    assert [(f["expectation"], f["column"]) for f in report["failures"]] == [(e, c) for e, c, _ in failures]
+    for failure, (expectation, _, detail) in zip(report["failures"], failures, strict=True):
+        assert re.fullmatch(detail, failure["detail"]), failure["detail"]
+        assert expectation in report["summary"]
+    assert report["source"] == str(layout.raw_minute_dir(minute(index)))
+    assert report["num_rows"] == (0 if index == 5 else ROWS)
+    assert report["great_expectations"]["success"] is False
+
+
+def test_truncated_line_is_reported_with_its_field_count(layout, quarantine_run):
+    report = json.loads((layout.quarantine_minute_dir(minute(2)) / "report.json").read_text())
+    failure = report["failures"][0]
+    assert failure["kwargs"] == {"column": "_num_fields", "min_value": 40.0, "max_value": 40.0}
+    damaged = quarantine_run["damaged"][2].decode()
+    last_line_fields = damaged.split("\n")[-1].count("\t") + 1
+    assert last_line_fields < 40
+    assert failure["detail"] == f"1 of 200 rows unexpected, e.g. [{last_line_fields}]"
+
+
+def test_validate_interval_raises_naming_each_bad_slice(layout, quarantine_run):
+    error = quarantine_run["error"]
+    assert error.startswith("5 raw slice(s) failed validation and were moved to quarantine")
+    assert "2026-01-01 00:02" in error and "expect_column_values_to_be_between(_num_fields)" in error
+    assert "2026-01-01 00:03" in error and "expect_column_values_to_be_in_set(label)" in error
+    assert "2026-01-01 00:04" in error and "expect_column_values_to_match_regex(I3)" in error
+    assert "2026-01-01 00:05" in error and "expect_table_row_count_to_be_between(table): observed 0" in error
+    assert "2026-01-01 00:06" in error and "expect_column_values_to_be_between(_line_terminated)" in error
+    assert f"Full report: {quarantine_run['report_path']}" in error
+    first = quarantine_run["first_report"]
+    assert first["num_passed"] == 1
+    assert first["num_rows"] == ROWS
+    assert [f["minute"] for f in first["failed"]] == [minute(i).isoformat() for i in (2, 3, 4, 5, 6)]
+    assert first["missing"] == [minute(8).isoformat()]
+
+
+def test_second_run_succeeds_without_the_quarantined_slices(layout, quarantine_run):
+    report = validate_interval(layout, quarantine_run["minutes"], quarantine_run["report_path"])
+    assert report["num_slices"] == 7
+    assert report["passed"] == [{"minute": minute(7).isoformat(), "rows": ROWS}]
+    assert report["num_rows"] == ROWS
+    assert report["failed"] == [
+        {"minute": minute(i).isoformat(), "quarantined": str(layout.quarantine_minute_dir(minute(i)))}
+        for i in (2, 3, 4, 5, 6)
+    ]
+    assert report["missing"] == [minute(8).isoformat()]
+    assert json.loads(quarantine_run["report_path"].read_text()) == report
+
+
+def test_a_slice_changed_after_it_passed_is_validated_again(layout, tmp_path):
+    assert validate_interval(layout, [minute(9)], tmp_path / "first.json")["num_passed"] == 1
+    assert (layout.raw_minute_dir(minute(9)) / VALIDATED_MARKER).exists()
+    _replace_field(layout, 9, line=0, field=0, value="2")  # the marker's checksum no longer matches
+    with pytest.raises(DataValidationError, match=r"(?s)1 raw slice\(s\) failed.*2026-01-01 00:09.*be_in_set\(label\)"):
+        validate_interval(layout, [minute(9)], tmp_path / "second.json")
+    assert (layout.quarantine_minute_dir(minute(9)) / RAW_FILE).exists()
+
+
+def test_an_interval_without_slices_says_to_generate(tmp_path):
+    layout = Layout(tmp_path)
+    report_path = tmp_path / "report.json"
+    with pytest.raises(
+        DataValidationError,
+        match=r"no valid raw slices in the interval \(3 missing, 0 quarantined\): expected minute partitions under "
+        + re.escape(str(tmp_path / "raw"))
+        + r"; run `ctr generate` or check the ingest",
+    ):
+        validate_interval(layout, [minute(i) for i in range(3)], report_path)
+    assert json.loads(report_path.read_text())["missing"] == [minute(i).isoformat() for i in range(3)]

@@ -1,0 +1,63 @@
+"""The server process wiring, over real HTTP: config -> store -> watcher -> app -> uvicorn."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from components.config import PipelineConfig
+from components.model_store import LocalModelStore
+from serving.server import build_server
+from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION
+
+pytestmark = pytest.mark.integration
+
+
+def test_serves_over_http_and_swaps_to_a_newly_published_version(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    config = PipelineConfig().with_overrides(
+        {
+            "paths.data_root": str(tmp_path),
+            "paths.model_store": str(store.root),
+            "serving.port": 0,  # any free port
+            "serving.poll_seconds": 0.05,
+        }
+    )
+    server, watcher = build_server(config)
+    watcher.start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict"
+        body = {"instances": [{"I1": 2, "I2": 3.5, "C1": "abc"}]}
+
+        before = httpx.post(url, json=body)
+        store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+        while watcher.version != NEW_VERSION:
+            assert time.monotonic() < deadline + 20, "the new version was not loaded within 20 s"
+            time.sleep(0.01)
+        after = httpx.post(url, json=body)
+        bad = httpx.post(url, content=b"{")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        watcher.stop()
+
+    assert (before.status_code, before.headers["x-model-version"]) == (200, OLD_VERSION)
+    # old: sigmoid(0.1 * 5.5 + 0.5); new: sigmoid(-0.3 * 5.5 + 2.0)
+    assert before.json()["predictions"] == pytest.approx([0.7407749], rel=1e-6)
+    assert (after.status_code, after.headers["x-model-version"]) == (200, NEW_VERSION)
+    assert after.json()["predictions"] == pytest.approx([0.5866176], rel=1e-6)
+    assert bad.status_code == 400
+    assert bad.json()["error"].startswith("request body is not valid JSON")
+    assert not thread.is_alive()

@@ -1,0 +1,180 @@
+"""ModelWatcher: loading the latest version, swapping to newer ones under load, skipping broken ones."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from components.config import ServingConfig
+from components.model_store import LocalModelStore
+from serving import watcher as watcher_module
+from serving.app import create_app
+from serving.watcher import ModelWatcher
+from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt, expected_probability
+
+pytestmark = pytest.mark.unit
+
+PREDICT = f"/v1/models/{MODEL_NAME}:predict"
+INSTANCE = {"I1": 3.0, "I2": 2.5, "C1": "abc"}  # dense sum 5.5
+# old: sigmoid(0.55 + 0.5) = 0.7407749; new: sigmoid(-1.65 + 2.0) = 0.5866176
+VALUES = {
+    OLD_VERSION: expected_probability(INSTANCE, OLD_VERSION),
+    NEW_VERSION: expected_probability(INSTANCE, NEW_VERSION),
+}
+
+
+class CountingStore:
+    """A LocalModelStore that counts fetches per version."""
+
+    def __init__(self, store: LocalModelStore) -> None:
+        self.store = store
+        self.uri = store.uri
+        self.fetches: dict[str, int] = {}
+
+    def latest(self, model_name: str) -> str | None:
+        return self.store.latest(model_name)
+
+    def fetch(self, model_name: str, version: str, cache_dir: Path) -> Path:
+        self.fetches[version] = self.fetches.get(version, 0) + 1
+        return self.store.fetch(model_name, version, cache_dir)
+
+
+def wait_for(condition: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s"
+        time.sleep(0.01)
+
+
+def test_start_loads_the_latest_version(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+    before = datetime.now(UTC)
+
+    with ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60) as watcher:
+        model = watcher.current()
+
+    assert model is not None
+    assert watcher.version == model.version == NEW_VERSION
+    assert before <= model.loaded_at <= datetime.now(UTC)
+    assert model.predict([INSTANCE]).tolist() == pytest.approx([VALUES[NEW_VERSION]], rel=1e-6)
+
+
+def test_serves_503_until_a_first_version_is_published(exported: dict[str, Path], tmp_path: Path) -> None:
+    store = LocalModelStore(tmp_path / "store")
+    watcher = ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60)
+    client = TestClient(create_app(watcher, ServingConfig()))
+
+    assert watcher.start() is None
+    before = client.get("/healthz")
+    store.publish(MODEL_NAME, OLD_VERSION, exported[OLD_VERSION])
+    swapped = watcher.poll_once()
+    after = client.get("/healthz")
+    watcher.stop()
+
+    assert before.status_code == 503
+    assert swapped is True
+    assert (after.status_code, after.json()["model_version"]) == (200, OLD_VERSION)
+
+
+def test_hot_swap_under_load_drops_and_mixes_nothing(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    watcher = ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=0.05)
+    app = create_app(watcher, ServingConfig())
+    per_client: list[list[tuple[int, str | None, Any]]] = [[], []]
+    stop = threading.Event()
+
+    def send_requests(responses: list[tuple[int, str | None, Any]]) -> None:
+        with TestClient(app) as client:
+            while not stop.is_set():
+                response = client.post(PREDICT, json={"instances": [INSTANCE, INSTANCE]})
+                responses.append(
+                    (response.status_code, response.headers.get("x-model-version"), response.json())
+                )
+
+    def num_responses() -> int:
+        return sum(len(responses) for responses in per_client)
+
+    with watcher:
+        clients = [threading.Thread(target=send_requests, args=(responses,)) for responses in per_client]
+        for thread in clients:
+            thread.start()
+        try:
+            wait_for(lambda: num_responses() >= 20)
+            store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+            wait_for(lambda: watcher.version == NEW_VERSION)
+            swapped_at = num_responses()
+            wait_for(lambda: num_responses() >= swapped_at + 20)
+        finally:
+            stop.set()
+            for thread in clients:
+                thread.join()
+
+    for responses in per_client:
+        assert [status for status, _, _ in responses] == [200] * len(responses)
+        # Every response is wholly one version's function, and it is the version its header names.
+        for _, version, body in responses:
+            assert body["predictions"] == pytest.approx([VALUES[version]] * 2, rel=1e-6)
+        # Each client's requests are sequential: old ones, then new ones, never back.
+        versions = [version for _, version, _ in responses]
+        num_old = versions.count(OLD_VERSION)
+        assert num_old > 0
+        assert versions == [OLD_VERSION] * num_old + [NEW_VERSION] * (len(versions) - num_old)
+        assert versions[-1] == NEW_VERSION
+
+
+def test_a_corrupt_version_is_skipped_and_not_refetched_every_poll(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    counting = CountingStore(store)
+    watcher = ModelWatcher(counting, MODEL_NAME, tmp_path / "cache", poll_seconds=60)
+    client = TestClient(create_app(watcher, ServingConfig()))
+    watcher.start()
+    corrupt(Path(store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])))
+
+    with caplog.at_level(logging.ERROR, logger="serving.watcher"):
+        first = watcher.poll_once()
+        second = watcher.poll_once()
+    response = client.post(PREDICT, json={"instances": [INSTANCE]})
+    newest = "202601010200"
+    store.publish(MODEL_NAME, newest, exported[NEW_VERSION])
+    recovered = watcher.poll_once()
+    watcher.stop()
+
+    assert (first, second) == (False, False)
+    assert counting.fetches == {OLD_VERSION: 1, NEW_VERSION: 1, newest: 1}
+    assert (
+        f"version {NEW_VERSION} of 'ctr' failed to load (failure 1); still serving version {OLD_VERSION}; "
+        "next try in 30 s"
+    ) in caplog.text
+    assert "does not match its manifest checksum" in caplog.text
+    assert response.headers["x-model-version"] == OLD_VERSION
+    assert response.json()["predictions"] == pytest.approx([VALUES[OLD_VERSION]], rel=1e-6)
+    assert recovered is True
+    assert watcher.version == newest
+
+
+def test_a_failed_version_is_retried_after_its_backoff(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watcher_module, "RETRY_FIRST_SECONDS", 0.0)
+    watcher = ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60)
+    watcher.start()
+    corrupt(Path(store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])))
+
+    failed = watcher.poll_once()
+    store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])  # the same version, re-published whole
+    retried = watcher.poll_once()
+    watcher.stop()
+
+    assert (failed, retried) == (False, True)
+    assert watcher.version == NEW_VERSION

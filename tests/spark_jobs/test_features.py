@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from components.block_codec import read_framed_records
+from components.feature_state import categorical_rows, load_feature_state, transform_dense
+from components.manifest import read_manifest
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
+from spark_jobs.features import build_feature_state, build_vocabulary, categorical_counts, write_feature_state
+from spark_jobs.raw import extract_raw, parse_raw
+from spark_jobs.samples import write_samples
+
+pytestmark = pytest.mark.integration
+
+
+def raw_line(label, dense, categorical) -> str:
+    dense_fields = ["" if v is None else str(v) for v in dense] + [""] * (13 - len(dense))
+    cat_fields = ["" if v is None else v for v in categorical] + [""] * (26 - len(categorical))
+    return "\t".join([str(label), *dense_fields, *cat_fields])
+
+
+@pytest.fixture(scope="module")
+def raw_dir(tmp_path_factory):
+    """A handmade minute partition: C1 takes 'aaaa' 4x, 'bbbb' 3x, 'cccc' 1x and one missing value."""
+    directory = tmp_path_factory.mktemp("raw") / "raw" / "click_log" / "date=2026-01-01" / "minute=0000"
+    directory.mkdir(parents=True)
+    c1 = ["aaaa", "aaaa", "bbbb", "aaaa", "bbbb", "cccc", None, "bbbb", "aaaa"]
+    i1 = [0, 1, 3, None, -2, 10, 1000000, 7, 2]
+    lines = [raw_line(i % 2, [i1[i], 5], [c1[i], "zz"]) for i in range(len(c1))]
+    (directory / "part-00000.tsv").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def test_extract_parses_missing_negative_and_minute(spark, raw_dir):
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    rows = frame.select("label", "I1", "I2", "I3", "C1", "C2", "C3", "minute").collect()
+    assert len(rows) == 9
+    assert [r["I1"] for r in rows] == [0.0, 1.0, 3.0, None, -2.0, 10.0, 1e6, 7.0, 2.0]
+    assert rows[6]["C1"] is None and rows[0]["C3"] is None and rows[0]["I3"] is None
+    assert {r["minute"] for r in rows} == {"2026-01-01 00:00"}
+
+
+def test_vocabulary_admits_by_min_count_in_count_order(spark):
+    counts = spark.createDataFrame(
+        [("C1", "aaaa", 4), ("C1", "bbbb", 3), ("C1", "cccc", 1), ("C2", "zz", 9), ("C2", "yy", 9)],
+        "feature string, value string, count long",
+    )
+    expected = spark.createDataFrame(
+        [("C1", "aaaa", NUM_RESERVED_ROWS, 4), ("C1", "bbbb", NUM_RESERVED_ROWS + 1, 3),
+         ("C2", "yy", NUM_RESERVED_ROWS, 9), ("C2", "zz", NUM_RESERVED_ROWS + 1, 9)],
+        "feature string, value string, row long, count long",
+    )
+    assertDataFrameEqual(build_vocabulary(counts, min_count=2), expected)
+
+
+def test_counts_skip_missing_values(spark, raw_dir):
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    counts = {(r["feature"], r["value"]): r["count"] for r in categorical_counts(frame).collect()}
+    assert counts == {("C1", "aaaa"): 4, ("C1", "bbbb"): 3, ("C1", "cccc"): 1, ("C2", "zz"): 9}
+
+
+def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_dir, tmp_path):
+    """Identity parity: the rows Spark writes are the reference mapping of the same raw values."""
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    state = build_feature_state(frame, min_count=2, version="test")
+    assert state.vocabularies["C1"] == ("aaaa", "bbbb")
+    assert state.vocabularies["C2"] == ("zz",)
+    i1 = np.array([0, 1, 3, -2, 10, 1e6, 7, 2], dtype=float)
+    logged = np.sign(i1) * np.log1p(np.abs(i1))
+    assert state.dense[0].low == pytest.approx(logged.min())
+    assert state.dense[0].high == pytest.approx(logged.max())
+    assert state.dense[0].mean == pytest.approx(logged.mean())
+    assert state.dense[1].std == 1.0  # I2 is constant: std falls back to 1 rather than dividing by zero
+
+    state_dir = tmp_path / "features"
+    write_feature_state(state, state_dir, inputs={}, num_rows=9)
+    assert load_feature_state(state_dir) == state
+
+    out = tmp_path / "samples"
+    manifest = write_samples(frame, state, out, split="train", block_rows=4, num_shards=2, seed=1,
+                             inputs={"interval": "test"})
+    assert manifest["row_counts"] == {"rows": 9, "positives": 4}
+    read_manifest(out)
+
+    import tensorflow as tf
+
+    labels, dense, categorical = [], [], []
+    for name in sorted(manifest["files"]):
+        for record in read_framed_records((out / name).read_bytes()):
+            features = tf.train.Example.FromString(record).features.feature
+            labels.extend(features["label"].float_list.value)
+            dense.extend(features["dense"].float_list.value)
+            categorical.extend(features["categorical"].int64_list.value)
+    categorical = np.array(categorical).reshape(-1, 26)
+    dense = np.array(dense, dtype=np.float32).reshape(-1, 26)
+
+    c1 = pa.array(["aaaa", "aaaa", "bbbb", "aaaa", "bbbb", "cccc", None, "bbbb", "aaaa"])
+    expected_c1 = categorical_rows(c1, pa.array(state.vocabularies["C1"]))
+    assert sorted(categorical[:, 0].tolist()) == sorted(expected_c1.tolist())
+    assert sorted(expected_c1.tolist()) == sorted([2, 2, 2, 2, 3, 3, 3, RARE_ROW, MISSING_ROW])
+    assert set(categorical[:, 2].tolist()) == {MISSING_ROW}
+    raw_dense = np.full((9, 13), np.nan)
+    raw_dense[:, 0] = [0, 1, 3, np.nan, -2, 10, 1e6, 7, 2]
+    raw_dense[:, 1] = 5
+    expected_dense = transform_dense(raw_dense, state)
+    order = np.lexsort(dense.T[::-1])
+    expected_order = np.lexsort(expected_dense.T[::-1])
+    np.testing.assert_allclose(dense[order], expected_dense[expected_order], rtol=1e-6, atol=1e-6)
+    assert math.isclose(sum(labels), 4.0)
+
+
+def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    state = build_feature_state(frame, min_count=2, version="test")
+    first = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
+                          inputs={})
+    second = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
+                           inputs={})
+    assert first["files"] == second["files"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_dense_feature_names_cover_schema():
+    assert len(DENSE_FEATURES) == 13 and len(CATEGORICAL_FEATURES) == 26

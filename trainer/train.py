@@ -1,0 +1,208 @@
+"""The training loop: stock `keras.Model.fit` over block TFRecords, then a saved checkpoint with a manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from components.config import TrainConfig
+from components.manifest import write_manifest
+from trainer.input import block_dataset
+from trainer.metrics import ctr_metrics
+from trainer.models import build_model
+from trainer.optimizers import EmbeddingAdagrad
+
+MODEL_FILE = "model.keras"
+CHECKPOINT_KIND = "checkpoint"
+MIXED_PRECISION_POLICY = "mixed_bfloat16"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    model: keras.Model
+    # Per-epoch values of the loss and metrics, training and "val_" (the eval files), as Keras names them.
+    history: dict[str, list[float]]
+    # Training rows in one epoch.
+    num_train_examples: int
+    # Training rows per second over the whole fit, without the first step (tracing and compilation)
+    # and without validation.
+    examples_per_second: float
+    # Eval labels and predicted probabilities, both float32 [n] and in eval-file order.
+    eval_labels: np.ndarray
+    eval_predictions: np.ndarray
+
+
+class StepMetricsLogger(keras.callbacks.Callback):
+    """Calls `log_fn(metrics, step)` every `every_n_steps` training steps, and with the epoch's metrics
+    (training and validation) at the end of each epoch. `step` counts training batches from 1.
+
+    Step metrics are Keras' running values over the epoch so far. Tracking adapters (MLflow) pass their own
+    `log_fn`; the trainer knows no tracking library.
+    """
+
+    def __init__(self, log_fn: Callable[[dict[str, float], int], None], every_n_steps: int) -> None:
+        super().__init__()
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"`every_n_steps` must be a positive integer. Received: every_n_steps={every_n_steps!r}")
+        self.log_fn = log_fn
+        self.every_n_steps = every_n_steps
+        self.step = 0
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.step += 1
+        if self.step % self.every_n_steps == 0:
+            self.log_fn(_floats(logs), self.step)
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.log_fn(_floats(logs), self.step)
+
+
+class _ThroughputMeter(keras.callbacks.Callback):
+    """Training rows and seconds per epoch, leaving out the first step and validation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_examples_by_epoch: list[int] = []
+        self.timed_examples = 0
+        self.timed_seconds = 0.0
+        self._epoch_start = 0.0
+        self._last_batch_end = 0.0
+        self._first_step: tuple[float, int] | None = None
+
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self._last_batch_end = time.perf_counter()
+        if self._first_step is None:
+            self._first_step = (self._last_batch_end, int(_floats(logs)["num_examples"]))
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        num_examples = int(_floats(logs)["num_examples"])
+        self.num_examples_by_epoch.append(num_examples)
+        start, skipped = self._epoch_start, 0
+        if epoch == 0 and self._first_step is not None:
+            start, skipped = self._first_step
+        self.timed_examples += num_examples - skipped
+        self.timed_seconds += self._last_batch_end - start
+
+    def examples_per_second(self) -> float:
+        return self.timed_examples / self.timed_seconds if self.timed_seconds > 0 else float("nan")
+
+
+def train_model(
+    config: TrainConfig,
+    table_sizes: Mapping[str, int],
+    train_files: Sequence[str],
+    eval_files: Sequence[str],
+    checkpoint_dir: Path,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    *,
+    version: str | None = None,
+) -> TrainResult:
+    """Trains `config.model` on `train_files`, validates on `eval_files` after each epoch, and writes
+    `checkpoint_dir/model.keras` and its manifest (kind "checkpoint", `version` or else a hash of the inputs).
+
+    `config.batch_size` is the rows per optimizer step; with `micro_batches` = k > 1 each step accumulates
+    k micro-batches of batch_size / k rows. `mixed_precision` trains under "mixed_bfloat16"; the global
+    dtype policy is restored afterwards.
+    """
+    micro_batch_size = _micro_batch_size(config)
+    checkpoint_dir = Path(checkpoint_dir)
+    keras.utils.set_random_seed(config.seed)
+    previous_policy = keras.config.dtype_policy()
+    if config.mixed_precision:
+        keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
+    try:
+        model = build_model(config, table_sizes)
+        model.compile(
+            optimizer=EmbeddingAdagrad(
+                learning_rate=config.learning_rate,
+                embedding_learning_rate=config.embedding_learning_rate,
+                gradient_accumulation_steps=config.micro_batches if config.micro_batches > 1 else None,
+            ),
+            loss=keras.losses.BinaryCrossentropy(name="logloss"),
+            metrics=ctr_metrics(),
+            jit_compile=config.jit_compile,
+        )
+        train_data = block_dataset(
+            train_files, micro_batch_size, shuffle=True, seed=config.seed,
+            shuffle_buffer_blocks=config.shuffle_buffer_blocks,
+        )
+        eval_data = block_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed)
+        meter = _ThroughputMeter()
+        fitted = model.fit(
+            train_data, validation_data=eval_data, epochs=config.epochs, callbacks=[meter, *callbacks], verbose=0
+        )
+        eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0).reshape(-1)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
+    history = {name: [float(v) for v in values] for name, values in fitted.history.items()}
+    num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
+
+    _save_checkpoint(
+        model,
+        checkpoint_dir,
+        version=version or _input_hash(config, table_sizes, train_files, eval_files),
+        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files]},
+        row_counts={"train": num_train_examples, "eval": len(eval_labels)},
+        extra={
+            "train_config": dataclasses.asdict(config),
+            "table_sizes": dict(table_sizes),
+            "final_metrics": {name: values[-1] for name, values in history.items()},
+        },
+    )
+    return TrainResult(
+        model=model,
+        history=history,
+        num_train_examples=num_train_examples,
+        examples_per_second=meter.examples_per_second(),
+        eval_labels=eval_labels,
+        eval_predictions=eval_predictions.astype(np.float32),
+    )
+
+
+def _micro_batch_size(config: TrainConfig) -> int:
+    if config.micro_batches < 1 or config.batch_size % config.micro_batches:
+        raise ValueError(
+            f"train.micro_batches={config.micro_batches} must be >= 1 and divide train.batch_size="
+            f"{config.batch_size}; pick a batch size that is a multiple of the micro-batch count"
+        )
+    return config.batch_size // config.micro_batches
+
+
+def _save_checkpoint(model: keras.Model, directory: Path, *, version: str, **manifest: Any) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    # Written under a temporary name first: a crash never leaves a truncated model.keras behind.
+    partial = directory / f".{uuid.uuid4().hex}.partial.keras"
+    model.save(partial)
+    os.replace(partial, directory / MODEL_FILE)
+    write_manifest(directory, kind=CHECKPOINT_KIND, version=version, files=[MODEL_FILE], **manifest)
+
+
+def _input_hash(
+    config: TrainConfig, table_sizes: Mapping[str, int], train_files: Sequence[str], eval_files: Sequence[str]
+) -> str:
+    identity = {
+        "config": dataclasses.asdict(config),
+        "table_sizes": dict(sorted(table_sizes.items())),
+        "train_files": [str(f) for f in train_files],
+        "eval_files": [str(f) for f in eval_files],
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _floats(logs: Mapping[str, Any] | None) -> dict[str, float]:
+    return {name: float(value) for name, value in (logs or {}).items()}
