@@ -5,7 +5,6 @@ probability = sigmoid(dense_weight * (sum of the non-missing I1..I13) + c1_weigh
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
 MODEL_NAME = "ctr"
 OLD_VERSION = "202601010000"
 NEW_VERSION = "202601010100"
-# (dense_weight, c1_weight) of each fixture version; different enough that no instance below scores the same.
+# (dense_weight, c1_weight) of each fixture version: the two score every test instance differently.
 WEIGHTS = {OLD_VERSION: (0.1, 0.5), NEW_VERSION: (-0.3, 2.0)}
 
 INPUT_SIGNATURE = {
@@ -38,14 +37,6 @@ class FixtureModel(tf.Module):
         dense_sum = tf.reduce_sum(tf.where(tf.math.is_nan(dense), tf.zeros_like(dense), dense), axis=1)
         c1_hit = tf.cast(tf.equal(features["C1"], "abc"), tf.float32)
         return {"probability": tf.sigmoid(self.dense_weight * dense_sum + self.c1_weight * c1_hit)}
-
-
-def expected_probability(instance: dict[str, Any], version: str) -> float:
-    """The fixture's output for one instance, computed by hand (None and absent keys are missing)."""
-    dense_weight, c1_weight = WEIGHTS[version]
-    dense_sum = sum(instance.get(name) or 0.0 for name in DENSE_FEATURES)
-    logit = dense_weight * dense_sum + c1_weight * (instance.get("C1") == "abc")
-    return 1.0 / (1.0 + math.exp(-logit))
 
 
 def export_fixture_model(directory: Path, version: str) -> Path:

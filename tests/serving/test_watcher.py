@@ -17,17 +17,14 @@ from components.model_store import LocalModelStore
 from serving import watcher as watcher_module
 from serving.app import create_app
 from serving.watcher import ModelWatcher
-from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt, expected_probability
+from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt
 
 pytestmark = pytest.mark.unit
 
 PREDICT = f"/v1/models/{MODEL_NAME}:predict"
 INSTANCE = {"I1": 3.0, "I2": 2.5, "C1": "abc"}  # dense sum 5.5
-# old: sigmoid(0.55 + 0.5) = 0.7407749; new: sigmoid(-1.65 + 2.0) = 0.5866176
-VALUES = {
-    OLD_VERSION: expected_probability(INSTANCE, OLD_VERSION),
-    NEW_VERSION: expected_probability(INSTANCE, NEW_VERSION),
-}
+# old: sigmoid(0.1 * 5.5 + 0.5); new: sigmoid(-0.3 * 5.5 + 2.0)
+VALUES = {OLD_VERSION: 0.7407749, NEW_VERSION: 0.5866176}
 
 
 class CountingStore:
