@@ -37,7 +37,9 @@ def test_derived_paths_fall_back_under_the_data_root(tmp_path):
     config = PipelineConfig().with_overrides({"paths.data_root": str(tmp_path)})
     assert config.paths.model_store_uri == str(tmp_path / "model_store")
     assert config.tracking_uri == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
-    explicit = config.with_overrides({"paths.model_store": "s3://bucket/models", "tracking.tracking_uri": "http://m:5000"})
+    explicit = config.with_overrides(
+        {"paths.model_store": "s3://bucket/models", "tracking.tracking_uri": "http://m:5000"}
+    )
     assert explicit.paths.model_store_uri == "s3://bucket/models"
     assert explicit.tracking_uri == "http://m:5000"
 
@@ -88,12 +90,16 @@ def test_unknown_section_names_the_key_and_the_sections():
 
 @pytest.mark.parametrize("key", ["train", "tracking_uri.x", "flat.x", ".epochs"])
 def test_keys_that_are_not_section_dot_key_are_rejected(key):
-    with pytest.raises(ConfigError, match=rf"unknown config key {key!r}: expected 'section.key'".replace(".", r"\.")):
+    with pytest.raises(
+        ConfigError, match=rf"unknown config key {key!r}: expected 'section.key'".replace(".", r"\.")
+    ):
         PipelineConfig().with_overrides({key: "1"})
 
 
 def test_unknown_key_names_the_key_and_lists_the_section_keys():
-    with pytest.raises(ConfigError, match=r"unknown config key 'train\.epoch': section 'train' has keys \[.*'epochs'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'train\.epoch': section 'train' has keys \[.*'epochs'"
+    ):
         PipelineConfig().with_overrides({"train.epoch": "3"})
 
 
@@ -103,9 +109,21 @@ def test_unknown_key_names_the_key_and_lists_the_section_keys():
         ("train.epochs", "three", r"config key 'train\.epochs': cannot read 'three' as int"),
         ("train.epochs", 2.5, r"config key 'train\.epochs': cannot read 2\.5 as int: expected an integer"),
         ("gate.min_auc", "high", r"config key 'gate\.min_auc': cannot read 'high' as float"),
-        ("train.jit_compile", "maybe", r"config key 'train\.jit_compile': cannot read 'maybe' as bool: expected true or false"),
-        ("paths.model_store", None, r"config key 'paths\.model_store': cannot read None as str: expected a string"),
-        ("train.mlp_units", "64,x", r"config key 'train\.mlp_units': cannot read '64,x' as tuple: invalid literal for int\(\)"),
+        (
+            "train.jit_compile",
+            "maybe",
+            r"config key 'train\.jit_compile': cannot read 'maybe' as bool: expected true or false",
+        ),
+        (
+            "paths.model_store",
+            None,
+            r"config key 'paths\.model_store': cannot read None as str: expected a string",
+        ),
+        (
+            "train.mlp_units",
+            "64,x",
+            r"config key 'train\.mlp_units': cannot read '64,x' as tuple: invalid literal for int\(\)",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_value(key, value, message):
@@ -131,7 +149,9 @@ def test_load_config_precedence_yaml_then_environment_then_overrides(tmp_path):
         "CTR_MODEL_STORE": "",  # empty variables are ignored
         "UNRELATED": "x",
     }
-    config = load_config(overrides={"paths.data_root": "/from/override"}, yaml_path=yaml_file, environ=environ)
+    config = load_config(
+        overrides={"paths.data_root": "/from/override"}, yaml_path=yaml_file, environ=environ
+    )
     assert config.paths.data_root == "/from/override"  # yaml < env < override
     assert config.tracking.tracking_uri == "http://env:5000"  # yaml < env
     assert config.paths.model_store == "/store/from/yaml"  # yaml, env empty
@@ -186,7 +206,9 @@ def test_load_config_rejects_yaml_that_is_not_sections(tmp_path):
 def test_an_empty_yaml_value_is_an_error_not_the_text_none(tmp_path):
     yaml_file = tmp_path / "empty.yaml"
     yaml_file.write_text("paths:\n  model_store:\n")
-    with pytest.raises(ConfigError, match=r"'paths\.model_store': cannot read None as str: .*write '' for an empty one"):
+    with pytest.raises(
+        ConfigError, match=r"'paths\.model_store': cannot read None as str: .*write '' for an empty one"
+    ):
         load_config(yaml_path=yaml_file, environ={})
     yaml_file.write_text("paths:\n  model_store: ''\n")
     assert load_config(yaml_path=yaml_file, environ={}).paths.model_store == ""
@@ -212,13 +234,24 @@ def test_flat_has_every_field_as_a_string():
     assert {
         k: flat[k]
         for k in (
-            "paths.data_root", "generate.seed", "spark.shuffle_partitions", "features.eval_fraction",
-            "train.model", "gate.max_calibration_error", "tracking.experiment", "serving.poll_seconds",
+            "paths.data_root",
+            "generate.seed",
+            "spark.shuffle_partitions",
+            "features.eval_fraction",
+            "train.model",
+            "gate.max_calibration_error",
+            "tracking.experiment",
+            "serving.poll_seconds",
         )
     } == {
-        "paths.data_root": "var", "generate.seed": "7", "spark.shuffle_partitions": "4",
-        "features.eval_fraction": "0.1", "train.model": "dcnv2", "gate.max_calibration_error": "0.25",
-        "tracking.experiment": "ctr", "serving.poll_seconds": "1.0",
+        "paths.data_root": "var",
+        "generate.seed": "7",
+        "spark.shuffle_partitions": "4",
+        "features.eval_fraction": "0.1",
+        "train.model": "dcnv2",
+        "gate.max_calibration_error": "0.25",
+        "tracking.experiment": "ctr",
+        "serving.poll_seconds": "1.0",
     }
     assert all(isinstance(v, str) for v in flat.values())
     assert flat["train.mlp_units"] == "512,256,128"
@@ -227,7 +260,9 @@ def test_flat_has_every_field_as_a_string():
 
 
 def test_flat_round_trips_through_with_overrides():
-    config = PipelineConfig().with_overrides({"train.mlp_units": "8,4", "train.epochs": "2", "paths.data_root": "/x"})
+    config = PipelineConfig().with_overrides(
+        {"train.mlp_units": "8,4", "train.epochs": "2", "paths.data_root": "/x"}
+    )
     assert PipelineConfig().with_overrides(config.flat()) == config
 
 

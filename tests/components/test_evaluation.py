@@ -86,7 +86,14 @@ def test_evaluate_and_calibration_error():
     assert evaluation.num_examples == 4
     assert evaluation.calibration_error == pytest.approx(0.175)
     metrics = evaluation.metrics()
-    assert set(metrics) == {"auc", "logloss", "mean_prediction", "mean_label", "num_examples", "calibration_error"}
+    assert set(metrics) == {
+        "auc",
+        "logloss",
+        "mean_prediction",
+        "mean_label",
+        "num_examples",
+        "calibration_error",
+    }
     assert metrics["calibration_error"] == pytest.approx(0.175)
 
 
@@ -94,7 +101,9 @@ GATE = GateConfig(min_auc=0.6, max_logloss=0.5, max_calibration_error=0.25)
 
 
 def _evaluation(auc=0.8, logloss=0.4, mean_prediction=0.2, mean_label=0.2):
-    return Evaluation(auc=auc, logloss=logloss, mean_prediction=mean_prediction, mean_label=mean_label, num_examples=100)
+    return Evaluation(
+        auc=auc, logloss=logloss, mean_prediction=mean_prediction, mean_label=mean_label, num_examples=100
+    )
 
 
 def test_gate_passes_a_good_model():
@@ -113,7 +122,8 @@ def test_gate_fails_high_logloss():
 
 def test_gate_fails_miscalibration():
     assert check_gate(_evaluation(mean_prediction=0.3, mean_label=0.2), GATE) == [
-        "calibration error 0.500 (mean prediction 0.3000 vs mean label 0.2000) is above gate.max_calibration_error=0.25"
+        "calibration error 0.500 (mean prediction 0.3000 vs mean label 0.2000) "
+        "is above gate.max_calibration_error=0.25"
     ]
 
 

@@ -39,7 +39,9 @@ def _state(version: str = "20260101T0000-20260102T0000") -> FeatureState:
     vocabularies["C7"], counts["C7"] = ("deadbeef",), (9,)
     # I1: log values clipped to [0, 2], mean 1, std 0.5; the others are the identity on [-10, 10].
     dense = tuple(
-        DenseTransform(name, 0.0, 2.0, 1.0, 0.5) if name == "I1" else DenseTransform(name, -10.0, 10.0, 0.0, 1.0)
+        DenseTransform(name, 0.0, 2.0, 1.0, 0.5)
+        if name == "I1"
+        else DenseTransform(name, -10.0, 10.0, 0.0, 1.0)
         for name in DENSE_FEATURES
     )
     return FeatureState(version=version, min_count=5, vocabularies=vocabularies, counts=counts, dense=dense)
@@ -68,7 +70,9 @@ def test_categorical_rows_with_an_empty_vocabulary():
 
 
 def test_signed_log1p():
-    assert signed_log1p(np.array([0.0, 3.0, -3.0])).tolist() == pytest.approx([0.0, math.log(4), -math.log(4)])
+    assert signed_log1p(np.array([0.0, 3.0, -3.0])).tolist() == pytest.approx(
+        [0.0, math.log(4), -math.log(4)]
+    )
 
 
 def test_transform_dense_hand_computed():
@@ -118,15 +122,22 @@ def _write(state: FeatureState, directory):
     """As spark_jobs.features.write_feature_state: files in a staging dir, manifest, then commit."""
     staging = staging_dir(directory)
     files = save_feature_state(state, staging)
-    write_manifest(staging, kind=FEATURE_STATE_KIND, version=state.version, files=files,
-                   extra={"min_count": state.min_count, "table_sizes": state.table_sizes()})
+    write_manifest(
+        staging,
+        kind=FEATURE_STATE_KIND,
+        version=state.version,
+        files=files,
+        extra={"min_count": state.min_count, "table_sizes": state.table_sizes()},
+    )
     return commit_dir(staging, directory)
 
 
 def test_save_load_round_trip(tmp_path):
     state = _state()
     directory = _write(state, tmp_path / "features" / "x")
-    assert sorted(p.name for p in directory.iterdir()) == sorted([VOCABULARY_FILE, DENSE_FILE, "manifest.json"])
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [VOCABULARY_FILE, DENSE_FILE, "manifest.json"]
+    )
     loaded = load_feature_state(directory)
     assert loaded == state
     assert loaded.vocabularies["C1"] == ("aaaa0001", "bbbb0002", "cccc0003")

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import re
-
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -61,7 +60,10 @@ def test_minutes_include_a_partial_last_minute():
 def test_naive_datetimes_are_rejected():
     naive = datetime(2026, 1, 1)
     aware = datetime(2026, 1, 2, tzinfo=UTC)
-    with pytest.raises(ValueError, match=r"Interval\.start must be timezone-aware, got datetime\.datetime\(2026, 1, 1, 0, 0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Interval\.start must be timezone-aware, got datetime\.datetime\(2026, 1, 1, 0, 0\)",
+    ):
         Interval(naive, aware)
     with pytest.raises(ValueError, match=r"Interval\.end must be timezone-aware"):
         Interval(datetime(2025, 12, 31, tzinfo=UTC), naive)
@@ -72,7 +74,8 @@ def test_end_must_be_after_start(end_minute):
     start = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
     end = start + timedelta(minutes=end_minute)
     with pytest.raises(
-        ValueError, match=re.escape(f"Interval end {end.isoformat()} must be after its start 2026-01-01T12:00:00+00:00")
+        ValueError,
+        match=re.escape(f"Interval end {end.isoformat()} must be after its start 2026-01-01T12:00:00+00:00"),
     ):
         Interval(start, end)
 

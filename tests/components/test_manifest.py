@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import json
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -26,7 +26,9 @@ def _build(directory, payloads: dict[str, bytes], **kwargs):
     for name, data in payloads.items():
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
-    return write_manifest(directory, kind=kwargs.pop("kind", "dataset"), version="v1", files=list(payloads), **kwargs)
+    return write_manifest(
+        directory, kind=kwargs.pop("kind", "dataset"), version="v1", files=list(payloads), **kwargs
+    )
 
 
 def test_file_sha256_matches_hashlib_across_chunks(tmp_path):
@@ -96,14 +98,17 @@ def test_deleted_file_is_named(tmp_path):
 def test_missing_manifest_message(tmp_path):
     with pytest.raises(
         ManifestError,
-        match=re.escape(str(tmp_path)) + r" has no manifest\.json: it is missing or was not completely written; re-run the step",
+        match=re.escape(str(tmp_path))
+        + r" has no manifest\.json: it is missing or was not completely written; re-run the step",
     ):
         read_manifest(tmp_path)
 
 
 def test_malformed_manifest_message(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text('{"kind": ')
-    with pytest.raises(ManifestError, match=r"manifest\.json is not valid JSON .*re-run the step that produces it"):
+    with pytest.raises(
+        ManifestError, match=r"manifest\.json is not valid JSON .*re-run the step that produces it"
+    ):
         read_manifest(tmp_path)
 
 
@@ -168,7 +173,9 @@ def test_commit_dir_refuses_a_staging_dir_without_manifest(tmp_path):
     final = tmp_path / "features"
     staging = staging_dir(final)
     (staging / "vocab.bin").write_bytes(b"partial")
-    with pytest.raises(ManifestError, match=r"refusing to commit " + re.escape(str(staging)) + r": it has no manifest\.json"):
+    with pytest.raises(
+        ManifestError, match=r"refusing to commit " + re.escape(str(staging)) + r": it has no manifest\.json"
+    ):
         commit_dir(staging, final)
     assert not final.exists()
     assert (staging / "vocab.bin").read_bytes() == b"partial"

@@ -22,8 +22,7 @@ def _export(directory: Path, weights: bytes = b"weights-v1") -> Path:
     (directory / "variables").mkdir(parents=True)
     (directory / "saved_model.pb").write_bytes(b"graph")
     (directory / "variables" / "variables.data").write_bytes(weights)
-    write_manifest(directory, kind="model", version="1",
-                   files=["saved_model.pb", "variables/variables.data"])
+    write_manifest(directory, kind="model", version="1", files=["saved_model.pb", "variables/variables.data"])
     return directory
 
 
@@ -57,7 +56,9 @@ def test_local_republish_replaces_the_version(tmp_path):
     store.publish(MODEL, "1", _export(tmp_path / "a", b"first"))
     store.publish(MODEL, "1", _export(tmp_path / "b", b"second"))
     assert store.versions(MODEL) == ["1"]
-    assert (store.fetch(MODEL, "1", tmp_path / "cache") / "variables" / "variables.data").read_bytes() == b"second"
+    assert (
+        store.fetch(MODEL, "1", tmp_path / "cache") / "variables" / "variables.data"
+    ).read_bytes() == b"second"
     assert [p.name for p in (tmp_path / "store" / MODEL).iterdir()] == ["1"]
 
 
@@ -73,7 +74,9 @@ def test_local_versions_ignore_dirs_without_manifest(tmp_path):
     assert (superscript / MANIFEST_NAME).is_file()
     assert store.versions(MODEL) == ["5"]
     assert store.latest(MODEL) == "5"
-    with pytest.raises(ModelStoreError, match=r"version 7 of 'ctr' is corrupt or incomplete: .*has no manifest\.json"):
+    with pytest.raises(
+        ModelStoreError, match=r"version 7 of 'ctr' is corrupt or incomplete: .*has no manifest\.json"
+    ):
         store.fetch(MODEL, "7", tmp_path / "cache")
     with pytest.raises(ModelStoreError, match=r"version 7 of 'ctr' is not in "):
         store.manifest(MODEL, "7")
@@ -83,7 +86,9 @@ def test_local_versions_ignore_dirs_without_manifest(tmp_path):
 @pytest.mark.parametrize("version", ["v1", "1.0", "", "-1", "../1", "2\u00b2", "\u0663"])
 def test_local_non_integer_version_is_rejected(tmp_path, version):
     store = LocalModelStore(tmp_path / "store")
-    with pytest.raises(ModelStoreError, match=rf"model version {re.escape(repr(version))} must be a decimal integer"):
+    with pytest.raises(
+        ModelStoreError, match=rf"model version {re.escape(repr(version))} must be a decimal integer"
+    ):
         store.publish(MODEL, version, _export(tmp_path / "a"))
     assert store.versions(MODEL) == []
 
@@ -116,7 +121,8 @@ def test_local_fetch_of_a_tampered_version_raises(tmp_path):
     (tmp_path / "store" / MODEL / "3" / "variables" / "variables.data").write_bytes(b"tampered!!")
     with pytest.raises(
         ModelStoreError,
-        match=r"version 3 of 'ctr' is corrupt or incomplete: .*file 'variables/variables\.data' does not match",
+        match=r"version 3 of 'ctr' is corrupt or incomplete: "
+        r".*file 'variables/variables\.data' does not match",
     ):
         store.fetch(MODEL, "3", tmp_path / "cache")
 
@@ -124,7 +130,9 @@ def test_local_fetch_of_a_tampered_version_raises(tmp_path):
 @pytest.mark.unit
 def test_open_model_store_picks_the_backend(tmp_path):
     assert isinstance(open_model_store(str(tmp_path)), LocalModelStore)
-    with pytest.raises(ModelStoreError, match=r"model store 'gs://b/p' is neither a local directory nor an s3:// URI"):
+    with pytest.raises(
+        ModelStoreError, match=r"model store 'gs://b/p' is neither a local directory nor an s3:// URI"
+    ):
         open_model_store("gs://b/p")
     with pytest.raises(ModelStoreError, match=r"S3 model store URI must start with s3://, got '/tmp/x'"):
         S3ModelStore("/tmp/x", client=object())
@@ -177,7 +185,10 @@ def test_s3_publish_versions_latest_fetch_manifest(tmp_path, s3_client):
     assert store.versions(MODEL) == []
     assert store.latest(MODEL) is None
 
-    assert store.publish(MODEL, "202601020000", _export(tmp_path / "a", b"old")) == f"s3://{BUCKET}/prod/ctr/202601020000"
+    assert (
+        store.publish(MODEL, "202601020000", _export(tmp_path / "a", b"old"))
+        == f"s3://{BUCKET}/prod/ctr/202601020000"
+    )
     store.publish(MODEL, "202601030000", _export(tmp_path / "b", b"new"))
     store.publish(MODEL, "99", _export(tmp_path / "c", b"oldest"))
     assert "prod/ctr/202601030000/variables/variables.data" in _keys(s3_client)
@@ -193,7 +204,10 @@ def test_s3_publish_versions_latest_fetch_manifest(tmp_path, s3_client):
     assert fetched == cache / MODEL / "202601030000"
     assert (fetched / "variables" / "variables.data").read_bytes() == b"new"
     assert (fetched / "saved_model.pb").read_bytes() == b"graph"
-    assert json.loads((fetched / MANIFEST_NAME).read_text())["files"] == store.manifest(MODEL, "202601030000")["files"]
+    assert (
+        json.loads((fetched / MANIFEST_NAME).read_text())["files"]
+        == store.manifest(MODEL, "202601030000")["files"]
+    )
     # Only the committed version is left in the cache, no staging dir.
     assert [p.name for p in (cache / MODEL).iterdir()] == ["202601030000"]
 
@@ -264,7 +278,8 @@ def test_s3_fetch_of_a_tampered_version_raises(tmp_path, s3_client):
     cache = tmp_path / "cache"
     with pytest.raises(
         ModelStoreError,
-        match=rf"version 4 of 'ctr' in s3://{BUCKET} is corrupt: .*file 'variables/variables\.data' does not match",
+        match=rf"version 4 of 'ctr' in s3://{BUCKET} is corrupt: "
+        r".*file 'variables/variables\.data' does not match",
     ):
         store.fetch(MODEL, "4", cache)
     # Nothing half-downloaded is left to be mistaken for the version.

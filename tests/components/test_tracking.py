@@ -60,7 +60,9 @@ def test_start_twice_with_the_same_run_key_returns_the_same_run(data_root, clien
     assert run.data.tags["dag_id"] == "ctr_daily"
     assert run.info.run_name == "daily 2026-01-02"
     experiment = client.get_experiment_by_name("ctr")
-    keyed = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{RUN_KEY}'")
+    keyed = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{RUN_KEY}'"
+    )
     assert [r.info.run_id for r in keyed] == [run_id]
 
 
@@ -70,7 +72,9 @@ def test_params_metrics_tags_and_artifacts_land(data_root, client, tmp_path):
     run_id = tracker.start()
     tracker.log_params(config.flat())
     tracker.log_params({"train.epochs": "99", "extra": 5})  # a logged param keeps its first value
-    tracker.log_metrics({"auc": 0.75, "logloss": 0.5, "skipped_nan": float("nan"), "skipped_none": None}, step=3)
+    tracker.log_metrics(
+        {"auc": 0.75, "logloss": 0.5, "skipped_nan": float("nan"), "skipped_none": None}, step=3
+    )
     tracker.log_metrics({"auc": 0.8}, step=4)
     tracker.set_tags({"model_version": 202601020000})
     report = tmp_path / "report.json"
@@ -95,8 +99,10 @@ def test_params_metrics_tags_and_artifacts_land(data_root, client, tmp_path):
     assert run.data.tags["model_version"] == "202601020000"
 
     assert sorted(a.path for a in client.list_artifacts(run_id)) == ["evaluation", "metrics", "validation"]
-    assert sorted(a.path for a in client.list_artifacts(run_id, "evaluation")) == ["evaluation/a.txt",
-                                                                                  "evaluation/b.txt"]
+    assert sorted(a.path for a in client.list_artifacts(run_id, "evaluation")) == [
+        "evaluation/a.txt",
+        "evaluation/b.txt",
+    ]
     downloaded = client.download_artifacts(run_id, "validation/report.json", str(tmp_path / "down"))
     assert json.loads(open(downloaded).read()) == {"num_rows": 400}
     summary = client.download_artifacts(run_id, "metrics/summary.json", str(tmp_path / "down"))

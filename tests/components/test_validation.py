@@ -76,8 +76,13 @@ def quarantine_run(layout):
     with pytest.raises(DataValidationError) as raised:
         validate_interval(layout, minutes, report_path)
     first_report = json.loads(report_path.read_text())
-    return {"error": str(raised.value), "damaged": damaged, "minutes": minutes, "report_path": report_path,
-            "first_report": first_report}
+    return {
+        "error": str(raised.value),
+        "damaged": damaged,
+        "minutes": minutes,
+        "report_path": report_path,
+        "first_report": first_report,
+    }
 
 
 def test_read_raw_slice_counts_fields_and_maps_empty_to_none(tmp_path):
@@ -135,7 +140,11 @@ def test_clean_slices_pass_and_are_not_validated_twice(layout, tmp_path, monkeyp
     assert report["failed"] == [] and report["missing"] == []
     assert json.loads(report_path.read_text()) == report
     marker = json.loads((layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).read_text())
-    assert marker == {"sha256": file_sha256(_raw(layout, 0)), "suite_version": SUITE_VERSION, "num_rows": ROWS}
+    assert marker == {
+        "sha256": file_sha256(_raw(layout, 0)),
+        "suite_version": SUITE_VERSION,
+        "num_rows": ROWS,
+    }
 
     # A re-run trusts the markers: the validator is never built.
     import components.validation as validation
@@ -165,7 +174,13 @@ ONE_ROW = r"1 of 200 rows unexpected, e\.g\. "
 @pytest.mark.parametrize(
     ("index", "failures"),
     [
-        (2, [(BETWEEN, "_num_fields", ONE_ROW + r"\[\d+\]"), (BETWEEN, "_line_terminated", ONE_ROW + r"\[0\]")]),
+        (
+            2,
+            [
+                (BETWEEN, "_num_fields", ONE_ROW + r"\[\d+\]"),
+                (BETWEEN, "_line_terminated", ONE_ROW + r"\[0\]"),
+            ],
+        ),
         (3, [("expect_column_values_to_be_in_set", "label", ONE_ROW + r"\['2'\]")]),
         (4, [("expect_column_values_to_match_regex", "I3", ONE_ROW + r"\['12x'\]")]),
         (5, [("expect_table_row_count_to_be_between", None, r"observed 0")]),
@@ -226,7 +241,9 @@ def test_a_slice_changed_after_it_passed_is_validated_again(layout, tmp_path):
     assert validate_interval(layout, [minute(9)], tmp_path / "first.json")["num_passed"] == 1
     assert (layout.raw_minute_dir(minute(9)) / VALIDATED_MARKER).exists()
     _replace_field(layout, 9, line=0, field=0, value="2")  # the marker's checksum no longer matches
-    with pytest.raises(DataValidationError, match=r"(?s)1 raw slice\(s\) failed.*2026-01-01 00:09.*be_in_set\(label\)"):
+    with pytest.raises(
+        DataValidationError, match=r"(?s)1 raw slice\(s\) failed.*2026-01-01 00:09.*be_in_set\(label\)"
+    ):
         validate_interval(layout, [minute(9)], tmp_path / "second.json")
     assert (layout.quarantine_minute_dir(minute(9)) / RAW_FILE).exists()
 
@@ -236,7 +253,8 @@ def test_an_interval_without_slices_says_to_generate(tmp_path):
     report_path = tmp_path / "report.json"
     with pytest.raises(
         DataValidationError,
-        match=r"no valid raw slices in the interval \(3 missing, 0 quarantined\): expected minute partitions under "
+        match=r"no valid raw slices in the interval \(3 missing, 0 quarantined\): "
+        r"expected minute partitions under "
         + re.escape(str(tmp_path / "raw"))
         + r"; run `ctr generate` or check the ingest",
     ):
