@@ -2,6 +2,7 @@
 # Runs the Spark Connect server that ships in the pyspark wheel, in the foreground (--wait), so the
 # container lives as long as the server. Jobs reach it at sc://<host>:15002; their Python UDFs
 # (mapInArrow + the tfx-bsl encoder) run here, which is why this runs from the project image.
+# Session time zone UTC, as in the local sessions spark_jobs/session.py builds (minute partitions are UTC).
 # Extra arguments are passed to spark-submit (e.g. --conf spark.sql.shuffle.partitions=64).
 set -euo pipefail
 
@@ -17,4 +18,5 @@ exec "$SPARK_HOME/sbin/start-connect-server.sh" --wait \
   --name ctr-spark-connect \
   --conf spark.connect.grpc.binding.port=15002 \
   --conf spark.local.dir="${SPARK_LOCAL_DIR:-/tmp/spark/local}" \
+  --conf spark.sql.session.timeZone=UTC \
   "$@"
