@@ -22,7 +22,7 @@ def test_defaults_are_the_documented_values():
     assert config.generate.rows_per_minute == 5000
     assert config.generate.new_value_rate == 0.01
     assert config.spark.master == "local[2]"
-    assert config.features.min_count == 5
+    assert config.features.min_count == 20
     assert config.features.block_rows == 1024
     assert config.train.mlp_units == (512, 256, 128)
     assert config.train.jit_compile is True
@@ -157,7 +157,7 @@ def test_load_config_precedence_yaml_then_environment_then_overrides(tmp_path):
     assert config.paths.model_store == "/store/from/yaml"  # yaml, env empty
     assert config.train.epochs == 7
     assert config.train.mlp_units == (32, 16)
-    assert config.train.batch_size == 4096  # default
+    assert config.train.batch_size == 2048  # default
 
     only_yaml = load_config(yaml_path=yaml_file, environ={})
     assert only_yaml.paths.data_root == "/from/yaml"
@@ -249,7 +249,7 @@ def test_flat_has_every_field_as_a_string():
         "spark.shuffle_partitions": "4",
         "features.eval_fraction": "0.1",
         "train.model": "dcnv2",
-        "gate.max_calibration_error": "0.25",
+        "gate.max_calibration_error": "0.3",
         "tracking.experiment": "ctr",
         "serving.poll_seconds": "1.0",
     }
