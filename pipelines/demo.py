@@ -36,7 +36,11 @@ def run_logged(command: list[str], env: dict, log_path: Path, show: tuple[str, .
         for line in process.stdout:
             log.write(line)
             if any(marker in line for marker in show):
-                print("    " + line.rstrip()[-220:], flush=True)
+                # Airflow's structured log wraps our progress lines; show only the message.
+                text = line.rstrip()
+                if "[ctr " in text:
+                    text = text[text.index("[ctr "):].split(" [ctr.progress]")[0]
+                print("    " + text[-220:], flush=True)
         return process.wait()
 
 

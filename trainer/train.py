@@ -1,4 +1,4 @@
-"""The training loop: stock `keras.Model.fit` over block TFRecords, then a saved checkpoint with a manifest."""
+"""The training loop: stock `keras.Model.fit` over block TFRecords, then a checkpoint and its manifest."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +18,8 @@ import keras
 import numpy as np
 
 from components.config import TrainConfig
-from components.manifest import write_manifest
-from trainer.input import block_dataset
+from components.manifest import read_manifest, write_manifest
+from trainer.arguments import require_integer
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
 from trainer.optimizers import EmbeddingAdagrad
@@ -53,8 +54,7 @@ class StepMetricsLogger(keras.callbacks.Callback):
 
     def __init__(self, log_fn: Callable[[dict[str, float], int], None], every_n_steps: int) -> None:
         super().__init__()
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"`every_n_steps` must be a positive integer. Received: every_n_steps={every_n_steps!r}")
+        require_integer("every_n_steps", every_n_steps)
         self.log_fn = log_fn
         self.every_n_steps = every_n_steps
         self.step = 0
@@ -115,9 +115,14 @@ def train_model(
     `checkpoint_dir/model.keras` and its manifest (kind "checkpoint", `version` or else a hash of the inputs).
 
     `config.batch_size` is the rows per optimizer step; with `micro_batches` = k > 1 each step accumulates
-    k micro-batches of batch_size / k rows. `mixed_precision` trains under "mixed_bfloat16"; the global
-    dtype policy is restored afterwards.
+    k micro-batches of batch_size / k rows (Keras, and StepMetricsLogger, count micro-batches as steps; the
+    accumulated gradients are dense, so each micro-batch costs O(table) on the embeddings). `mixed_precision`
+    trains under "mixed_bfloat16"; the global dtype policy is restored afterwards.
     """
+    # Imported here: the input pipeline is tf.data, and the rest of this module (compile_model,
+    # load_checkpoint, StepMetricsLogger) must import on JAX hosts without TensorFlow.
+    from trainer.input import block_dataset
+
     micro_batch_size = _micro_batch_size(config)
     checkpoint_dir = Path(checkpoint_dir)
     keras.utils.set_random_seed(config.seed)
@@ -126,26 +131,25 @@ def train_model(
         keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
     try:
         model = build_model(config, table_sizes)
-        model.compile(
-            optimizer=EmbeddingAdagrad(
-                learning_rate=config.learning_rate,
-                embedding_learning_rate=config.embedding_learning_rate,
-                gradient_accumulation_steps=config.micro_batches if config.micro_batches > 1 else None,
-            ),
-            loss=keras.losses.BinaryCrossentropy(name="logloss"),
-            metrics=ctr_metrics(),
-            jit_compile=config.jit_compile,
-        )
+        compile_model(model, config)
         train_data = block_dataset(
             train_files, micro_batch_size, shuffle=True, seed=config.seed,
             shuffle_buffer_blocks=config.shuffle_buffer_blocks,
         )
         eval_data = block_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed)
         meter = _ThroughputMeter()
-        fitted = model.fit(
-            train_data, validation_data=eval_data, epochs=config.epochs, callbacks=[meter, *callbacks], verbose=0
-        )
-        eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0).reshape(-1)
+        with warnings.catch_warnings():
+            # Keras warns whenever a dataset of unknown length ends, which ours do at every epoch's end.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            fitted = model.fit(
+                train_data,
+                validation_data=eval_data,
+                epochs=config.epochs,
+                callbacks=[meter, *callbacks],
+                shuffle=False,  # block_dataset shuffles
+                verbose=0,
+            )
+            eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
     finally:
         keras.config.set_dtype_policy(previous_policy)
     eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
@@ -170,8 +174,28 @@ def train_model(
         num_train_examples=num_train_examples,
         examples_per_second=meter.examples_per_second(),
         eval_labels=eval_labels,
-        eval_predictions=eval_predictions.astype(np.float32),
+        eval_predictions=eval_predictions.reshape(-1).astype(np.float32),
     )
+
+
+def compile_model(model: keras.Model, config: TrainConfig) -> None:
+    """Optimizer, loss, metrics and XLA as `train_model` uses them."""
+    model.compile(
+        optimizer=EmbeddingAdagrad(
+            learning_rate=config.learning_rate,
+            embedding_learning_rate=config.embedding_learning_rate,
+            gradient_accumulation_steps=config.micro_batches if config.micro_batches > 1 else None,
+        ),
+        loss=keras.losses.BinaryCrossentropy(name="logloss"),
+        metrics=ctr_metrics(),
+        jit_compile=config.jit_compile,
+    )
+
+
+def load_checkpoint(checkpoint_dir: Path, verify: bool = True) -> keras.Model:
+    """The model a `train_model` run saved, after checking the checkpoint's manifest."""
+    read_manifest(checkpoint_dir, kind=CHECKPOINT_KIND, verify=verify)
+    return keras.saving.load_model(Path(checkpoint_dir) / MODEL_FILE)
 
 
 def _micro_batch_size(config: TrainConfig) -> int:

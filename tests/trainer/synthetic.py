@@ -62,3 +62,13 @@ def write_block_files(rows: Rows, directory: Path, num_files: int, block_rows: i
         paths.append(str(path))
     return paths
 
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve by the rank-sum formula (scores assumed free of ties)."""
+    ranks = np.empty(len(scores))
+    ranks[np.argsort(scores)] = np.arange(1, len(scores) + 1)
+    positive = labels == 1
+    num_positive, num_negative = positive.sum(), (~positive).sum()
+    positive_rank_sum = ranks[positive].sum() - num_positive * (num_positive + 1) / 2
+    return float(positive_rank_sum / (num_positive * num_negative))

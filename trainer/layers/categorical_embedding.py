@@ -9,6 +9,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from trainer.arguments import require_integer, require_integer_list
+
 
 @keras.saving.register_keras_serializable(package="ctr")
 class CategoricalEmbedding(keras.layers.Layer):
@@ -34,14 +36,9 @@ class CategoricalEmbedding(keras.layers.Layer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        sizes = list(table_sizes) if isinstance(table_sizes, Sequence) and not isinstance(table_sizes, str) else None
-        if not sizes or any(isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 1 for s in sizes):
-            raise ValueError(
-                f"`table_sizes` must be a non-empty list of positive integers. Received: table_sizes={table_sizes!r}"
-            )
-        if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
-            raise ValueError(f"`embedding_dim` must be a positive integer. Received: embedding_dim={embedding_dim!r}")
-        self.table_sizes = [int(s) for s in sizes]
+        require_integer_list("table_sizes", table_sizes)
+        require_integer("embedding_dim", embedding_dim)
+        self.table_sizes = [int(s) for s in table_sizes]
         self.embedding_dim = embedding_dim
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)

@@ -7,6 +7,8 @@ from typing import Any
 import keras
 from keras import ops
 
+from trainer.arguments import require_integer
+
 
 @keras.saving.register_keras_serializable(package="ctr")
 class FeatureCross(keras.layers.Layer):
@@ -29,13 +31,7 @@ class FeatureCross(keras.layers.Layer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if projection_dim is not None and (
-            isinstance(projection_dim, bool) or not isinstance(projection_dim, int) or projection_dim < 1
-        ):
-            raise ValueError(
-                f"`projection_dim` must be a positive integer or None (full rank). Received: "
-                f"projection_dim={projection_dim!r}"
-            )
+        require_integer("projection_dim", projection_dim, allow_none=True)
         self.projection_dim = projection_dim
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -45,7 +41,9 @@ class FeatureCross(keras.layers.Layer):
     def build(self, input_shape: tuple[int | None, ...]) -> None:
         width = input_shape[-1]
         if width is None:
-            raise ValueError(f"FeatureCross needs a known last input dimension. Received: input_shape={input_shape}")
+            raise ValueError(
+                f"FeatureCross needs a known last input dimension. Received: input_shape={input_shape}"
+            )
         if self.projection_dim is None:
             self.kernel = self.add_weight(
                 name="kernel", shape=(width, width),

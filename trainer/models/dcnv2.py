@@ -14,6 +14,7 @@ import keras
 from keras import ops
 
 from components.config import TrainConfig
+from trainer.arguments import require_integer, require_integer_list
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.feature_cross import FeatureCross
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
@@ -34,14 +35,8 @@ class DCNv2(keras.Model):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if isinstance(num_cross_layers, bool) or not isinstance(num_cross_layers, int) or num_cross_layers < 0:
-            raise ValueError(
-                f"`num_cross_layers` must be a non-negative integer. Received: num_cross_layers={num_cross_layers!r}"
-            )
-        if not mlp_units or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in mlp_units):
-            raise ValueError(
-                f"`mlp_units` must be a non-empty list of positive integers. Received: mlp_units={mlp_units!r}"
-            )
+        require_integer("num_cross_layers", num_cross_layers, minimum=0)
+        require_integer_list("mlp_units", mlp_units)
         self.table_sizes = list(table_sizes)
         self.embedding_dim = embedding_dim
         self.num_cross_layers = num_cross_layers
@@ -53,7 +48,10 @@ class DCNv2(keras.Model):
             FeatureCross(projection_dim=projection_dim, name=f"cross_{i}") for i in range(num_cross_layers)
         ]
         self.deep_network = keras.Sequential(
-            [keras.layers.Dense(units, activation="relu", name=f"deep_{i}") for i, units in enumerate(mlp_units)],
+            [
+                keras.layers.Dense(units, activation="relu", name=f"deep_{i}")
+                for i, units in enumerate(self.mlp_units)
+            ],
             name="deep_network",
         )
         # A float32 head keeps the sigmoid and the loss out of bfloat16 under mixed precision.

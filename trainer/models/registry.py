@@ -26,7 +26,9 @@ def build_model(config: TrainConfig, table_sizes: Mapping[str, int]) -> keras.Mo
     """
     builder = MODEL_BUILDERS.get(config.model)
     if builder is None:
-        raise ValueError(f"unknown model {config.model!r} (train.model); expected one of {sorted(MODEL_BUILDERS)}")
+        raise ValueError(
+            f"unknown model {config.model!r} (train.model); expected one of {sorted(MODEL_BUILDERS)}"
+        )
     missing = [name for name in CATEGORICAL_FEATURES if name not in table_sizes]
     if missing:
         raise ValueError(

@@ -1,0 +1,143 @@
+"""End to end on a small generated slice: `ctr_daily` through Airflow itself (real Spark, TensorFlow, MLflow),
+then the published model through the serving HTTP API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from components.config import load_config
+from components.feature_state import categorical_rows, load_feature_state, transform_dense
+from components.interval import Interval
+from components.layout import Layout
+from components.model_store import LocalModelStore
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+from components.synthetic import generate
+from pipelines.airflow_env import airflow_environment
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DAY = Interval.day("2026-01-01")
+OVERRIDES = {
+    "train.epochs": 2, "train.batch_size": 1024, "train.log_every_steps": 5, "features.min_count": 3,
+    "features.num_shards": 2, "spark.shuffle_partitions": 2, "spark.driver_memory": "2g",
+    "gate.min_auc": 0.6, "tracking.strict": True,
+}
+
+
+@pytest.fixture(scope="module")
+def daily_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    config = load_config(overrides={"paths.data_root": str(root), "generate.minutes": 10,
+                                    "generate.rows_per_minute": 2000, **OVERRIDES}, environ={})
+    summary = generate(config.generate, Layout(config.paths.root))
+    env = airflow_environment(config, base={"PATH": "/usr/bin:/bin", "HOME": str(root)})
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    airflow = [sys.executable, "-m", "airflow"]
+    migrate = subprocess.run([*airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
+    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    listed = subprocess.run([*airflow, "dags", "list-import-errors", "-o", "json"], env=env, capture_output=True,
+                            text=True, timeout=300)
+    run = subprocess.run(
+        [*airflow, "dags", "test", "ctr_daily", DAY.end.isoformat(), "-c", json.dumps({"config": OVERRIDES})],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )
+    (root / "dags-test.log").write_text(run.stdout + run.stderr)
+    return {"config": config, "root": root, "summary": summary, "run": run, "import_errors": listed}
+
+
+def test_dag_run_succeeds_through_airflow(daily_run):
+    run = daily_run["run"]
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-5000:]
+    for step in ("validate", "features", "samples", "train", "evaluate", "export"):
+        assert f"step {step} done" in output, f"step {step} did not finish:\n{output[-5000:]}"
+    assert "[]" in daily_run["import_errors"].stdout or daily_run["import_errors"].stdout.strip() == ""
+
+
+def test_model_beats_chance_and_is_published(daily_run):
+    layout = Layout(daily_run["config"].paths.root)
+    report = json.loads((layout.evaluation_dir(DAY) / "report.json").read_text())
+    assert report["gate"]["passed"] is True
+    assert 0.6 < report["metrics"]["auc"] <= report["planted_auc"] + 0.01
+    assert abs(report["metrics"]["mean_prediction"] - report["metrics"]["mean_label"]) < 0.05
+    store = LocalModelStore(daily_run["config"].paths.model_store_uri)
+    assert store.versions("ctr") == ["202601020000"]
+    manifest = store.manifest("ctr", "202601020000")
+    assert manifest["kind"] == "full_model" and manifest["inputs"]["feature_state"].startswith("daily-")
+
+
+def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
+    from mlflow.tracking import MlflowClient
+
+    config = daily_run["config"]
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    experiment = client.get_experiment_by_name("ctr")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.epochs"] == "2"
+    assert run.data.params["features.min_count"] == "3"
+    assert len(run.data.params) == len(config.flat())
+    for metric in ("eval.auc", "eval.logloss", "eval.planted_auc", "validation.rows", "train.loss",
+                   "samples.train_rows", "gate.passed"):
+        assert metric in run.data.metrics, metric
+    assert run.data.metrics["validation.rows"] == 20000
+    assert run.data.tags["airflow.dag_id"] == "ctr_daily"
+    assert run.data.tags["airflow.run_id"].startswith("manual__")
+    assert run.data.tags["model.version"] == "202601020000"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"validation", "manifests", "evaluation", "plots", "model"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/training_curve.png"]
+
+
+def test_served_prediction_equals_model_on_preprocessed_raw_values(daily_run):
+    """Golden request: served(raw) == keras_model(reference_preprocess(raw)), through the HTTP API."""
+    import keras
+    from starlette.testclient import TestClient
+
+    from serving.app import create_app
+    from serving.watcher import ModelWatcher
+
+    config = daily_run["config"]
+    layout = Layout(config.paths.root)
+    store = LocalModelStore(config.paths.model_store_uri)
+    watcher = ModelWatcher(store, "ctr", layout.root / "serving_cache", poll_seconds=0.2)
+    watcher.start()
+    try:
+        client = TestClient(create_app(watcher, config.serving))
+        status = client.get("/v1/models/ctr")
+        assert status.status_code == 200
+        assert status.json()["model_version_status"][0]["version"] == "202601020000"
+
+        lines = (layout.raw_minute_dir(DAY.start.replace(minute=9)) / "part-00000.tsv").read_text().splitlines()[:8]
+        fields = [line.split("\t") for line in lines]
+        instances = []
+        for row in fields:
+            item = {n: (int(v) if v else None) for n, v in zip(DENSE_FEATURES, row[1:14], strict=True)}
+            item.update({n: (v or None) for n, v in zip(CATEGORICAL_FEATURES, row[14:40], strict=True)})
+            instances.append(item)
+        instances[0]["C3"] = "never-seen-value"
+        response = client.post("/v1/models/ctr:predict", json={"instances": instances})
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Model-Version"] == "202601020000"
+        served = np.array(response.json()["predictions"], dtype=np.float32)
+
+        state = load_feature_state(layout.feature_state_dir(DAY))
+        raw_dense = np.array([[np.nan if item[n] is None else item[n] for n in DENSE_FEATURES]
+                              for item in instances], dtype=np.float64)
+        rows = np.stack([categorical_rows(pa.array([item[n] for item in instances], pa.string()),
+                                          pa.array(state.vocabularies[n], pa.string()))
+                         for n in CATEGORICAL_FEATURES], axis=1)
+        model = keras.saving.load_model(layout.checkpoint_dir(DAY) / "model.keras")
+        expected = np.asarray(model({"dense": transform_dense(raw_dense, state), "categorical": rows})).reshape(-1)
+        np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+        bad = client.post("/v1/models/ctr:predict", json={"instances": [{"I1": "three"}]})
+        assert bad.status_code == 400 and "I1" in bad.json()["error"]
+    finally:
+        watcher.stop()

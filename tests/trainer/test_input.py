@@ -1,0 +1,111 @@
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.block_codec import frame_records
+from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL
+from tests.trainer.synthetic import Rows, random_rows, write_block_files
+from trainer.input import block_dataset
+
+pytestmark = pytest.mark.integration
+
+NUM_ROWS = 2500
+
+
+@pytest.fixture(scope="module")
+def rows() -> Rows:
+    rows = random_rows(NUM_ROWS, num_values=30, seed=3)
+    rows.categorical[:, 0] = np.arange(NUM_ROWS)  # a row id, to find each row after shuffling
+    return rows
+
+
+@pytest.fixture(scope="module")
+def files(rows, tmp_path_factory) -> list[str]:
+    # 1250 rows per file in blocks of 1024 + 226: blocks of unequal size, and batches that straddle files.
+    return write_block_files(rows, tmp_path_factory.mktemp("blocks"), num_files=2, block_rows=1024)
+
+
+def read_all(dataset: tf.data.Dataset) -> tuple[list[int], Rows]:
+    sizes, labels, dense, categorical = [], [], [], []
+    for features, label in dataset:
+        sizes.append(int(label.shape[0]))
+        labels.append(label.numpy())
+        dense.append(features["dense"].numpy())
+        categorical.append(features["categorical"].numpy())
+    return sizes, Rows(np.concatenate(labels), np.concatenate(dense), np.concatenate(categorical))
+
+
+def test_unshuffled_reads_every_row_in_file_order(rows, files):
+    dataset = block_dataset(files, batch_size=512, shuffle=False, seed=0)
+    sizes, read = read_all(dataset)
+    assert sizes == [512, 512, 512, 512, 452]
+    np.testing.assert_array_equal(read.labels, rows.labels)
+    np.testing.assert_array_equal(read.dense, rows.dense)
+    np.testing.assert_array_equal(read.categorical, rows.categorical)
+
+
+def test_element_spec_has_static_widths(files):
+    features, label = block_dataset(files, batch_size=8, shuffle=False, seed=0).element_spec
+    assert features["dense"] == tf.TensorSpec([None, DENSE_INPUT_DIM], tf.float32)
+    assert features["categorical"] == tf.TensorSpec([None, NUM_CATEGORICAL], tf.int64)
+    assert label == tf.TensorSpec([None], tf.float32)
+
+
+def test_shuffled_reads_every_row_exactly_once(rows, files):
+    def shuffled() -> tf.data.Dataset:
+        return block_dataset(files, batch_size=300, shuffle=True, seed=11, shuffle_buffer_blocks=4)
+
+    sizes, read = read_all(shuffled())
+    assert sizes == [300] * 8 + [100]
+    order = read.categorical[:, 0]
+    assert sorted(order.tolist()) == list(range(NUM_ROWS))
+    np.testing.assert_array_equal(read.labels, rows.labels[order])
+    np.testing.assert_array_equal(read.dense, rows.dense[order])
+    np.testing.assert_array_equal(read.categorical, rows.categorical[order])
+    np.testing.assert_array_equal(read_all(shuffled())[1].categorical[:, 0], order)  # same seed, same order
+
+
+def test_shuffle_moves_whole_blocks_and_reshuffles_every_epoch(rows, tmp_path):
+    files = write_block_files(rows, tmp_path, num_files=2, block_rows=125)  # 10 whole blocks per file
+    dataset = block_dataset(files, batch_size=250, shuffle=True, seed=5, shuffle_buffer_blocks=8)
+    first = read_all(dataset)[1].categorical[:, 0]
+    second = read_all(dataset)[1].categorical[:, 0]
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(NUM_ROWS))
+    assert not np.array_equal(first, np.arange(NUM_ROWS))
+    assert not np.array_equal(first, second)
+    # Rows keep their order inside a block: every block of 125 starts at a multiple of 125.
+    blocks = first.reshape(-1, 125)
+    assert (blocks[:, 0] % 125 == 0).all()
+    np.testing.assert_array_equal(blocks - blocks[:, :1], np.tile(np.arange(125), (len(blocks), 1)))
+
+
+def test_block_with_a_wrong_row_count_fails_loudly(tmp_path):
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "num_rows": tf.train.Feature(int64_list=tf.train.Int64List(value=[3])),
+                "label": tf.train.Feature(float_list=tf.train.FloatList(value=[0.0, 1.0])),
+                "dense": tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * 2 * DENSE_INPUT_DIM)),
+                "categorical": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=[0] * 2 * NUM_CATEGORICAL)
+                ),
+            }
+        )
+    )
+    path = tmp_path / "bad.tfrecord"
+    path.write_bytes(frame_records([example.SerializeToString()]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="block label count differs from num_rows"):
+        list(block_dataset([str(path)], batch_size=4, shuffle=False, seed=0))
+
+
+def test_no_files_is_an_error():
+    with pytest.raises(ValueError, match="at least one file"):
+        block_dataset([], batch_size=4, shuffle=False, seed=0)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.0])
+def test_invalid_batch_size(files, batch_size):
+    with pytest.raises(ValueError, match=re.escape(f"batch_size={batch_size!r}")):
+        block_dataset(files, batch_size=batch_size, shuffle=False, seed=0)

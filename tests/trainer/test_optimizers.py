@@ -1,0 +1,54 @@
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.optimizers import EmbeddingAdagrad
+
+pytestmark = pytest.mark.unit
+
+INITIAL = np.arange(12, dtype="float32").reshape(6, 2) / 10
+
+
+def test_row_sparse_update_equals_dense_adagrad_and_leaves_other_rows_alone():
+    # Row 1 appears twice: its gradients must be summed before squaring, as dense Adagrad does.
+    values = tf.constant([[0.5, -1.0], [2.0, 0.25], [0.1, 0.3]])
+    indices = tf.constant([1, 4, 1])
+    sparse_variable = keras.Variable(INITIAL, name="embeddings")
+    dense_variable = keras.Variable(INITIAL, name="embeddings")
+    sparse_optimizer, dense_optimizer = EmbeddingAdagrad(0.1, 0.3), EmbeddingAdagrad(0.1, 0.3)
+    for _ in range(2):
+        slices = tf.IndexedSlices(values, indices, dense_shape=tf.constant([6, 2]))
+        sparse_optimizer.apply([slices], [sparse_variable])
+        dense_optimizer.apply([tf.convert_to_tensor(slices)], [dense_variable])
+    sparse, dense = sparse_variable.numpy(), dense_variable.numpy()
+    np.testing.assert_allclose(sparse, dense, rtol=1e-6)
+    untouched = [0, 2, 3, 5]
+    np.testing.assert_array_equal(sparse[untouched], INITIAL[untouched])
+    assert (sparse[[1, 4]] != INITIAL[[1, 4]]).all()
+
+
+def test_embedding_tables_get_their_own_learning_rate():
+    embeddings = keras.Variable(np.zeros((1, 1), "float32"), name="embeddings")
+    kernel = keras.Variable(np.zeros((1, 1), "float32"), name="kernel")
+    optimizer = EmbeddingAdagrad(0.01, embedding_learning_rate=0.5, initial_accumulator_value=0.0)
+    optimizer.apply([tf.ones((1, 1)), tf.ones((1, 1))], [embeddings, kernel])
+    # First Adagrad step with a zero accumulator: -lr * g / sqrt(g^2 + epsilon) = -lr (g = 1).
+    np.testing.assert_allclose(embeddings.numpy(), [[-0.5]], rtol=1e-6)
+    np.testing.assert_allclose(kernel.numpy(), [[-0.01]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("embedding_learning_rate", [0, -0.1, "0.1", True])
+def test_invalid_embedding_learning_rate(embedding_learning_rate):
+    with pytest.raises(ValueError, match=re.escape(f"embedding_learning_rate={embedding_learning_rate!r}")):
+        EmbeddingAdagrad(embedding_learning_rate=embedding_learning_rate)
+
+
+def test_config_round_trip():
+    optimizer = EmbeddingAdagrad(0.02, 0.3, initial_accumulator_value=0.5, gradient_accumulation_steps=2)
+    config = optimizer.get_config()
+    assert config["embedding_learning_rate"] == 0.3 and config["initial_accumulator_value"] == 0.5
+    restored = EmbeddingAdagrad.from_config(config)
+    assert restored.get_config() == config

@@ -1,0 +1,100 @@
+"""Export of a trained model as a TF SavedModel that serves raw features.
+
+The `serving_default` signature takes the raw Criteo fields, one tensor per field (I1..I13 float32 with NaN
+for missing, C1..C26 string with "" for missing), applies the feature state inside the graph and returns
+{"probability": float32 [batch]}. It equals `model(preprocessed)` where the preprocessing is
+components.feature_state.transform_dense and categorical_rows, so serving needs nothing but TensorFlow.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+# The metrics, models and optimizers imports register the classes a checkpoint names, so that
+# keras.saving.load_model of a checkpoint works once this module is imported.
+import trainer.metrics  # noqa: F401
+import trainer.models  # noqa: F401
+import trainer.optimizers  # noqa: F401
+from components.feature_state import FeatureState
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
+from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
+
+SAVED_MODEL_DIR = "saved_model"
+SIGNATURE_NAME = "serving_default"
+OUTPUT_NAME = "probability"
+# Between feature name and value in the lookup keys: one table serves all features, and "C1" + "0" never
+# meets "C10" + "" because the separator sits between them.
+KEY_SEPARATOR = "\x1f"
+
+RAW_INPUT_SIGNATURE = {
+    **{name: tf.TensorSpec([None], tf.float32, name=name) for name in DENSE_FEATURES},
+    **{name: tf.TensorSpec([None], tf.string, name=name) for name in CATEGORICAL_FEATURES},
+}
+
+
+class RawFeaturePreprocessor(tf.Module):
+    """The feature state as TensorFlow ops: raw fields -> the model's {"dense", "categorical"} inputs."""
+
+    def __init__(self, state: FeatureState) -> None:
+        super().__init__(name="raw_feature_preprocessor")
+        keys = [
+            tf.strings.join([name + KEY_SEPARATOR, tf.constant(list(state.vocabularies[name]), tf.string)])
+            for name in CATEGORICAL_FEATURES
+        ]
+        rows = [
+            tf.range(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + len(state.vocabularies[name]), dtype=tf.int64)
+            for name in CATEGORICAL_FEATURES
+        ]
+        initializer = tf.lookup.KeyValueTensorInitializer(tf.concat(keys, 0), tf.concat(rows, 0))
+        self.table = tf.lookup.StaticHashTable(initializer, default_value=RARE_ROW)
+        self.key_prefixes = tf.constant([name + KEY_SEPARATOR for name in CATEGORICAL_FEATURES])
+        stats = state.dense_arrays()
+        self.low, self.high, self.mean, self.std = (
+            tf.constant(stats[key], tf.float64) for key in ("low", "high", "mean", "std")
+        )
+
+    def __call__(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return {DENSE_INPUT: self.dense(features), CATEGORICAL_INPUT: self.categorical(features)}
+
+    def dense(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Same arithmetic as components.feature_state.transform_dense, in float64 like numpy."""
+        values = tf.stack([tf.cast(features[name], tf.float64) for name in DENSE_FEATURES], axis=1)
+        missing = tf.math.is_nan(values)
+        filled = tf.where(missing, tf.zeros_like(values), values)
+        logged = tf.sign(filled) * tf.math.log1p(tf.abs(filled))
+        clipped = tf.minimum(tf.maximum(logged, self.low), self.high)  # np.clip's order
+        standardized = tf.where(missing, tf.zeros_like(values), (clipped - self.mean) / self.std)
+        return tf.cast(tf.concat([standardized, tf.cast(missing, tf.float64)], axis=1), tf.float32)
+
+    def categorical(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Same rows as components.feature_state.categorical_rows: "" -> MISSING_ROW, unknown -> RARE_ROW."""
+        values = tf.stack([features[name] for name in CATEGORICAL_FEATURES], axis=1)
+        keys = tf.strings.join([tf.broadcast_to(self.key_prefixes, tf.shape(values)), values])
+        rows = self.table.lookup(keys)
+        return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
+
+
+def export_serving_model(model: keras.Model, state: FeatureState, directory: Path) -> list[str]:
+    """Writes directory/saved_model (replacing an older one) and returns the paths of its files relative
+    to `directory`, for the manifest."""
+    directory = Path(directory)
+    target = directory / SAVED_MODEL_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    preprocessor = RawFeaturePreprocessor(state)
+
+    def serve(features: dict[str, tf.Tensor]) -> dict[str, Any]:
+        probability = model(preprocessor(features), training=False)
+        return {OUTPUT_NAME: tf.reshape(tf.cast(probability, tf.float32), [-1])}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(preprocessor)
+    archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[RAW_INPUT_SIGNATURE])
+    archive.write_out(str(target), verbose=False)
+    return sorted(str(path.relative_to(directory)) for path in target.rglob("*") if path.is_file())
