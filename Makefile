@@ -6,7 +6,7 @@ SHELL := /bin/bash
 WITH_ENV = env_dir=$$(tools/ensure_env.sh); export PATH="$$env_dir/bin:$$PATH" VIRTUAL_ENV="$$env_dir"
 PYTEST_ARGS ?=
 
-.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve clean
+.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -44,3 +44,6 @@ clean:
 
 serve:
 	@$(WITH_ENV); python -m pipelines.cli serve
+
+bench-encode:
+	@$(WITH_ENV); python bench/bench_block_encode.py
