@@ -50,6 +50,30 @@ class GenerateConfig:
 
 
 @dataclass(frozen=True)
+class EventsConfig:
+    # A click labels its impression 1 when its time is at most this many seconds after the impression's time.
+    # A minute's samples are final only once the click stream is complete up to the minute's end plus this.
+    attribution_window_s: int = 600
+    # Clicked item ids kept in each impression's behaviour sequence, the most recent last.
+    sequence_length: int = 20
+    # How far before a run's first minute it reads events: clicks older than this (and their impressions)
+    # are not in behaviour sequences, and a click whose impression is older counts as an orphan, not late.
+    history_lookback_s: int = 3600
+    # Generator (the impression count, start, minutes and seed come from `generate`). Click delays are
+    # lognormal with this median and log-space sigma; `late_click_rate` of the clicks are drawn from its tail
+    # beyond the attribution window, the rest from below it (1 - CDF(window) keeps the plain lognormal).
+    click_delay_median_s: float = 30.0
+    click_delay_sigma: float = 1.5
+    late_click_rate: float = 0.03
+    # Share of impressions, and separately of clicks, delivered twice.
+    duplicate_rate: float = 0.01
+    # Share of impressions never delivered; their clicks arrive as orphans.
+    lost_impression_rate: float = 0.002
+    num_users: int = 20_000
+    num_items: int = 5_000
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[2]"
     # Spark Connect URL (sc://host:port). When set, jobs run against that server instead of a local session.
@@ -64,6 +88,11 @@ class FeatureConfig:
     min_count: int = 20
     # Share of the interval's minutes, taken from its end, held out for evaluation.
     eval_fraction: float = 0.1
+    # Admitted values unseen for this many days are evicted by the daily run (their rows are freed for reuse);
+    # candidates below min_count unseen as long are forgotten. 0 disables eviction.
+    evict_after_days: int = 7
+    # Embedding rows per categorical feature, reserved rows included. Values admitted beyond it stay shared.
+    max_rows_per_feature: int = 1_000_000
     # Rows per TFRecord block (one tf.Example per block).
     block_rows: int = 1024
     num_shards: int = 4
@@ -85,9 +114,29 @@ class TrainConfig:
     mixed_precision: bool = False
     # Gradient accumulation over this many micro-batches per optimizer step (1 = off).
     micro_batches: int = 1
+    # Embedding gradients applied to the touched rows only (TensorFlow backend, micro_batches = 1: Keras'
+    # accumulated gradients are dense). False applies them to the whole table, for comparison.
+    row_sparse_updates: bool = True
     shuffle_buffer_blocks: int = 64
     log_every_steps: int = 20
     seed: int = 7
+    # Multi-hash compression (trainer/layers/multi_hash_embedding.py): each feature named here gets
+    # multi_hash_functions tables of multi_hash_buckets rows, combined by multi_hash_combiner ("sum" or
+    # "concat"), instead of one row per admitted value. For very-high-cardinality features; any model.
+    multi_hash_features: tuple[str, ...] = ()
+    multi_hash_buckets: int = 16_384
+    multi_hash_functions: int = 2
+    multi_hash_combiner: str = "sum"
+    # DLRM: the bottom MLP on the dense input, before its last layer of embedding_dim units.
+    bottom_mlp_units: tuple[int, ...] = (64,)
+    # DIN and DIEN: the history input holds the last sequence_length behaviours as row ids of the table of
+    # sequence_feature, which is also the target item's feature.
+    sequence_length: int = 20
+    sequence_feature: str = "C1"
+    # Hidden widths of the attention MLP of DIN and DIEN.
+    attention_units: tuple[int, ...] = (80, 40)
+    # DIEN's interest extractor: "gru" (keras GRU) or "sru" (simple recurrent unit).
+    interest_cell: str = "gru"
 
 
 @dataclass(frozen=True)
@@ -121,6 +170,7 @@ class ServingConfig:
 class PipelineConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     features: FeatureConfig = field(default_factory=FeatureConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -245,5 +295,6 @@ def _parse(key: str, raw: Any, hint: Any) -> Any:
         if origin in (typing.Union, types.UnionType):
             return raw
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"config key {key!r}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}: {err}") from err
+        type_name = getattr(hint, "__name__", hint)
+        raise ConfigError(f"config key {key!r}: cannot read {raw!r} as {type_name}: {err}") from err
     raise ConfigError(f"config key {key!r}: unsupported type {hint!r}")

@@ -80,6 +80,7 @@ def check_gate(evaluation: Evaluation, gate: GateConfig) -> list[str]:
     if evaluation.calibration_error > gate.max_calibration_error:
         failures.append(
             f"calibration error {evaluation.calibration_error:.3f} (mean prediction {evaluation.mean_prediction:.4f} "
-            f"vs mean label {evaluation.mean_label:.4f}) is above gate.max_calibration_error={gate.max_calibration_error}"
+            f"vs mean label {evaluation.mean_label:.4f}) is above "
+            f"gate.max_calibration_error={gate.max_calibration_error}"
         )
     return failures

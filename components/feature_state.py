@@ -2,15 +2,21 @@
 transform. Spark builds it, the sample writer and the exported serving model apply it, so the same raw value
 maps to the same row everywhere.
 
-Files in a feature-state directory: vocabulary.parquet (feature, value, row, count), dense.json, manifest.json.
-The functions `categorical_rows` and `transform_dense` are the reference transforms; the SavedModel's
-TensorFlow version is tested against them.
+The state carries over from run to run (`advance_feature_state`): counts accumulate, a value is admitted to
+its own row after min_count occurrences, keeps that row while admitted, and is evicted when unseen for
+features.evict_after_days days, its row freed for reuse.
+
+Files in a feature-state directory: vocabulary.parquet (feature, value, row, count, last_seen),
+candidates.parquet (seen, not yet admitted), dense.json (dense transforms, table sizes, free, evicted and new
+rows), manifest.json. The functions `categorical_rows` and `transform_dense` are the reference transforms;
+the SavedModel's TensorFlow version is tested against them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +34,16 @@ from components.schema import (
 )
 
 VOCABULARY_FILE = "vocabulary.parquet"
+CANDIDATES_FILE = "candidates.parquet"
 DENSE_FILE = "dense.json"
 FEATURE_STATE_KIND = "feature_state"
+
+# Counted occurrences of categorical values: what Spark hands to `advance_feature_state`, and the layout of
+# the candidates (seen, not yet admitted) kept in the state.
+COUNTS_SCHEMA = pa.schema([("feature", pa.string()), ("value", pa.string()), ("count", pa.int64()),
+                           ("last_seen", pa.int32())])
+VOCABULARY_SCHEMA = pa.schema([("feature", pa.string()), ("value", pa.string()), ("row", pa.int64()),
+                               ("count", pa.int64()), ("last_seen", pa.int32())])
 
 
 @dataclass(frozen=True)
@@ -44,16 +58,54 @@ class DenseTransform:
 
 
 @dataclass(frozen=True)
+class Vocabulary:
+    """The admitted values of one categorical feature and their embedding rows.
+
+    An admitted value keeps its row for as long as it stays admitted. Eviction frees its row; freed rows are
+    handed out again (lowest first) before the table grows. `num_rows` is the table size: the reserved rows
+    plus every row ever handed out, freed ones included, so it never shrinks and old checkpoints stay loadable.
+    """
+
+    values: tuple[str, ...] = ()
+    rows: tuple[int, ...] = ()
+    counts: tuple[int, ...] = ()
+    # Day number (days since 1970-01-01 UTC) of the newest data in which the value occurred.
+    last_seen: tuple[int, ...] = ()
+    num_rows: int = NUM_RESERVED_ROWS
+    free_rows: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, values: Sequence[str], counts: Sequence[int] | None = None, last_seen: int = 0) -> Vocabulary:
+        """Values in row order from the first non-reserved row (a fresh vocabulary)."""
+        rows = tuple(range(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + len(values)))
+        return cls(tuple(values), rows, tuple(counts) if counts is not None else (0,) * len(values),
+                   (last_seen,) * len(values), NUM_RESERVED_ROWS + len(values), ())
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def row_of(self, value: str) -> int:
+        return dict(zip(self.values, self.rows, strict=True)).get(value, RARE_ROW)
+
+
+@dataclass(frozen=True)
 class FeatureState:
     version: str
     min_count: int
-    # Admitted values of each categorical feature in row order: value i has row NUM_RESERVED_ROWS + i.
-    vocabularies: dict[str, tuple[str, ...]]
-    counts: dict[str, tuple[int, ...]]
+    vocabularies: dict[str, Vocabulary]
     dense: tuple[DenseTransform, ...]
+    # Values seen but not (yet) admitted, with their counts so far: COUNTS_SCHEMA rows.
+    candidates: pa.Table = field(default_factory=COUNTS_SCHEMA.empty_table, compare=False)
+    # Newest day of data folded into the state.
+    day: int = 0
+    # What the update that produced this state changed, per feature: rows freed by eviction and rows handed
+    # to newly admitted values (features without changes are left out). A warm-started trainer re-initialises
+    # both.
+    evicted_rows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    new_rows: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def table_size(self, feature: str) -> int:
-        return NUM_RESERVED_ROWS + len(self.vocabularies[feature])
+        return self.vocabularies[feature].num_rows
 
     def table_sizes(self) -> dict[str, int]:
         return {name: self.table_size(name) for name in CATEGORICAL_FEATURES}
@@ -64,33 +116,170 @@ class FeatureState:
             for key in ("low", "high", "mean", "std")
         }
 
+    def lookup(self, feature: str) -> tuple[pa.Array, np.ndarray]:
+        """(admitted values, their rows) of one feature, as `categorical_rows` takes them."""
+        vocabulary = self.vocabularies[feature]
+        return pa.array(vocabulary.values, pa.string()), np.asarray(vocabulary.rows, dtype=np.int64)
+
+    def summary(self) -> dict:
+        """Sizes, capacity use and what this update changed, for manifests and metrics."""
+        return {
+            "day": self.day,
+            "min_count": self.min_count,
+            "table_sizes": self.table_sizes(),
+            "vocabulary_sizes": {name: len(v) for name, v in self.vocabularies.items()},
+            "free_rows": {name: len(v.free_rows) for name, v in self.vocabularies.items()},
+            "num_candidates": self.candidates.num_rows,
+            "num_new_rows": sum(len(r) for r in self.new_rows.values()),
+            "num_evicted_rows": sum(len(r) for r in self.evicted_rows.values()),
+        }
+
+
+def advance_feature_state(
+    previous: FeatureState | None,
+    counts: pa.Table,
+    *,
+    day: int,
+    min_count: int,
+    dense: tuple[DenseTransform, ...],
+    version: str,
+    evict_after_days: int = 0,
+    max_rows_per_feature: int = 1 << 62,
+) -> FeatureState:
+    """Folds the occurrences counted in new data (`counts`, COUNTS_SCHEMA) into the previous state.
+
+    - counts and last-seen days add up across runs, for admitted values and candidates alike;
+    - with `evict_after_days` > 0 (the daily run), admitted values last seen on or before day - N are evicted
+      and their rows freed; candidates as stale are forgotten;
+    - a candidate whose total reaches `min_count` is admitted (highest count first, ties by value), into a
+      freed row if there is one, else a new row at the end, while the table stays within
+      `max_rows_per_feature`; the rest stay candidates;
+    - an admitted value never moves.
+    The result is a function of its inputs only: the same previous state and counts give the same state.
+    """
+    if min_count < 1:
+        raise ValueError(f"min_count={min_count} must be >= 1 (features.min_count)")
+    if max_rows_per_feature <= NUM_RESERVED_ROWS:
+        raise ValueError(
+            f"max_rows_per_feature={max_rows_per_feature} leaves no room beyond the {NUM_RESERVED_ROWS} reserved "
+            f"rows; set features.max_rows_per_feature above {NUM_RESERVED_ROWS}"
+        )
+    missing = set(COUNTS_SCHEMA.names) - set(counts.schema.names)
+    if missing:
+        raise ValueError(f"counts lack columns {sorted(missing)}; expected {COUNTS_SCHEMA.names}")
+    counts = counts.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
+    candidates = previous.candidates if previous is not None else COUNTS_SCHEMA.empty_table()
+    merged = _sum_counts(pa.concat_tables([candidates, counts]))
+    by_feature = _group_by_feature(merged)
+    stale_before = day - evict_after_days if evict_after_days > 0 else None
+
+    vocabularies: dict[str, Vocabulary] = {}
+    evicted_rows: dict[str, tuple[int, ...]] = {}
+    new_rows: dict[str, tuple[int, ...]] = {}
+    remaining_candidates: list[pa.Table] = []
+    for name in CATEGORICAL_FEATURES:
+        old = previous.vocabularies[name] if previous is not None else Vocabulary()
+        seen = by_feature.get(name, {})
+        entries = {}  # value -> [row, count, last_seen] of admitted values
+        for value, row, count, last in zip(old.values, old.rows, old.counts, old.last_seen, strict=True):
+            extra_count, extra_last = seen.pop(value, (0, last))
+            entries[value] = [row, count + extra_count, max(last, extra_last)]
+        free = set(old.free_rows)
+        evicted = []
+        if stale_before is not None:
+            for value in [v for v, (_, _, last) in entries.items() if last <= stale_before]:
+                evicted.append(entries.pop(value)[0])
+            free.update(evicted)
+            seen = {v: cl for v, cl in seen.items() if cl[1] > stale_before}
+        admissible = sorted(((-c, v) for v, (c, _) in seen.items() if c >= min_count))
+        num_rows = old.num_rows
+        free_sorted = sorted(free)
+        added = []
+        for _, value in admissible:
+            if free_sorted:
+                row = free_sorted.pop(0)
+            elif num_rows < max_rows_per_feature:
+                row, num_rows = num_rows, num_rows + 1
+            else:
+                break  # full: the rest stay candidates and keep counting
+            count, last = seen.pop(value)
+            entries[value] = [row, count, last]
+            added.append(row)
+        ordered = sorted(entries.items(), key=lambda item: item[1][0])
+        vocabularies[name] = Vocabulary(
+            values=tuple(v for v, _ in ordered), rows=tuple(e[0] for _, e in ordered),
+            counts=tuple(e[1] for _, e in ordered), last_seen=tuple(e[2] for _, e in ordered),
+            num_rows=num_rows, free_rows=tuple(free_sorted),
+        )
+        if evicted:
+            evicted_rows[name] = tuple(sorted(evicted))
+        if added:
+            new_rows[name] = tuple(sorted(added))
+        if seen:
+            values = sorted(seen)
+            remaining_candidates.append(pa.table({
+                "feature": pa.array([name] * len(values), pa.string()),
+                "value": pa.array(values, pa.string()),
+                "count": pa.array([seen[v][0] for v in values], pa.int64()),
+                "last_seen": pa.array([seen[v][1] for v in values], pa.int32()),
+            }, schema=COUNTS_SCHEMA))
+    return FeatureState(
+        version=version, min_count=min_count, vocabularies=vocabularies, dense=dense,
+        candidates=pa.concat_tables(remaining_candidates) if remaining_candidates else COUNTS_SCHEMA.empty_table(),
+        day=max(day, previous.day if previous is not None else day),
+        evicted_rows=evicted_rows, new_rows=new_rows,
+    )
+
+
+def _sum_counts(table: pa.Table) -> pa.Table:
+    grouped = table.group_by(["feature", "value"]).aggregate([("count", "sum"), ("last_seen", "max")])
+    return grouped.rename_columns(["feature", "value", "count", "last_seen"])
+
+
+def _group_by_feature(table: pa.Table) -> dict[str, dict[str, tuple[int, int]]]:
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for feature, value, count, last in zip(
+        table["feature"].to_pylist(), table["value"].to_pylist(), table["count"].to_pylist(),
+        table["last_seen"].to_pylist(), strict=True,
+    ):
+        if feature not in CATEGORICAL_FEATURES:
+            raise ValueError(f"counts name an unknown feature {feature!r}; expected one of C1..C26")
+        out.setdefault(feature, {})[value] = (int(count), int(last))
+    return out
+
 
 def save_feature_state(state: FeatureState, directory: str | Path) -> list[str]:
     """Writes the state's files into `directory` (a staging dir) and returns their names for the manifest."""
     directory = Path(directory)
-    features, values, rows, counts = [], [], [], []
+    columns: dict[str, list] = {name: [] for name in VOCABULARY_SCHEMA.names}
     for name in CATEGORICAL_FEATURES:
-        vocab = state.vocabularies[name]
-        features.extend([name] * len(vocab))
-        values.extend(vocab)
-        rows.extend(range(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + len(vocab)))
-        counts.extend(state.counts[name])
-    table = pa.table(
-        {
-            "feature": pa.array(features, pa.string()),
-            "value": pa.array(values, pa.string()),
-            "row": pa.array(rows, pa.int64()),
-            "count": pa.array(counts, pa.int64()),
-        }
-    )
-    pq.write_table(table, directory / VOCABULARY_FILE)
+        vocabulary = state.vocabularies[name]
+        columns["feature"].extend([name] * len(vocabulary))
+        columns["value"].extend(vocabulary.values)
+        columns["row"].extend(vocabulary.rows)
+        columns["count"].extend(vocabulary.counts)
+        columns["last_seen"].extend(vocabulary.last_seen)
+    pq.write_table(pa.table(columns, schema=VOCABULARY_SCHEMA), directory / VOCABULARY_FILE)
+    candidates = state.candidates.sort_by([("feature", "ascending"), ("value", "ascending")])
+    pq.write_table(candidates.cast(COUNTS_SCHEMA), directory / CANDIDATES_FILE)
     (directory / DENSE_FILE).write_text(
         json.dumps(
-            {"version": state.version, "min_count": state.min_count, "dense": [asdict(d) for d in state.dense]},
-            indent=2,
+            {
+                "version": state.version,
+                "min_count": state.min_count,
+                "day": state.day,
+                "dense": [asdict(d) for d in state.dense],
+                "tables": {
+                    name: {"num_rows": v.num_rows, "free_rows": list(v.free_rows),
+                           "evicted_rows": list(state.evicted_rows.get(name, ())),
+                           "new_rows": list(state.new_rows.get(name, ()))}
+                    for name, v in state.vocabularies.items()
+                },
+            },
+            indent=1,
         )
     )
-    return [VOCABULARY_FILE, DENSE_FILE]
+    return [VOCABULARY_FILE, CANDIDATES_FILE, DENSE_FILE]
 
 
 def load_feature_state(directory: str | Path, verify: bool = True) -> FeatureState:
@@ -98,34 +287,55 @@ def load_feature_state(directory: str | Path, verify: bool = True) -> FeatureSta
 
     directory = Path(directory)
     read_manifest(directory, kind=FEATURE_STATE_KIND, verify=verify)
-    dense_doc = json.loads((directory / DENSE_FILE).read_text())
+    doc = json.loads((directory / DENSE_FILE).read_text())
     table = pq.read_table(directory / VOCABULARY_FILE).sort_by([("feature", "ascending"), ("row", "ascending")])
-    by_feature: dict[str, tuple[list[str], list[int]]] = {name: ([], []) for name in CATEGORICAL_FEATURES}
-    for feature, value, row, count in zip(
+    by_feature: dict[str, list[list]] = {name: [[], [], [], []] for name in CATEGORICAL_FEATURES}
+    for feature, value, row, count, last in zip(
         table["feature"].to_pylist(), table["value"].to_pylist(), table["row"].to_pylist(),
-        table["count"].to_pylist(), strict=True,
+        table["count"].to_pylist(), table["last_seen"].to_pylist(), strict=True,
     ):
-        values, counts = by_feature[feature]
-        if row != NUM_RESERVED_ROWS + len(values):
-            raise ValueError(f"{directory}: vocabulary of {feature} has a gap at row {row}")
-        values.append(value)
-        counts.append(count)
-    dense = tuple(DenseTransform(**d) for d in dense_doc["dense"])
+        for column, item in zip(by_feature[feature], (value, row, count, last), strict=True):
+            column.append(item)
+    vocabularies = {}
+    for name, (values, rows, counts, last_seen) in by_feature.items():
+        table_doc = doc["tables"][name]
+        vocabulary = Vocabulary(tuple(values), tuple(rows), tuple(counts), tuple(last_seen),
+                                table_doc["num_rows"], tuple(table_doc["free_rows"]))
+        _check_rows(vocabulary, name, directory)
+        vocabularies[name] = vocabulary
+    dense = tuple(DenseTransform(**d) for d in doc["dense"])
     if [d.name for d in dense] != list(DENSE_FEATURES):
         raise ValueError(f"{directory}: dense transforms {[d.name for d in dense]} do not match {DENSE_FEATURES}")
     return FeatureState(
-        version=dense_doc["version"],
-        min_count=dense_doc["min_count"],
-        vocabularies={k: tuple(v[0]) for k, v in by_feature.items()},
-        counts={k: tuple(v[1]) for k, v in by_feature.items()},
-        dense=dense,
+        version=doc["version"], min_count=doc["min_count"], vocabularies=vocabularies, dense=dense,
+        candidates=pq.read_table(directory / CANDIDATES_FILE).cast(COUNTS_SCHEMA), day=doc["day"],
+        evicted_rows={n: tuple(t["evicted_rows"]) for n, t in doc["tables"].items() if t["evicted_rows"]},
+        new_rows={n: tuple(t["new_rows"]) for n, t in doc["tables"].items() if t["new_rows"]},
     )
 
 
-def categorical_rows(values: pa.Array, vocabulary: pa.Array) -> np.ndarray:
-    """Row ids of raw string values: missing (null or empty) -> MISSING_ROW, unknown or rare -> RARE_ROW."""
+def _check_rows(vocabulary: Vocabulary, feature: str, directory: Path) -> None:
+    used = set(vocabulary.rows)
+    if len(used) != len(vocabulary.rows) or used & set(vocabulary.free_rows):
+        raise ValueError(f"{directory}: vocabulary of {feature} gives one row to two values, or a free row is in use")
+    if used and (min(used) < NUM_RESERVED_ROWS or max(used) >= vocabulary.num_rows):
+        raise ValueError(
+            f"{directory}: vocabulary of {feature} uses rows {min(used)}..{max(used)} outside "
+            f"[{NUM_RESERVED_ROWS}, {vocabulary.num_rows})"
+        )
+
+
+def categorical_rows(values: pa.Array, vocabulary: pa.Array, rows: np.ndarray | None = None) -> np.ndarray:
+    """Row ids of raw string values: missing (null or empty) -> MISSING_ROW, unknown or rare -> RARE_ROW.
+
+    `rows[i]` is the row of `vocabulary[i]` (FeatureState.lookup); without it, values sit in row order from
+    the first non-reserved row.
+    """
     index = pc.index_in(values, value_set=vocabulary)
-    rows = pc.fill_null(pc.add(index, NUM_RESERVED_ROWS), RARE_ROW)
+    if rows is None:
+        rows = pc.fill_null(pc.add(index, NUM_RESERVED_ROWS), RARE_ROW)
+    else:
+        rows = pc.fill_null(pc.take(pa.array(np.asarray(rows, dtype=np.int64)), index), RARE_ROW)
     missing = pc.or_kleene(pc.is_null(values), pc.equal(values, "")).fill_null(True)
     return pc.if_else(missing, MISSING_ROW, rows).to_numpy(zero_copy_only=False).astype(np.int64)
 

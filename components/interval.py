@@ -48,6 +48,11 @@ class Interval:
         return {"start": self.start.isoformat(), "end": self.end.isoformat()}
 
 
+def day_number(moment: datetime) -> int:
+    """Days since 1970-01-01 UTC: how feature states record when a value was last seen."""
+    return (moment.astimezone(UTC).date() - datetime(1970, 1, 1).date()).days
+
+
 def _parse_time(text: str) -> datetime:
     value = datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from components.interval import Interval
@@ -19,6 +19,11 @@ class Layout:
     def raw_minute_dir(self, minute: datetime) -> Path:
         return self.root / "raw" / RAW_DATASET / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
 
+    # Raw event streams ('impressions', 'clicks') partitioned by event-time minute:
+    # raw/<stream>/date=YYYY-MM-DD/minute=HHMM/part-00000.parquet (+ _SUCCESS)
+    def raw_events_minute_dir(self, stream: str, minute: datetime) -> Path:
+        return self.root / "raw" / stream / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
+
     def quarantine_minute_dir(self, minute: datetime) -> Path:
         return self.root / "quarantine" / RAW_DATASET / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
 
@@ -27,6 +32,21 @@ class Layout:
 
     def feature_state_dir(self, interval: Interval) -> Path:
         return self.root / "features" / interval.tag
+
+    def previous_feature_state_dir(self, interval: Interval) -> Path | None:
+        """The committed feature state of the latest interval that ends at or before `interval` starts: the
+        state a run folds its data into. Depends only on what is committed before the interval, so re-running
+        an interval finds the same parent."""
+        best: tuple[datetime, Path] | None = None
+        for manifest in (self.root / "features").glob("*/manifest.json"):
+            try:
+                start, end = (datetime.strptime(t, "%Y%m%dT%H%M").replace(tzinfo=UTC)
+                              for t in manifest.parent.name.split("-"))
+            except ValueError:
+                continue  # not an interval directory
+            if end <= interval.start and (best is None or end > best[0]):
+                best = (end, manifest.parent)
+        return best[1] if best else None
 
     def samples_dir(self, interval: Interval, split: str) -> Path:
         return self.root / "samples" / interval.tag / split

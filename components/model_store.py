@@ -113,7 +113,8 @@ class S3ModelStore:
         _check_source(source)
         files = sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
         for path in files:  # every object first ...
-            self.client.upload_file(str(path), self.bucket, self._key(model_name, version, str(path.relative_to(source))))
+            key = self._key(model_name, version, str(path.relative_to(source)))
+            self.client.upload_file(str(path), self.bucket, key)
         # ... the manifest last: readers ignore a version without one.
         self.client.upload_file(str(source / MANIFEST_NAME), self.bucket, self._key(model_name, version, MANIFEST_NAME))
         return f"{self.uri}/{model_name}/{version}"

@@ -73,6 +73,8 @@ def _spark(ctx: RunContext):
 
 
 def features(ctx: RunContext) -> dict:
+    from components.feature_state import load_feature_state
+    from components.interval import day_number
     from components.manifest import read_manifest
     from spark_jobs.features import build_feature_state, write_feature_state
     from spark_jobs.raw import extract_raw, parse_raw
@@ -86,18 +88,30 @@ def features(ctx: RunContext) -> dict:
     spark = _spark(ctx)
     frame = parse_raw(extract_raw(spark, paths)).cache()
     num_rows = frame.count()
-    state = build_feature_state(frame, ctx.config.features.min_count, version=f"daily-{ctx.interval.tag}")
+    previous_dir = ctx.layout.previous_feature_state_dir(ctx.interval)
+    previous = load_feature_state(previous_dir) if previous_dir is not None else None
+    ctx.progress("features: folding into %s", f"the feature state of {previous_dir.name}" if previous_dir
+                 else "a new feature state (no earlier interval has one)")
+    state = build_feature_state(frame, previous, ctx.config.features, day=day_number(ctx.interval.start),
+                                version=f"daily-{ctx.interval.tag}", evict=True)
     frame.unpersist()
     directory = ctx.layout.feature_state_dir(ctx.interval)
-    write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": len(paths)},
+    write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": len(paths),
+                                                  "parent": previous.version if previous else None},
                         num_rows=num_rows)
     manifest = read_manifest(directory)
     ctx.tracker.log_artifact(directory / "manifest.json", "manifests/feature_state")
-    sizes = manifest["vocabulary_sizes"]
-    ctx.tracker.log_metrics({"features.training_rows": num_rows, "features.vocabulary_rows": sum(sizes.values()),
+    admitted = sum(manifest["vocabulary_sizes"].values())
+    ctx.tracker.log_metrics({"features.training_rows": num_rows, "features.vocabulary_rows": admitted,
+                             "features.table_rows": sum(manifest["table_sizes"].values()),
+                             "features.new_rows": manifest["num_new_rows"],
+                             "features.evicted_rows": manifest["num_evicted_rows"],
+                             "features.candidates": manifest["num_candidates"],
                              "features.seconds": time.monotonic() - started})
-    ctx.progress("features: %d rows, %d admitted values over 26 vocabularies (min_count=%d) in %.0f s", num_rows,
-                 sum(sizes.values()), ctx.config.features.min_count, time.monotonic() - started)
+    ctx.progress("features: %d rows, %d admitted values over 26 vocabularies (%d new, %d evicted, %d candidates "
+                 "below min_count=%d) in %.0f s", num_rows, admitted, manifest["num_new_rows"],
+                 manifest["num_evicted_rows"], manifest["num_candidates"], ctx.config.features.min_count,
+                 time.monotonic() - started)
     return {"feature_state": str(directory)}
 
 
@@ -208,7 +222,8 @@ def _log_training_curve(ctx: RunContext, curve: list[tuple[int, dict]]) -> None:
 def evaluate(ctx: RunContext) -> dict:
     import numpy as np
 
-    from components.evaluation import QualityGateError, check_gate, evaluate as compute
+    from components.evaluation import QualityGateError, check_gate
+    from components.evaluation import evaluate as compute
     from components.manifest import write_json_atomic
     from components.synthetic import planted_auc
 

@@ -118,8 +118,8 @@ def main() -> int:
         if status is None:
             print(f"the model server did not come up; see {logs / 'serve.log'}")
             return 1
-        from pipelines.daily import split_minutes
         from pipelines.context import RunContext
+        from pipelines.daily import split_minutes
 
         ctx = RunContext(config=config, interval=interval, pipeline="daily", run_id="demo")
         instance, label = example_instance(layout, split_minutes(ctx)[1][0])
@@ -135,7 +135,8 @@ def main() -> int:
     report = json.loads(report_path.read_text())
     metrics = report["metrics"]
     planted = report.get("planted_auc")
-    print(f"  test AUC            {metrics['auc']:.4f}   (planted model: {planted:.4f}, gap {planted - metrics['auc']:+.4f})")
+    gap = planted - metrics["auc"]
+    print(f"  test AUC            {metrics['auc']:.4f}   (planted model: {planted:.4f}, gap {gap:+.4f})")
     print(f"  logloss             {metrics['logloss']:.4f}")
     print(f"  mean prediction     {metrics['mean_prediction']:.4f}   (mean label {metrics['mean_label']:.4f})")
     print(f"  model version       {served_version}   (status: {json.dumps(status)})")
@@ -144,7 +145,8 @@ def main() -> int:
           f"'{{\"instances\": [{json.dumps({k: instance[k] for k in ('I1', 'I2', 'C1', 'C2')})}]}}'")
     print(f"\n  finished in {time.monotonic() - started:.0f} s. Look closer:")
     print("    make airflow-ui     # Airflow UI on http://localhost:8080 (ctr_daily and its run)")
-    print("    make mlflow-ui      # MLflow UI on http://localhost:5000 (experiment 'ctr': params, metrics, plots, model)")
+    print("    make mlflow-ui      # MLflow UI on http://localhost:5000 "
+          "(experiment 'ctr': params, metrics, plots, model)")
     print("    make serve          # serve the newest model on http://127.0.0.1:8501")
     return 0
 

@@ -10,39 +10,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from components.feature_state import FEATURE_STATE_KIND, DenseTransform, FeatureState, save_feature_state
+from components.config import FeatureConfig
+from components.feature_state import (
+    FEATURE_STATE_KIND,
+    DenseTransform,
+    FeatureState,
+    advance_feature_state,
+    save_feature_state,
+)
 from components.manifest import commit_dir, staging_dir, write_manifest
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, NUM_RESERVED_ROWS
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
 
 CLIP_QUANTILES = (0.001, 0.999)
 QUANTILE_RELATIVE_ERROR = 1e-4
 
 
-def categorical_counts(frame: DataFrame) -> DataFrame:
-    """(feature, value, count) over all categorical columns; missing values are not counted."""
+def categorical_counts(frame: DataFrame, day: int) -> DataFrame:
+    """(feature, value, count, last_seen=day) over all categorical columns; missing values are not counted."""
     pairs = F.explode(F.array(*[
         F.struct(F.lit(name).alias("feature"), F.col(name).alias("value")) for name in CATEGORICAL_FEATURES
     ]))
     return (
         frame.select(pairs.alias("pair"))
         .select("pair.feature", "pair.value")
-        .where(F.col("value").isNotNull())
+        .where(F.col("value").isNotNull() & (F.col("value") != ""))
         .groupBy("feature", "value")
         .agg(F.count(F.lit(1)).alias("count"))
-    )
-
-
-def build_vocabulary(counts: DataFrame, min_count: int) -> DataFrame:
-    """Admits values seen at least `min_count` times; rows ordered by count desc then value, from the first
-    free row after the reserved ones. Ties are broken by value so the result is deterministic."""
-    order = Window.partitionBy("feature").orderBy(F.col("count").desc(), F.col("value").asc())
-    return (
-        counts.where(F.col("count") >= min_count)
-        .withColumn("row", (F.row_number().over(order) + (NUM_RESERVED_ROWS - 1)).cast("long"))
-        .select("feature", "value", "row", "count")
+        .withColumn("last_seen", F.lit(day).cast("int"))
     )
 
 
@@ -71,23 +68,22 @@ def dense_statistics(frame: DataFrame) -> tuple[DenseTransform, ...]:
     return tuple(out)
 
 
-def to_feature_state(vocabulary_rows: list, dense: tuple[DenseTransform, ...], version: str,
-                     min_count: int) -> FeatureState:
-    by_feature: dict[str, list[tuple[int, str, int]]] = {name: [] for name in CATEGORICAL_FEATURES}
-    for row in vocabulary_rows:
-        by_feature[row["feature"]].append((row["row"], row["value"], row["count"]))
-    vocabularies, counts = {}, {}
-    for name, entries in by_feature.items():
-        entries.sort()
-        vocabularies[name] = tuple(value for _, value, _ in entries)
-        counts[name] = tuple(count for _, _, count in entries)
-    return FeatureState(version=version, min_count=min_count, vocabularies=vocabularies, counts=counts, dense=dense)
+def build_feature_state(
+    frame: DataFrame, previous: FeatureState | None, config: FeatureConfig, *, day: int, version: str,
+    evict: bool,
+) -> FeatureState:
+    """The feature state after folding `frame` (parsed rows) into `previous` (None for the first run).
 
-
-def build_feature_state(frame: DataFrame, min_count: int, version: str) -> FeatureState:
-    """The whole feature-state computation on parsed training rows."""
-    vocabulary = build_vocabulary(categorical_counts(frame), min_count).collect()
-    return to_feature_state(vocabulary, dense_statistics(frame), version, min_count)
+    Spark counts the values and computes the dense statistics; the driver merges the counts into the
+    vocabularies (components.feature_state.advance_feature_state: admission, stable rows, eviction when
+    `evict`, the daily run's job). Dense transforms are recomputed from `frame`.
+    """
+    counts = categorical_counts(frame, day).toArrow()
+    return advance_feature_state(
+        previous, counts, day=day, min_count=config.min_count, dense=dense_statistics(frame), version=version,
+        evict_after_days=config.evict_after_days if evict else 0,
+        max_rows_per_feature=config.max_rows_per_feature,
+    )
 
 
 def write_feature_state(state: FeatureState, directory: Path, inputs: dict, num_rows: int) -> dict:
@@ -96,8 +92,7 @@ def write_feature_state(state: FeatureState, directory: Path, inputs: dict, num_
     manifest = write_manifest(
         staging, kind=FEATURE_STATE_KIND, version=state.version, files=files, inputs=inputs,
         row_counts={"training_rows": num_rows},
-        extra={"min_count": state.min_count, "table_sizes": state.table_sizes(),
-               "vocabulary_sizes": {k: len(v) for k, v in state.vocabularies.items()}},
+        extra={**state.summary(), "evicted_rows": {k: list(v) for k, v in state.evicted_rows.items() if v}},
     )
     commit_dir(staging, directory)
     return manifest

@@ -39,7 +39,7 @@ def shuffle_deterministically(frame: DataFrame, num_shards: int, seed: int) -> D
 
 def make_block_writer(state: FeatureState, output_dir: str, block_rows: int):
     """The mapInArrow function: Arrow batches of parsed rows -> one shard file per Spark partition."""
-    vocabularies = {name: pa.array(state.vocabularies[name], pa.string()) for name in CATEGORICAL_FEATURES}
+    lookups = {name: state.lookup(name) for name in CATEGORICAL_FEATURES}
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -57,7 +57,7 @@ def make_block_writer(state: FeatureState, output_dir: str, block_rows: int):
                 dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in DENSE_FEATURES], axis=1)
                 dense = transform_dense(dense_raw.astype(np.float64), state)
                 categorical = np.stack(
-                    [categorical_rows(table.column(n).combine_chunks(), vocabularies[n]) for n in CATEGORICAL_FEATURES],
+                    [categorical_rows(table.column(n).combine_chunks(), *lookups[n]) for n in CATEGORICAL_FEATURES],
                     axis=1,
                 )
                 records = encode_blocks(labels, dense, categorical, block_rows)
@@ -115,5 +115,7 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spl
 def state_fingerprint(state: FeatureState) -> str:
     digest = hashlib.sha256(state.version.encode())
     for name in CATEGORICAL_FEATURES:
-        digest.update("\x1f".join(state.vocabularies[name]).encode())
+        vocabulary = state.vocabularies[name]
+        digest.update("\x1f".join(vocabulary.values).encode())
+        digest.update(np.asarray(vocabulary.rows, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]

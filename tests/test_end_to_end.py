@@ -97,7 +97,6 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
 
 def test_served_prediction_equals_model_on_preprocessed_raw_values(daily_run):
     """Golden request: served(raw) == keras_model(reference_preprocess(raw)), through the HTTP API."""
-    import keras
     from starlette.testclient import TestClient
 
     from serving.app import create_app
@@ -131,9 +130,11 @@ def test_served_prediction_equals_model_on_preprocessed_raw_values(daily_run):
         raw_dense = np.array([[np.nan if item[n] is None else item[n] for n in DENSE_FEATURES]
                               for item in instances], dtype=np.float64)
         rows = np.stack([categorical_rows(pa.array([item[n] for item in instances], pa.string()),
-                                          pa.array(state.vocabularies[n], pa.string()))
+                                          *state.lookup(n))
                          for n in CATEGORICAL_FEATURES], axis=1)
-        model = keras.saving.load_model(layout.checkpoint_dir(DAY) / "model.keras")
+        from trainer.train import load_checkpoint
+
+        model = load_checkpoint(layout.checkpoint_dir(DAY))
         expected = np.asarray(model({"dense": transform_dense(raw_dense, state), "categorical": rows})).reshape(-1)
         np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
 

@@ -21,7 +21,7 @@ import trainer.metrics  # noqa: F401
 import trainer.models  # noqa: F401
 import trainer.optimizers  # noqa: F401
 from components.feature_state import FeatureState
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, RARE_ROW
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 
 SAVED_MODEL_DIR = "saved_model"
@@ -43,13 +43,10 @@ class RawFeaturePreprocessor(tf.Module):
     def __init__(self, state: FeatureState) -> None:
         super().__init__(name="raw_feature_preprocessor")
         keys = [
-            tf.strings.join([name + KEY_SEPARATOR, tf.constant(list(state.vocabularies[name]), tf.string)])
+            tf.strings.join([name + KEY_SEPARATOR, tf.constant(list(state.vocabularies[name].values), tf.string)])
             for name in CATEGORICAL_FEATURES
         ]
-        rows = [
-            tf.range(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + len(state.vocabularies[name]), dtype=tf.int64)
-            for name in CATEGORICAL_FEATURES
-        ]
+        rows = [tf.constant(list(state.vocabularies[name].rows), tf.int64) for name in CATEGORICAL_FEATURES]
         initializer = tf.lookup.KeyValueTensorInitializer(tf.concat(keys, 0), tf.concat(rows, 0))
         self.table = tf.lookup.StaticHashTable(initializer, default_value=RARE_ROW)
         self.key_prefixes = tf.constant([name + KEY_SEPARATOR for name in CATEGORICAL_FEATURES])

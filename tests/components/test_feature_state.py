@@ -9,11 +9,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.feature_state import (
+    CANDIDATES_FILE,
+    COUNTS_SCHEMA,
     DENSE_FILE,
     FEATURE_STATE_KIND,
     VOCABULARY_FILE,
     DenseTransform,
     FeatureState,
+    Vocabulary,
+    advance_feature_state,
     categorical_rows,
     load_feature_state,
     save_feature_state,
@@ -33,10 +37,9 @@ pytestmark = pytest.mark.unit
 
 
 def _state(version: str = "20260101T0000-20260102T0000") -> FeatureState:
-    vocabularies = {name: () for name in CATEGORICAL_FEATURES}
-    counts = {name: () for name in CATEGORICAL_FEATURES}
-    vocabularies["C1"], counts["C1"] = ("aaaa0001", "bbbb0002", "cccc0003"), (50, 20, 5)
-    vocabularies["C7"], counts["C7"] = ("deadbeef",), (9,)
+    vocabularies = {name: Vocabulary() for name in CATEGORICAL_FEATURES}
+    vocabularies["C1"] = Vocabulary.of(("aaaa0001", "bbbb0002", "cccc0003"), (50, 20, 5), last_seen=20454)
+    vocabularies["C7"] = Vocabulary.of(("deadbeef",), (9,), last_seen=20454)
     # I1: log values clipped to [0, 2], mean 1, std 0.5; the others are the identity on [-10, 10].
     dense = tuple(
         DenseTransform(name, 0.0, 2.0, 1.0, 0.5)
@@ -44,7 +47,7 @@ def _state(version: str = "20260101T0000-20260102T0000") -> FeatureState:
         else DenseTransform(name, -10.0, 10.0, 0.0, 1.0)
         for name in DENSE_FEATURES
     )
-    return FeatureState(version=version, min_count=5, vocabularies=vocabularies, counts=counts, dense=dense)
+    return FeatureState(version=version, min_count=5, vocabularies=vocabularies, dense=dense, day=20454)
 
 
 def test_categorical_rows_maps_known_unknown_and_missing_values():
@@ -136,17 +139,17 @@ def test_save_load_round_trip(tmp_path):
     state = _state()
     directory = _write(state, tmp_path / "features" / "x")
     assert sorted(p.name for p in directory.iterdir()) == sorted(
-        [VOCABULARY_FILE, DENSE_FILE, "manifest.json"]
+        [VOCABULARY_FILE, CANDIDATES_FILE, DENSE_FILE, "manifest.json"]
     )
     loaded = load_feature_state(directory)
     assert loaded == state
-    assert loaded.vocabularies["C1"] == ("aaaa0001", "bbbb0002", "cccc0003")
-    assert loaded.counts["C1"] == (50, 20, 5)
+    assert loaded.vocabularies["C1"].values == ("aaaa0001", "bbbb0002", "cccc0003")
+    assert loaded.vocabularies["C1"].counts == (50, 20, 5)
     assert loaded.dense[0] == DenseTransform("I1", 0.0, 2.0, 1.0, 0.5)
     table = pq.read_table(directory / VOCABULARY_FILE)
     assert table.num_rows == 4
     assert table.filter(pa.compute.equal(table["feature"], "C7")).to_pylist() == [
-        {"feature": "C7", "value": "deadbeef", "row": NUM_RESERVED_ROWS, "count": 9}
+        {"feature": "C7", "value": "deadbeef", "row": NUM_RESERVED_ROWS, "count": 9, "last_seen": 20454}
     ]
     assert read_manifest(directory)["table_sizes"]["C1"] == 5
 
@@ -176,13 +179,110 @@ def test_load_feature_state_rejects_another_kind(tmp_path):
         load_feature_state(staging)
 
 
-def test_load_feature_state_rejects_a_vocabulary_gap(tmp_path):
-    staging = staging_dir(tmp_path / "fs")
-    save_feature_state(_state(), staging)
-    table = pq.read_table(staging / VOCABULARY_FILE)
-    rows = table["row"].to_pylist()
-    rows[2] = 7  # C1's third value jumps from row 4 to 7
-    pq.write_table(table.set_column(2, "row", pa.array(rows, pa.int64())), staging / VOCABULARY_FILE)
-    write_manifest(staging, kind=FEATURE_STATE_KIND, version="v", files=[VOCABULARY_FILE, DENSE_FILE])
-    with pytest.raises(ValueError, match=r"vocabulary of C1 has a gap at row 7"):
-        load_feature_state(staging)
+def test_load_feature_state_rejects_rows_outside_the_table_or_shared(tmp_path):
+    for rows_edit, message in [
+        ({2: 7}, r"vocabulary of C1 uses rows 2\.\.7 outside \[2, 5\)"),  # C1's third value jumps past the table
+        ({2: 3}, r"vocabulary of C1 gives one row to two values"),
+    ]:
+        staging = staging_dir(tmp_path / "fs")
+        files = save_feature_state(_state(), staging)
+        table = pq.read_table(staging / VOCABULARY_FILE)
+        rows = table["row"].to_pylist()
+        for index, row in rows_edit.items():
+            rows[index] = row
+        pq.write_table(table.set_column(2, "row", pa.array(rows, pa.int64())), staging / VOCABULARY_FILE)
+        write_manifest(staging, kind=FEATURE_STATE_KIND, version="v", files=files)
+        with pytest.raises(ValueError, match=message):
+            load_feature_state(staging)
+
+
+# --- Feature state across runs -------------------------------------------------------------------------------
+
+DAY = 20454  # 2026-01-01
+
+
+def _counts(day: int, **by_feature: dict[str, int]) -> pa.Table:
+    rows = [{"feature": f, "value": v, "count": c, "last_seen": day}
+            for f, values in by_feature.items() for v, c in values.items()]
+    return pa.Table.from_pylist(rows, schema=COUNTS_SCHEMA)
+
+
+def _advance(previous, counts, day, evict_after_days=0, max_rows=1 << 40):
+    return advance_feature_state(previous, counts, day=day, min_count=3, dense=_state().dense, version=f"d{day}",
+                                 evict_after_days=evict_after_days, max_rows_per_feature=max_rows)
+
+
+def _rows(state: FeatureState, feature: str = "C1") -> dict[str, int]:
+    vocabulary = state.vocabularies[feature]
+    return dict(zip(vocabulary.values, vocabulary.rows, strict=True))
+
+
+def test_vocabulary_rows_are_stable_over_three_runs_while_values_accumulate_to_admission():
+    first = _advance(None, _counts(DAY, C1={"a": 5, "b": 3, "c": 2, "d": 1}), DAY)
+    assert _rows(first) == {"a": 2, "b": 3}
+    assert first.table_size("C1") == 4
+    # "c" and "d" wait as candidates with their counts.
+    assert sorted((r["value"], r["count"]) for r in first.candidates.to_pylist()) == [("c", 2), ("d", 1)]
+
+    # Day 2: "c" reaches 3 in total and is admitted after the existing rows; "e" is new and common at once.
+    # "e" (count 9) is admitted before "c" (count 3): the higher count gets the lower row.
+    second = _advance(first, _counts(DAY + 1, C1={"c": 1, "e": 9, "b": 1}), DAY + 1)
+    assert _rows(second) == {"a": 2, "b": 3, "e": 4, "c": 5}
+    assert second.new_rows["C1"] == (4, 5)
+    assert second.vocabularies["C1"].counts == (5, 4, 9, 3)
+
+    # Day 3: nothing admitted earlier moves, whatever the new counts.
+    third = _advance(second, _counts(DAY + 2, C1={"e": 1, "a": 100, "d": 2, "f": 50}), DAY + 2)
+    assert {v: r for v, r in _rows(third).items() if v in _rows(second)} == _rows(second)
+    assert _rows(third) == {"a": 2, "b": 3, "e": 4, "c": 5, "f": 6, "d": 7}
+    assert third.table_size("C1") == 8
+    assert third.candidates.num_rows == 0
+
+
+def test_eviction_frees_rows_that_new_values_reuse_and_forgets_stale_candidates():
+    first = _advance(None, _counts(DAY, C1={"old": 6, "kept": 5, "x": 1}), DAY)
+    assert _rows(first) == {"old": 2, "kept": 3}
+    # Nine days later, with eviction after 7 days: "old" and candidate "x" were last seen on DAY.
+    later = _advance(first, _counts(DAY + 9, C1={"kept": 1}), DAY + 9, evict_after_days=7)
+    assert _rows(later) == {"kept": 3}
+    assert later.evicted_rows["C1"] == (2,)
+    assert later.vocabularies["C1"].free_rows == (2,)
+    assert later.candidates.num_rows == 0
+    assert later.table_size("C1") == 4  # tables never shrink: checkpoints keep their shapes
+
+    # The freed row goes to the next admitted value before the table grows.
+    refill = _advance(later, _counts(DAY + 10, C1={"new1": 4, "new2": 3}), DAY + 10, evict_after_days=7)
+    assert _rows(refill) == {"kept": 3, "new1": 2, "new2": 4}
+    assert refill.new_rows["C1"] == (2, 4) and refill.vocabularies["C1"].free_rows == ()
+
+    # Without eviction (minute runs), nothing is evicted however old.
+    kept = _advance(first, _counts(DAY + 30, C1={}), DAY + 30, evict_after_days=0)
+    assert _rows(kept) == _rows(first)
+
+
+def test_capacity_keeps_values_beyond_it_as_candidates():
+    state = _advance(None, _counts(DAY, C1={"a": 9, "b": 8, "c": 7}), DAY, max_rows=NUM_RESERVED_ROWS + 2)
+    assert _rows(state) == {"a": 2, "b": 3}
+    assert [(r["value"], r["count"]) for r in state.candidates.to_pylist()] == [("c", 7)]
+    with pytest.raises(ValueError, match=r"max_rows_per_feature=2 leaves no room"):
+        _advance(None, _counts(DAY, C1={"a": 9}), DAY, max_rows=2)
+
+
+def test_advance_is_deterministic_and_round_trips_through_files(tmp_path):
+    counts = _counts(DAY, C1={f"v{i}": i % 7 for i in range(1, 200)}, C9={"z": 4, "y": 4})
+    one, two = _advance(None, counts, DAY), _advance(None, counts.take(list(range(counts.num_rows))[::-1]), DAY)
+    assert one == two and one.candidates.equals(two.candidates)
+    assert _rows(one, "C9") == {"y": 2, "z": 3}  # equal counts: ordered by value
+    second = _advance(one, _counts(DAY + 9, C1={"v6": 1}), DAY + 9, evict_after_days=3)
+    loaded = load_feature_state(_write(second, tmp_path / "fs"))
+    assert loaded == second and loaded.candidates.equals(second.candidates.sort_by(
+        [("feature", "ascending"), ("value", "ascending")]))
+    assert loaded.evicted_rows["C1"] == second.evicted_rows["C1"] and len(loaded.evicted_rows["C1"]) > 0
+
+
+def test_lookup_maps_values_to_their_rows_after_eviction():
+    state = _advance(_advance(None, _counts(DAY, C1={"a": 5, "b": 4}), DAY),
+                     _counts(DAY + 9, C1={"b": 1, "c": 6}), DAY + 9, evict_after_days=7)
+    assert _rows(state) == {"c": 2, "b": 3}
+    rows = categorical_rows(pa.array(["a", "b", "c", "", None]), *state.lookup("C1"))
+    assert rows.tolist() == [RARE_ROW, 3, 2, MISSING_ROW, MISSING_ROW]

@@ -27,7 +27,8 @@ for dag_id, dag in bag.dags.items():
         "tags": sorted(dag.tags),
         "max_active_runs": dag.max_active_runs,
         "timetable": type(dag.timetable).__name__,
-        "tasks": [t.task_id for t in dag.topological_sort()] if hasattr(dag, "topological_sort") else sorted(dag.task_ids),
+        "tasks": ([t.task_id for t in dag.topological_sort()] if hasattr(dag, "topological_sort")
+                  else sorted(dag.task_ids)),
         "retries": {t.task_id: t.retries for t in dag.tasks},
         "upstream": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
         "params": sorted(dag.params.keys()),

@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
-from pyspark.testing import assertDataFrameEqual
 
 from components.block_codec import read_framed_records
+from components.config import FeatureConfig
 from components.feature_state import categorical_rows, load_feature_state, transform_dense
 from components.manifest import read_manifest
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
-from spark_jobs.features import build_feature_state, build_vocabulary, categorical_counts, write_feature_state
+from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
 from spark_jobs.samples import write_samples
 
@@ -45,31 +45,34 @@ def test_extract_parses_missing_negative_and_minute(spark, raw_dir):
     assert {r["minute"] for r in rows} == {"2026-01-01 00:00"}
 
 
-def test_vocabulary_admits_by_min_count_in_count_order(spark):
-    counts = spark.createDataFrame(
-        [("C1", "aaaa", 4), ("C1", "bbbb", 3), ("C1", "cccc", 1), ("C2", "zz", 9), ("C2", "yy", 9)],
-        "feature string, value string, count long",
-    )
-    expected = spark.createDataFrame(
-        [("C1", "aaaa", NUM_RESERVED_ROWS, 4), ("C1", "bbbb", NUM_RESERVED_ROWS + 1, 3),
-         ("C2", "yy", NUM_RESERVED_ROWS, 9), ("C2", "zz", NUM_RESERVED_ROWS + 1, 9)],
-        "feature string, value string, row long, count long",
-    )
-    assertDataFrameEqual(build_vocabulary(counts, min_count=2), expected)
+def build_state(frame, min_count=2, previous=None, day=20454):
+    return build_feature_state(frame, previous, FeatureConfig(min_count=min_count), day=day, version="test",
+                               evict=True)
 
 
 def test_counts_skip_missing_values(spark, raw_dir):
     frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
-    counts = {(r["feature"], r["value"]): r["count"] for r in categorical_counts(frame).collect()}
-    assert counts == {("C1", "aaaa"): 4, ("C1", "bbbb"): 3, ("C1", "cccc"): 1, ("C2", "zz"): 9}
+    counts = {(r["feature"], r["value"]): (r["count"], r["last_seen"])
+              for r in categorical_counts(frame, day=20454).collect()}
+    assert counts == {("C1", "aaaa"): (4, 20454), ("C1", "bbbb"): (3, 20454), ("C1", "cccc"): (1, 20454),
+                      ("C2", "zz"): (9, 20454)}
 
 
 def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_dir, tmp_path):
     """Identity parity: the rows Spark writes are the reference mapping of the same raw values."""
     frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
-    state = build_feature_state(frame, min_count=2, version="test")
-    assert state.vocabularies["C1"] == ("aaaa", "bbbb")
-    assert state.vocabularies["C2"] == ("zz",)
+    state = build_state(frame)
+    assert state.vocabularies["C1"].values == ("aaaa", "bbbb")
+    assert state.vocabularies["C1"].rows == (NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + 1)
+    assert state.vocabularies["C2"].values == ("zz",)
+    assert state.candidates.to_pylist() == [{"feature": "C1", "value": "cccc", "count": 1, "last_seen": 20454}]
+
+    # The next run folds its counts into this state: "cccc" reaches min_count and gets the next row, the
+    # admitted rows stay where they are.
+    again = build_state(frame, previous=state, day=20455)
+    assert again.vocabularies["C1"].values == ("aaaa", "bbbb", "cccc")
+    assert again.vocabularies["C1"].rows == (2, 3, 4) and again.vocabularies["C1"].counts == (8, 6, 2)
+    assert again.new_rows["C1"] == (4,) and again.candidates.num_rows == 0
     i1 = np.array([0, 1, 3, -2, 10, 1e6, 7, 2], dtype=float)
     logged = np.sign(i1) * np.log1p(np.abs(i1))
     assert state.dense[0].low == pytest.approx(logged.min())
@@ -100,7 +103,7 @@ def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_di
     dense = np.array(dense, dtype=np.float32).reshape(-1, 26)
 
     c1 = pa.array(["aaaa", "aaaa", "bbbb", "aaaa", "bbbb", "cccc", None, "bbbb", "aaaa"])
-    expected_c1 = categorical_rows(c1, pa.array(state.vocabularies["C1"]))
+    expected_c1 = categorical_rows(c1, *state.lookup("C1"))
     assert sorted(categorical[:, 0].tolist()) == sorted(expected_c1.tolist())
     assert sorted(expected_c1.tolist()) == sorted([2, 2, 2, 2, 3, 3, 3, RARE_ROW, MISSING_ROW])
     assert set(categorical[:, 2].tolist()) == {MISSING_ROW}
@@ -116,7 +119,7 @@ def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_di
 
 def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
     frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
-    state = build_feature_state(frame, min_count=2, version="test")
+    state = build_state(frame)
     first = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
                           inputs={})
     second = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from components.config import TrainConfig
-from components.feature_state import DenseTransform, FeatureState, categorical_rows, transform_dense
+from components.feature_state import DenseTransform, FeatureState, Vocabulary, categorical_rows, transform_dense
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
 from trainer.export import RawFeaturePreprocessor, export_serving_model
 from trainer.models import build_model
@@ -41,8 +41,11 @@ def feature_state() -> FeatureState:
     return FeatureState(
         version="fs-test",
         min_count=2,
-        vocabularies=vocabularies,
-        counts={name: tuple(5 for _ in values) for name, values in vocabularies.items()},
+        vocabularies={
+            **{name: Vocabulary.of(values, [5] * len(values)) for name, values in vocabularies.items()},
+            # After an eviction: rows out of value order, with freed rows between them.
+            "C5": Vocabulary(("C5-common", "C5-second", "68fd1e64"), (6, 2, 4), (5, 5, 5), (0, 0, 0), 8, (3, 5, 7)),
+        },
         dense=tuple(
             DenseTransform(name, low=-2 - 0.1 * i, high=5 + 0.3 * i, mean=0.4 + 0.05 * i, std=1.2 + 0.1 * i)
             for i, name in enumerate(DENSE_FEATURES)
@@ -53,7 +56,7 @@ def feature_state() -> FeatureState:
 def raw_categorical(state: FeatureState) -> np.ndarray:
     columns = []
     for name in CATEGORICAL_FEATURES:
-        vocabulary = state.vocabularies[name] or ("never-admitted",)
+        vocabulary = state.vocabularies[name].values or ("never-admitted",)
         columns.append(
             [
                 "",  # missing
@@ -70,7 +73,7 @@ def raw_categorical(state: FeatureState) -> np.ndarray:
 def reference_inputs(state: FeatureState, dense: np.ndarray, categorical: np.ndarray) -> dict[str, Any]:
     """The model inputs the Spark job would write for these raw rows."""
     rows = [
-        categorical_rows(pa.array(list(values), pa.string()), pa.array(state.vocabularies[name], pa.string()))
+        categorical_rows(pa.array(list(values), pa.string()), *state.lookup(name))
         for values, name in zip(categorical.T, CATEGORICAL_FEATURES, strict=True)
     ]
     return {"dense": transform_dense(dense, state), "categorical": np.stack(rows, axis=1)}
@@ -105,7 +108,9 @@ def test_preprocessing_in_the_graph_equals_the_reference_transforms(model_and_st
     assert expected["categorical"][:, 0].tolist() == [MISSING_ROW, 2, RARE_ROW, RARE_ROW, 4, 4]
     assert expected["categorical"][:, 1].tolist() == [MISSING_ROW, 2, RARE_ROW, 2, 4, MISSING_ROW]
     assert set(expected["categorical"][:, -1].tolist()) == {MISSING_ROW, RARE_ROW}
-    assert expected["categorical"].max() < NUM_RESERVED_ROWS + 3
+    # C5's vocabulary was left with holes by an eviction: values keep their own rows, not their positions.
+    assert expected["categorical"][:, 4].tolist() == [MISSING_ROW, 6, RARE_ROW, RARE_ROW, 4, 4]
+    assert np.delete(expected["categorical"], 4, axis=1).max() < NUM_RESERVED_ROWS + 3
 
 
 def test_saved_model_serves_raw_features_like_the_model(model_and_state, tmp_path):
