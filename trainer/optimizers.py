@@ -31,7 +31,9 @@ class EmbeddingAdagrad(keras.optimizers.Adagrad):
     to the touched rows only: O(rows touched), where Keras' Adagrad also reads the whole accumulator every
     step. Duplicate row ids are summed first, as TF1's and PyTorch's sparse Adagrad do (Keras 3 squares each
     occurrence), so the step equals dense Adagrad's and micro-batching, whose accumulated gradients are
-    dense, gives the same weights. The dedup (tf.unique) is the cost: on 2 CPU cores ~14 ms per 4096 x 26
+    dense, gives the same weights. `row_sparse_updates=False` applies such gradients densely (every row read
+    and written; the values equal the sparse path's), to measure what the sparse path saves. The dedup
+    (tf.unique) is the cost: on 2 CPU cores ~14 ms per 4096 x 26
     lookups, ~80 ms under XLA, whose sort-based unique is slow on CPU.
     """
 
@@ -40,6 +42,7 @@ class EmbeddingAdagrad(keras.optimizers.Adagrad):
         learning_rate: float = 0.05,
         embedding_learning_rate: float = 0.05,
         initial_accumulator_value: float = INITIAL_ACCUMULATOR_VALUE,
+        row_sparse_updates: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -47,6 +50,11 @@ class EmbeddingAdagrad(keras.optimizers.Adagrad):
         )
         require_positive_number("embedding_learning_rate", embedding_learning_rate)
         self.embedding_learning_rate = float(embedding_learning_rate)
+        if not isinstance(row_sparse_updates, bool):
+            raise ValueError(
+                f"`row_sparse_updates` must be True or False. Received: row_sparse_updates={row_sparse_updates!r}"
+            )
+        self.row_sparse_updates = row_sparse_updates
         self._embedding_indices: set[int] = set()
 
     def build(self, var_list: list[Any]) -> None:
@@ -65,8 +73,10 @@ class EmbeddingAdagrad(keras.optimizers.Adagrad):
             import tensorflow as tf
 
             if isinstance(gradient, tf.IndexedSlices):
-                self._sparse_update_step(gradient, variable, learning_rate)
-                return
+                if self.row_sparse_updates:
+                    self._sparse_update_step(gradient, variable, learning_rate)
+                    return
+                gradient = tf.convert_to_tensor(gradient)  # the whole table: for comparison only
         super().update_step(gradient, variable, learning_rate)
 
     def _sparse_update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
@@ -85,4 +95,5 @@ class EmbeddingAdagrad(keras.optimizers.Adagrad):
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config["embedding_learning_rate"] = self.embedding_learning_rate
+        config["row_sparse_updates"] = self.row_sparse_updates
         return config

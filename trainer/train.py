@@ -42,6 +42,8 @@ class TrainResult:
     # Eval labels and predicted probabilities, both float32 [n] and in eval-file order.
     eval_labels: np.ndarray
     eval_predictions: np.ndarray
+    # The speed settings in effect (see _speed_flags), for the run's log.
+    speed_flags: dict[str, Any]
 
 
 class StepMetricsLogger(keras.callbacks.Callback):
@@ -129,9 +131,11 @@ def train_model(
     previous_policy = keras.config.dtype_policy()
     if config.mixed_precision:
         keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
+    strategy = _distribution_strategy()
     try:
-        model = build_model(config, table_sizes)
-        compile_model(model, config)
+        with strategy.scope():
+            model = build_model(config, table_sizes)
+            compile_model(model, config)
         train_data = block_dataset(
             train_files, micro_batch_size, shuffle=True, seed=config.seed,
             shuffle_buffer_blocks=config.shuffle_buffer_blocks,
@@ -155,6 +159,7 @@ def train_model(
     eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
     history = {name: [float(v) for v in values] for name, values in fitted.history.items()}
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
+    speed_flags = _speed_flags(config, strategy.num_replicas_in_sync)
 
     _save_checkpoint(
         model,
@@ -166,6 +171,7 @@ def train_model(
             "train_config": dataclasses.asdict(config),
             "table_sizes": dict(table_sizes),
             "final_metrics": {name: values[-1] for name, values in history.items()},
+            "speed_flags": speed_flags,
         },
     )
     return TrainResult(
@@ -175,6 +181,7 @@ def train_model(
         examples_per_second=meter.examples_per_second(),
         eval_labels=eval_labels,
         eval_predictions=eval_predictions.reshape(-1).astype(np.float32),
+        speed_flags=speed_flags,
     )
 
 
@@ -185,6 +192,7 @@ def compile_model(model: keras.Model, config: TrainConfig) -> None:
             learning_rate=config.learning_rate,
             embedding_learning_rate=config.embedding_learning_rate,
             gradient_accumulation_steps=config.micro_batches if config.micro_batches > 1 else None,
+            row_sparse_updates=config.row_sparse_updates,
         ),
         loss=keras.losses.BinaryCrossentropy(name="logloss"),
         metrics=ctr_metrics(),
@@ -205,6 +213,32 @@ def _micro_batch_size(config: TrainConfig) -> int:
             f"{config.batch_size}; pick a batch size that is a multiple of the micro-batch count"
         )
     return config.batch_size // config.micro_batches
+
+
+def _distribution_strategy() -> Any:
+    """MirroredStrategy over the visible GPUs when there are several; else the default one-device strategy.
+    Batches stay global: each replica gets batch_size / num_replicas rows of every step."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) > 1:
+        return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
+    return tf.distribute.get_strategy()
+
+
+def _speed_flags(config: TrainConfig, num_replicas: int) -> dict[str, Any]:
+    """The speed settings a run used, as they took effect (not only as configured)."""
+    return {
+        "batch_size": config.batch_size,
+        "micro_batches": config.micro_batches,
+        "micro_batch_size": config.batch_size // config.micro_batches,
+        "jit_compile": config.jit_compile,
+        "mixed_precision": config.mixed_precision,
+        "dtype_policy": MIXED_PRECISION_POLICY if config.mixed_precision else keras.config.dtype_policy().name,
+        # Keras accumulates micro-batch gradients densely, so accumulation turns the row-sparse path off.
+        "row_sparse_updates": config.row_sparse_updates and config.micro_batches == 1,
+        "num_replicas": num_replicas,
+    }
 
 
 def _save_checkpoint(model: keras.Model, directory: Path, *, version: str, **manifest: Any) -> None:

@@ -82,3 +82,74 @@ def test_save_and_load_round_trip(tmp_path):
     model.save(tmp_path / "embedding.keras")
     loaded = keras.saving.load_model(tmp_path / "embedding.keras")
     np.testing.assert_array_equal(loaded.predict(data, verbose=0), model.predict(data, verbose=0))
+
+
+def hashed_layer() -> CategoricalEmbedding:
+    # Feature 1 is hashed into 2 tables of 3 rows; features 0 and 2 keep rows 0-1 and 2-5 of the table.
+    layer = CategoricalEmbedding([2, 1000, 4], embedding_dim=2, hashed_features=[1], num_hash_buckets=3)
+    layer.build((None, 3))
+    table = np.arange(12, dtype="float32").reshape(6, 2)
+    layer.set_weights([table, 100 + table])
+    return layer
+
+
+def test_hashed_features_read_their_multi_hash_tables_in_feature_order():
+    layer = hashed_layer()
+    assert [tuple(w.shape) for w in layer.weights] == [(6, 2), (6, 2)]
+    assert layer.offsets.tolist() == [0, -1, 2] and layer.num_rows == 6
+    out = keras.ops.convert_to_numpy(layer(np.array([[1, 7, 3]], dtype="int64")))
+    np.testing.assert_array_equal(out[0, 0], [2, 3])  # table row 1
+    np.testing.assert_array_equal(out[0, 2], [10, 11])  # table row 2 + 3
+    # Id 7 hashes to bucket 1 of the first hash table and bucket 2 of the second (hashed rows 1 and 3 + 2).
+    np.testing.assert_array_equal(out[0, 1], [102 + 110, 103 + 111])
+
+
+def test_embed_feature_reads_the_rows_call_reads():
+    layer = hashed_layer()
+    ids = np.array([[0, 5, 1], [1, 123_456, 3]], dtype="int64")
+    out = keras.ops.convert_to_numpy(layer(ids))
+    for feature in range(3):
+        by_feature = keras.ops.convert_to_numpy(layer.embed_feature(ids[:, feature], feature))
+        np.testing.assert_array_equal(by_feature, out[:, feature])
+    # Any shape: a [batch, length] sequence of feature 2's row ids.
+    sequence = keras.ops.convert_to_numpy(layer.embed_feature(np.array([[3, 0]], dtype="int64"), 2))
+    np.testing.assert_array_equal(sequence, [[[10, 11], [4, 5]]])
+
+
+def test_every_feature_hashed_leaves_no_table():
+    layer = CategoricalEmbedding([10, 20], 4, hashed_features=[1, 0], num_hash_buckets=3, num_hash_functions=3)
+    out = layer(np.array([[1, 2]], dtype="int64"))
+    assert [tuple(w.shape) for w in layer.weights] == [(9, 4), (9, 4)]
+    assert tuple(out.shape) == (1, 2, 4)
+
+
+@pytest.mark.parametrize("hashed_features", [[3], [-1], [0, 0], [1.0], "0", 1])
+def test_invalid_hashed_features(hashed_features):
+    with pytest.raises(ValueError, match=r"distinct feature indices in \[0, 3\).*" + re.escape(repr(hashed_features))):
+        CategoricalEmbedding([2, 3, 4], 2, hashed_features=hashed_features, num_hash_buckets=3)
+
+
+def test_hashed_features_need_a_bucket_count():
+    with pytest.raises(ValueError, match=re.escape("num_hash_buckets=None")):
+        CategoricalEmbedding([2, 3], 2, hashed_features=[1])
+
+
+def test_embed_feature_rejects_unknown_features():
+    with pytest.raises(ValueError, match=re.escape("in [0, 3). Received: feature=3")):
+        hashed_layer().embed_feature(np.array([1]), 3)
+
+
+def test_hashed_config_and_save_round_trip(tmp_path):
+    layer = CategoricalEmbedding(
+        [2, 50, 3], 4, hashed_features=[1], num_hash_buckets=5, num_hash_functions=2, hash_combiner="concat"
+    )
+    config = layer.get_config()
+    assert {"hashed_features", "num_hash_buckets", "num_hash_functions", "hash_combiner"} <= set(config)
+    assert CategoricalEmbedding.from_config(config).get_config() == config
+
+    ids = keras.Input((3,), dtype="int64")
+    model = keras.Model(ids, layer(ids))
+    data = np.array([[0, 49, 2], [1, 7, 0]], dtype="int64")
+    model.save(tmp_path / "hashed.keras")
+    loaded = keras.saving.load_model(tmp_path / "hashed.keras")
+    np.testing.assert_array_equal(loaded.predict(data, verbose=0), model.predict(data, verbose=0))

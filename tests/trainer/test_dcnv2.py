@@ -64,9 +64,9 @@ def test_head_stays_float32_under_mixed_precision():
 
 
 def test_unknown_model_names_the_choices():
-    expected = "unknown model 'dlrm' (train.model); expected one of ['dcnv2']"
+    expected = "unknown model 'xdeepfm' (train.model); expected one of ['dcnv2', 'deepfm', 'dien', 'din', 'dlrm',"
     with pytest.raises(ValueError, match=re.escape(expected)):
-        build_model(TrainConfig(model="dlrm"), TABLE_SIZES)
+        build_model(TrainConfig(model="xdeepfm"), TABLE_SIZES)
 
 
 def test_missing_table_sizes_are_named():
@@ -75,8 +75,8 @@ def test_missing_table_sizes_are_named():
         build_model(SMALL, sizes)
 
 
-def test_registry_lists_dcnv2():
-    assert set(MODEL_BUILDERS) == {"dcnv2"}
+def test_registry_lists_every_model():
+    assert set(MODEL_BUILDERS) == {"dcnv2", "deepfm", "dien", "din", "dlrm", "wide_deep"}
 
 
 @pytest.mark.parametrize(

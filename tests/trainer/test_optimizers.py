@@ -30,6 +30,45 @@ def test_row_sparse_update_equals_dense_adagrad_and_leaves_other_rows_alone():
     assert (sparse[[1, 4]] != INITIAL[[1, 4]]).all()
 
 
+def test_dense_updates_give_the_sparse_values_but_move_every_accumulator():
+    values = tf.constant([[0.5, -1.0], [2.0, 0.25], [0.1, 0.3]])
+    slices = tf.IndexedSlices(values, tf.constant([1, 4, 1]), dense_shape=tf.constant([6, 2]))
+    variables = [keras.Variable(INITIAL, name="embeddings") for _ in range(2)]
+    optimizers = [EmbeddingAdagrad(0.1, 0.3), EmbeddingAdagrad(0.1, 0.3, row_sparse_updates=False)]
+    for optimizer, variable in zip(optimizers, variables, strict=True):
+        optimizer.apply([slices], [variable])
+    np.testing.assert_allclose(variables[1].numpy(), variables[0].numpy(), rtol=1e-6)
+    assert EmbeddingAdagrad.from_config(optimizers[1].get_config()).row_sparse_updates is False
+    with pytest.raises(ValueError, match=re.escape("row_sparse_updates='no'")):
+        EmbeddingAdagrad(row_sparse_updates="no")
+
+
+def test_accumulated_micro_batch_gradients_give_one_big_batch_step():
+    # Four micro-batches of row-sparse gradients (each of a mean loss) against the big batch's gradient, which
+    # holds every micro-batch's rows scaled by 1/4; rows repeat within and between micro-batches.
+    rng = np.random.default_rng(0)
+    values = [tf.constant(rng.standard_normal((3, 2)), tf.float32) for _ in range(4)]
+    indices = [tf.constant(rng.integers(0, 3, 3)) for _ in range(4)]  # rows 0..2 only
+    kernel_gradients = [tf.constant(rng.standard_normal((2, 2)), tf.float32) for _ in range(4)]
+    shape = tf.constant([6, 2])
+
+    def variables():
+        return [keras.Variable(INITIAL, name="embeddings"), keras.Variable(INITIAL[:2], name="kernel")]
+
+    big_variables, micro_variables = variables(), variables()
+    big_gradient = tf.IndexedSlices(tf.concat(values, 0) / 4, tf.concat(indices, 0), dense_shape=shape)
+    EmbeddingAdagrad(0.1, 0.3).apply([big_gradient, sum(kernel_gradients) / 4], big_variables)
+    accumulating = EmbeddingAdagrad(0.1, 0.3, gradient_accumulation_steps=4)
+    for step in range(4):
+        np.testing.assert_array_equal(micro_variables[0].numpy(), INITIAL)  # no update before the 4th
+        gradient = tf.IndexedSlices(values[step], indices[step], dense_shape=shape)
+        accumulating.apply([gradient, kernel_gradients[step]], micro_variables)
+    for big, accumulated in zip(big_variables, micro_variables, strict=True):
+        np.testing.assert_allclose(accumulated.numpy(), big.numpy(), rtol=1e-5, atol=1e-6)
+    moved = micro_variables[0].numpy() != INITIAL
+    assert moved[:3].all() and not moved[3:].any()
+
+
 def test_embedding_tables_get_their_own_learning_rate():
     embeddings = keras.Variable(np.zeros((1, 1), "float32"), name="embeddings")
     kernel = keras.Variable(np.zeros((1, 1), "float32"), name="kernel")

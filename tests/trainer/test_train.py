@@ -55,6 +55,10 @@ def test_learns_the_planted_signal_and_writes_a_checkpoint(planted, tmp_path):
     assert result.history["val_label_mean"][-1] == pytest.approx(labels.mean(), abs=1e-6)
     assert result.num_train_examples == 6000
     assert math.isfinite(result.examples_per_second) and result.examples_per_second > 0
+    assert result.speed_flags == {
+        "batch_size": 256, "micro_batches": 1, "micro_batch_size": 256, "jit_compile": False,
+        "mixed_precision": False, "dtype_policy": "float32", "row_sparse_updates": True, "num_replicas": 1,
+    }
 
     # 24 steps per epoch (6000 / 256): every 10th step, and each epoch's end.
     assert [step for step, _ in logged] == [10, 20, 24, 30, 40, 48, 50, 60, 70, 72]
@@ -65,6 +69,7 @@ def test_learns_the_planted_signal_and_writes_a_checkpoint(planted, tmp_path):
     assert manifest["row_counts"] == {"train": 6000, "eval": 2000}
     assert manifest["inputs"]["train_files"] == planted["train_files"]
     assert manifest["train_config"]["mlp_units"] == [32, 16]
+    assert manifest["speed_flags"] == result.speed_flags
     loaded = load_checkpoint(tmp_path / "checkpoint")
     eval_rows = planted["eval_rows"]
     features = {"dense": eval_rows.dense[:50], "categorical": eval_rows.categorical[:50]}
@@ -93,19 +98,24 @@ def test_untouched_embedding_rows_keep_their_exact_values(tmp_path):
 
 
 @pytest.mark.integration
-def test_micro_batches_give_the_weights_of_one_big_batch(tmp_path):
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_micro_batches_give_the_weights_of_one_big_batch(tmp_path, jit_compile):
     rows = random_rows(128, NUM_VALUES, seed=5)
     files = write_block_files(rows, tmp_path / "data", num_files=1, block_rows=1024)
-    one_batch = dataclasses.replace(SMALL, batch_size=128, epochs=1, micro_batches=1)
+    one_batch = dataclasses.replace(SMALL, batch_size=128, epochs=1, micro_batches=1, jit_compile=jit_compile)
     micro = dataclasses.replace(one_batch, micro_batches=4)  # 4 x 32 rows, one optimizer step
     keras.utils.set_random_seed(one_batch.seed)
     initial = build_model(one_batch, table_sizes(NUM_VALUES)).get_weights()
 
-    weights = [
-        train_model(config, table_sizes(NUM_VALUES), files, files, tmp_path / name).model.get_weights()
+    results = [
+        train_model(config, table_sizes(NUM_VALUES), files, files, tmp_path / name)
         for name, config in (("one", one_batch), ("micro", micro))
     ]
 
+    # The big batch takes the row-sparse path; Keras accumulates micro-batch gradients densely.
+    assert [r.speed_flags["row_sparse_updates"] for r in results] == [True, False]
+    assert [r.speed_flags["micro_batch_size"] for r in results] == [128, 32]
+    weights = [r.model.get_weights() for r in results]
     for big, accumulated, start in zip(*weights, initial, strict=True):
         np.testing.assert_allclose(accumulated, big, rtol=1e-5, atol=1e-6)
         assert not np.array_equal(big, start)
@@ -120,6 +130,7 @@ def test_mixed_precision_trains_in_bfloat16_and_restores_the_policy(planted, tmp
     assert keras.config.dtype_policy().name == previous
     assert result.model.cross_layers[0].compute_dtype == "bfloat16"
     assert result.model.head.compute_dtype == "float32"
+    assert result.speed_flags["mixed_precision"] and result.speed_flags["dtype_policy"] == "mixed_bfloat16"
     assert result.eval_predictions.dtype == np.float32 and np.isfinite(result.eval_predictions).all()
 
 

@@ -9,7 +9,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from trainer.arguments import require_integer, require_integer_list
+from trainer.arguments import is_integer, require_integer, require_integer_list
+from trainer.layers.multi_hash_embedding import MultiHashEmbedding
 
 
 @keras.saving.register_keras_serializable(package="ctr")
@@ -25,6 +26,10 @@ class CategoricalEmbedding(keras.layers.Layer):
     rows are), since casting would copy the whole table on every step.
 
     Row ids are not range-checked: an id past its feature's table reads the next feature's rows.
+
+    Features listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a
+    MultiHashEmbedding of `num_hash_functions` tables of `num_hash_buckets` rows, combined by `hash_combiner`,
+    for vocabularies too large to give every value a row of its own. Their `offsets` entry is -1.
     """
 
     def __init__(
@@ -33,17 +38,52 @@ class CategoricalEmbedding(keras.layers.Layer):
         embedding_dim: int,
         embeddings_initializer: str | keras.initializers.Initializer = "uniform",
         embeddings_regularizer: str | keras.regularizers.Regularizer | None = None,
+        hashed_features: Sequence[int] = (),
+        num_hash_buckets: int | None = None,
+        num_hash_functions: int = 2,
+        hash_combiner: str = "sum",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         require_integer_list("table_sizes", table_sizes)
         require_integer("embedding_dim", embedding_dim)
+        num_features = len(table_sizes)
+        if (
+            isinstance(hashed_features, str | bytes)
+            or not hasattr(hashed_features, "__len__")
+            or not all(is_integer(f) and 0 <= f < num_features for f in hashed_features)
+            or len(set(hashed_features)) != len(hashed_features)
+        ):
+            raise ValueError(
+                f"`hashed_features` must list distinct feature indices in [0, {num_features}), one per "
+                f"feature of `table_sizes` to hash. Received: hashed_features={hashed_features!r}"
+            )
         self.table_sizes = [int(s) for s in table_sizes]
         self.embedding_dim = embedding_dim
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
-        self.offsets = np.concatenate([[0], np.cumsum(self.table_sizes)[:-1]]).astype(np.int64)
-        self.num_rows = int(sum(self.table_sizes))
+        self.hashed_features = [int(f) for f in hashed_features]
+        self.num_hash_buckets = num_hash_buckets
+        self.num_hash_functions = num_hash_functions
+        self.hash_combiner = hash_combiner
+        if self.hashed_features:
+            require_integer("num_hash_buckets", num_hash_buckets)
+        self.hashed_embeddings = [
+            MultiHashEmbedding(
+                num_hash_buckets, embedding_dim, num_hash_functions, hash_combiner,
+                embeddings_initializer=self.embeddings_initializer,
+                embeddings_regularizer=self.embeddings_regularizer,
+                dtype=self.dtype_policy, name=f"hashed_feature_{f}",
+            )
+            for f in self.hashed_features
+        ]
+        self.tabled_features = [f for f in range(num_features) if f not in self.hashed_features]
+        tabled_sizes = [self.table_sizes[f] for f in self.tabled_features]
+        self.offsets = np.full(num_features, -1, dtype=np.int64)
+        self.offsets[self.tabled_features] = np.cumsum([0, *tabled_sizes])[:-1]
+        self.num_rows = int(sum(tabled_sizes))
+        # Position of each feature among [tabled features..., hashed features...], to restore feature order.
+        self._feature_order = np.argsort(self.tabled_features + self.hashed_features).astype(np.int64)
 
     def build(self, input_shape: tuple[int | None, ...]) -> None:
         if input_shape[-1] != len(self.table_sizes):
@@ -51,18 +91,44 @@ class CategoricalEmbedding(keras.layers.Layer):
                 f"CategoricalEmbedding has {len(self.table_sizes)} tables, so its input must be "
                 f"[batch, {len(self.table_sizes)}]. Received: input_shape={input_shape}"
             )
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.num_rows, self.embedding_dim),
-            initializer=self.embeddings_initializer,
-            regularizer=self.embeddings_regularizer,
-            autocast=False,
-        )
+        if self.num_rows:  # every feature hashed: no table
+            self.embeddings = self.add_weight(
+                name="embeddings",
+                shape=(self.num_rows, self.embedding_dim),
+                initializer=self.embeddings_initializer,
+                regularizer=self.embeddings_regularizer,
+                autocast=False,
+            )
+        for hashed in self.hashed_embeddings:
+            hashed.build(tuple(input_shape[:-1]))
 
     def call(self, inputs: Any) -> Any:
         if not keras.backend.is_int_dtype(inputs.dtype):
             inputs = ops.cast(inputs, "int64")
-        rows = ops.add(inputs, ops.convert_to_tensor(self.offsets, dtype=inputs.dtype))
+        if not self.hashed_features:
+            rows = ops.add(inputs, ops.convert_to_tensor(self.offsets, dtype=inputs.dtype))
+            return ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)
+        parts = []
+        if self.tabled_features:
+            ids = ops.take(inputs, self.tabled_features, axis=-1)
+            offsets = ops.convert_to_tensor(self.offsets[self.tabled_features], dtype=inputs.dtype)
+            parts.append(ops.cast(ops.take(self.embeddings, ops.add(ids, offsets), axis=0), self.compute_dtype))
+        for feature, hashed in zip(self.hashed_features, self.hashed_embeddings, strict=True):
+            parts.append(ops.expand_dims(hashed(ops.take(inputs, feature, axis=-1)), -2))
+        return ops.take(ops.concatenate(parts, axis=-2), self._feature_order, axis=-2)
+
+    def embed_feature(self, ids: Any, feature: int) -> Any:
+        """Row ids of feature `feature` alone, any shape (a behaviour sequence [batch, length]) ->
+        [..., embedding_dim], read from the rows `call` reads for that feature."""
+        if not is_integer(feature) or not 0 <= feature < len(self.table_sizes):
+            raise ValueError(
+                f"`feature` must be a feature index in [0, {len(self.table_sizes)}). Received: feature={feature!r}"
+            )
+        if not keras.backend.is_int_dtype(ids.dtype):
+            ids = ops.cast(ids, "int64")
+        if feature in self.hashed_features:
+            return self.hashed_embeddings[self.hashed_features.index(feature)](ids)
+        rows = ops.add(ids, int(self.offsets[feature]))
         return ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)
 
     def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
@@ -76,6 +142,10 @@ class CategoricalEmbedding(keras.layers.Layer):
                 "embedding_dim": self.embedding_dim,
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
                 "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
+                "hashed_features": list(self.hashed_features),
+                "num_hash_buckets": self.num_hash_buckets,
+                "num_hash_functions": self.num_hash_functions,
+                "hash_combiner": self.hash_combiner,
             }
         )
         return config

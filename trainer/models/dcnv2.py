@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -18,12 +18,14 @@ from trainer.arguments import require_integer, require_integer_list
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.feature_cross import FeatureCross
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
+from trainer.models.blocks import embedding_options
 
 
 @keras.saving.register_keras_serializable(package="ctr")
 class DCNv2(keras.Model):
     """Inputs: {"dense": float32 [B, DENSE_INPUT_DIM], "categorical": int [B, len(table_sizes)]}.
-    Output: click probability, float32 [B, 1] (float32 also under a mixed-precision policy)."""
+    Output: click probability, float32 [B, 1] (float32 also under a mixed-precision policy).
+    `embedding_options`: further CategoricalEmbedding arguments (multi-hash compression)."""
 
     def __init__(
         self,
@@ -32,6 +34,7 @@ class DCNv2(keras.Model):
         num_cross_layers: int = 3,
         projection_dim: int | None = None,
         mlp_units: Sequence[int] = (512, 256, 128),
+        embedding_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -42,8 +45,11 @@ class DCNv2(keras.Model):
         self.num_cross_layers = num_cross_layers
         self.projection_dim = projection_dim
         self.mlp_units = list(mlp_units)
+        self.embedding_options = dict(embedding_options or {})
 
-        self.embedding = CategoricalEmbedding(self.table_sizes, embedding_dim, name="embedding")
+        self.embedding = CategoricalEmbedding(
+            self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
+        )
         self.cross_layers = [
             FeatureCross(projection_dim=projection_dim, name=f"cross_{i}") for i in range(num_cross_layers)
         ]
@@ -94,6 +100,7 @@ class DCNv2(keras.Model):
                 "num_cross_layers": self.num_cross_layers,
                 "projection_dim": self.projection_dim,
                 "mlp_units": list(self.mlp_units),
+                "embedding_options": dict(self.embedding_options),
             }
         )
         return config
@@ -105,5 +112,6 @@ def build_dcnv2(config: TrainConfig, table_sizes: Sequence[int]) -> DCNv2:
         embedding_dim=config.embedding_dim,
         num_cross_layers=config.num_cross_layers,
         mlp_units=config.mlp_units,
+        embedding_options=embedding_options(config),
         name="dcnv2",
     )

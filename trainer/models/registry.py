@@ -10,11 +10,21 @@ from components.config import TrainConfig
 from components.schema import CATEGORICAL_FEATURES
 from trainer.model_inputs import INPUT_SHAPES
 from trainer.models.dcnv2 import build_dcnv2
+from trainer.models.deepfm import build_deepfm
+from trainer.models.dien import build_dien
+from trainer.models.din import build_din
+from trainer.models.dlrm import build_dlrm
+from trainer.models.wide_deep import build_wide_deep
 
 ModelBuilder = Callable[[TrainConfig, Sequence[int]], keras.Model]
 
 MODEL_BUILDERS: dict[str, ModelBuilder] = {
     "dcnv2": build_dcnv2,
+    "deepfm": build_deepfm,
+    "dien": build_dien,
+    "din": build_din,
+    "dlrm": build_dlrm,
+    "wide_deep": build_wide_deep,
 }
 
 
@@ -22,7 +32,8 @@ def build_model(config: TrainConfig, table_sizes: Mapping[str, int]) -> keras.Mo
     """The built (weights created) model named by `config.model`, with one table per categorical feature.
 
     `table_sizes` maps every name in components.schema.CATEGORICAL_FEATURES to its number of rows
-    (FeatureState.table_sizes()).
+    (FeatureState.table_sizes()). Models that read a behaviour sequence (DIN, DIEN) are built with the
+    history input too (trainer.model_inputs.sequence_input_shapes).
     """
     builder = MODEL_BUILDERS.get(config.model)
     if builder is None:
@@ -36,5 +47,6 @@ def build_model(config: TrainConfig, table_sizes: Mapping[str, int]) -> keras.Mo
             f"(FeatureState.table_sizes())"
         )
     model = builder(config, [int(table_sizes[name]) for name in CATEGORICAL_FEATURES])
-    model.build(INPUT_SHAPES)
+    if not model.built:  # the sequence models' builders build with the history's shape
+        model.build(INPUT_SHAPES)
     return model

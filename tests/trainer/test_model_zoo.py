@@ -1,0 +1,245 @@
+"""Every model of the zoo learns a planted signal from in-memory rows and comes back from a save unchanged."""
+
+import dataclasses
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from components.config import TrainConfig
+from components.schema import CATEGORICAL_FEATURES, NUM_RESERVED_ROWS
+from tests.trainer.synthetic import random_rows, roc_auc, table_sizes
+from trainer.layers.multi_hash_embedding import MultiHashEmbedding
+from trainer.model_inputs import HISTORY_INPUT, HISTORY_PADDING
+from trainer.models import DIEN, DIN, DLRM, MODEL_BUILDERS, DCNv2, DeepFM, WideDeep, build_model
+from trainer.train import compile_model
+
+NUM_VALUES = 20
+# The history's item feature (C1) takes fewer values in the sequence data, so each is seen often enough
+# for the attention to learn to match it.
+NUM_ITEMS = 10
+SEQUENCE_LENGTH = 10
+SMALL = TrainConfig(
+    embedding_dim=8, mlp_units=(32, 16), bottom_mlp_units=(16,), attention_units=(16,),
+    sequence_length=SEQUENCE_LENGTH, batch_size=256, epochs=3, jit_compile=False,
+)
+MODEL_CLASSES = {"dcnv2": DCNv2, "wide_deep": WideDeep, "deepfm": DeepFM, "dlrm": DLRM, "din": DIN, "dien": DIEN}
+
+Features = dict[str, np.ndarray]
+
+
+def plain_rows(num_rows: int, seed: int) -> tuple[Features, np.ndarray]:
+    rows = random_rows(num_rows, NUM_VALUES, seed)
+    return {"dense": rows.dense, "categorical": rows.categorical}, rows.labels
+
+
+def history_rows(num_rows: int, seed: int) -> tuple[Features, np.ndarray]:
+    """Rows whose click probability rises when the target item (C1) is in the user's history.
+
+    Histories hold 5 to 10 items, front-padded to 10. Half the rows have the target at a random valid
+    position; the other items are any item but the target, so only matching the history against the target
+    finds the signal. logit = -1.5 + 1.2 * dense[0] + 3 * (target in history): the best AUC is about 0.86,
+    0.69 without the history."""
+    rows = random_rows(num_rows, NUM_ITEMS, seed)
+    rng = np.random.default_rng(seed + 1000)
+    target = rows.categorical[:, 0]
+    history = rng.integers(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + NUM_ITEMS - 1, (num_rows, SEQUENCE_LENGTH))
+    history = np.where(history >= target[:, None], history + 1, history)
+    lengths = rng.integers(SEQUENCE_LENGTH // 2, SEQUENCE_LENGTH + 1, num_rows)
+    in_history = rng.random(num_rows) < 0.5
+    position = SEQUENCE_LENGTH - 1 - (rng.random(num_rows) * lengths).astype(int)
+    history[in_history, position[in_history]] = target[in_history]
+    history[np.arange(SEQUENCE_LENGTH)[None, :] < (SEQUENCE_LENGTH - lengths)[:, None]] = HISTORY_PADDING
+    logit = -1.5 + 1.2 * rows.dense[:, 0] + 3.0 * in_history
+    labels = (rng.random(num_rows) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    return {"dense": rows.dense, "categorical": rows.categorical, HISTORY_INPUT: history}, labels
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return plain_rows(4000, seed=1), plain_rows(2000, seed=2)
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    return history_rows(10_000, seed=1), history_rows(2000, seed=2)
+
+
+def fit(config: TrainConfig, features: Features, labels: np.ndarray, num_values: int) -> keras.Model:
+    keras.utils.set_random_seed(config.seed)
+    model = build_model(config, table_sizes(num_values))
+    compile_model(model, config)
+    model.fit(features, labels, batch_size=config.batch_size, epochs=config.epochs, verbose=0)
+    return model
+
+
+def predict(model: keras.Model, features: Features) -> np.ndarray:
+    return model.predict(features, batch_size=1024, verbose=0).reshape(-1)
+
+
+def assert_round_trip(model: keras.Model, features: Features, directory) -> None:
+    first = {name: values[:64] for name, values in features.items()}
+    model.save(directory / "model.keras")
+    loaded = keras.saving.load_model(directory / "model.keras")
+    assert type(loaded) is type(model) and loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(predict(loaded, first), predict(model, first), atol=1e-6)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    # Measured on this data (3 epochs of 4000 rows; 2000 eval rows): 0.827, 0.803, 0.779, 0.798.
+    ("name", "min_auc"), [("dcnv2", 0.8), ("wide_deep", 0.77), ("deepfm", 0.75), ("dlrm", 0.77)],
+)
+def test_learns_the_planted_signal_and_round_trips(name, min_auc, plain, tmp_path):
+    (train_features, train_labels), (eval_features, eval_labels) = plain
+    model = fit(dataclasses.replace(SMALL, model=name), train_features, train_labels, NUM_VALUES)
+    assert isinstance(model, MODEL_CLASSES[name])
+    assert roc_auc(eval_labels, predict(model, eval_features)) > min_auc
+    assert_round_trip(model, eval_features, tmp_path)
+
+
+@pytest.mark.integration
+def test_din_attends_to_the_target_in_the_history(sequences, tmp_path):
+    (train_features, train_labels), (eval_features, eval_labels) = sequences
+    model = fit(dataclasses.replace(SMALL, model="din", epochs=4), train_features, train_labels, NUM_ITEMS)
+    auc = roc_auc(eval_labels, predict(model, eval_features))
+    # Each eval row gets another row's history: the target no longer meets its own history.
+    shuffled = dict(eval_features, history=eval_features[HISTORY_INPUT][np.random.default_rng(0).permutation(2000)])
+    shuffled_auc = roc_auc(eval_labels, predict(model, shuffled))
+    # Measured: 0.73 against 0.64 with the histories shuffled.
+    assert auc > 0.71
+    assert auc - shuffled_auc > 0.04
+    assert_round_trip(model, eval_features, tmp_path)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("interest_cell", ["gru", "sru"])
+def test_dien_trains_and_round_trips(interest_cell, sequences, tmp_path):
+    (train_features, train_labels), (eval_features, eval_labels) = sequences
+    first = {name: values[:4000] for name, values in train_features.items()}
+    config = dataclasses.replace(SMALL, model="dien", interest_cell=interest_cell)
+    model = fit(config, first, train_labels[:4000], NUM_ITEMS)
+    # At this scale DIEN learns the dense signal but not yet the history's: measured 0.670 (GRU) and 0.659
+    # (SRU), the same with shuffled histories; see DIEN's docstring.
+    assert roc_auc(eval_labels, predict(model, eval_features)) > 0.64
+    other_history = dict(eval_features, history=np.full_like(eval_features[HISTORY_INPUT], NUM_RESERVED_ROWS))
+    assert np.abs(predict(model, other_history) - predict(model, eval_features)).max() > 1e-4
+    assert_round_trip(model, eval_features, tmp_path)
+
+
+@pytest.mark.unit
+def test_registry_holds_the_zoo():
+    assert set(MODEL_BUILDERS) == set(MODEL_CLASSES)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", sorted(MODEL_CLASSES))
+def test_multi_hash_features_shrink_every_model(name):
+    sizes = {feature: 1000 for feature in CATEGORICAL_FEATURES}
+    full = build_model(dataclasses.replace(SMALL, model=name), sizes)
+    hashed_config = dataclasses.replace(
+        SMALL, model=name, multi_hash_features=("C1", "C3"), multi_hash_buckets=50, multi_hash_functions=2
+    )
+    hashed = build_model(hashed_config, sizes)
+    assert hashed.embedding.hashed_features == [0, 2]
+    assert all(isinstance(layer, MultiHashEmbedding) for layer in hashed.embedding.hashed_embeddings)
+    assert tuple(hashed.embedding.embeddings.shape) == (24 * 1000, 8)
+    # Each hashed feature: 2 tables of 50 rows instead of 1000 rows, in the embeddings (dim 8) and, in
+    # Wide & Deep and DeepFM, in the per-value weights (dim 1) too.
+    linear_rows = 2 * (1000 - 100) if name in ("wide_deep", "deepfm") else 0
+    assert full.count_params() - hashed.count_params() == 2 * (1000 - 100) * 8 + linear_rows
+    rows = random_rows(3, 900, seed=0)
+    features = {"dense": rows.dense, "categorical": rows.categorical}
+    if name in ("din", "dien"):
+        features[HISTORY_INPUT] = np.tile([[HISTORY_PADDING, 5, 700]], (3, SEQUENCE_LENGTH // 3 + 1))[:, -10:]
+    assert predict(hashed, features).shape == (3,)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", sorted(MODEL_CLASSES))
+def test_probabilities_stay_float32_under_mixed_precision(name):
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = build_model(dataclasses.replace(SMALL, model=name, multi_hash_features=("C1",)), table_sizes(NUM_ITEMS))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    features, _ = history_rows(4, seed=0)
+    probability = model(features if name in ("din", "dien") else {k: features[k] for k in ("dense", "categorical")})
+    assert model.embedding.compute_dtype == "bfloat16"
+    assert all(w.dtype == "float32" for w in model.weights if w.name == "embeddings")
+    assert keras.backend.standardize_dtype(probability.dtype) == "float32"
+    assert np.isfinite(keras.ops.convert_to_numpy(probability)).all()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"multi_hash_features": ("C1", "C99")}, "train.multi_hash_features=('C1', 'C99') must name distinct"),
+        ({"multi_hash_features": ("C1",), "multi_hash_buckets": 0}, "train.multi_hash_buckets=0 must be"),
+        ({"multi_hash_features": ("C2",), "multi_hash_combiner": "max"}, "Received: combiner='max'"),
+        ({"model": "din", "sequence_feature": "I1"}, "train.sequence_feature='I1' must name the categorical"),
+        ({"model": "dien", "interest_cell": "lstm"}, "Received: interest_cell='lstm'"),
+    ],
+)
+def test_invalid_model_settings_are_named(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_model(dataclasses.replace(SMALL, **overrides), table_sizes(NUM_VALUES))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["din", "dien"])
+def test_sequence_models_say_they_need_the_history(name):
+    model = build_model(dataclasses.replace(SMALL, model=name), table_sizes(NUM_VALUES))
+    features, _ = plain_rows(2, seed=0)
+    with pytest.raises(ValueError, match=re.escape("reads the behaviour sequence input 'history'")):
+        model(features)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_every_model_predicts_the_same_on_jax(tmp_path):
+    """A model saved on TensorFlow loads on JAX and predicts the same; each trains a step there too."""
+    features, labels = history_rows(64, seed=3)
+    np.savez(tmp_path / "features.npz", **features)
+    for name in MODEL_CLASSES:
+        config = dataclasses.replace(SMALL, model=name, multi_hash_features=("C1", "C5"), multi_hash_buckets=7)
+        keras.utils.set_random_seed(0)
+        model = build_model(config, table_sizes(NUM_ITEMS))
+        model.save(tmp_path / f"{name}.keras")
+        np.save(tmp_path / f"{name}.npy", predict(model, features))
+    script = textwrap.dedent(
+        f"""
+        import keras
+        import numpy as np
+
+        import trainer.models  # registers the classes the files name
+        from components.config import TrainConfig
+        from trainer.train import compile_model
+
+        assert keras.backend.backend() == "jax"
+        directory = {str(tmp_path)!r}
+        features = dict(np.load(directory + "/features.npz"))
+        for name in {sorted(MODEL_CLASSES)!r}:
+            model = keras.saving.load_model(f"{{directory}}/{{name}}.keras", compile=False)
+            expected = np.load(f"{{directory}}/{{name}}.npy")
+            np.testing.assert_allclose(model.predict(features, verbose=0).reshape(-1), expected, atol=1e-5)
+            compile_model(model, TrainConfig(jit_compile=True))
+            history = model.fit(features, np.ones(64, "float32"), batch_size=32, verbose=0)
+            assert np.isfinite(history.history["loss"][0])
+            print(name, "ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "KERAS_BACKEND": "jax"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [word for name in sorted(MODEL_CLASSES) for word in (name, "ok")]

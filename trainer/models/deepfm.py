@@ -1,0 +1,97 @@
+"""DeepFM (Guo et al. 2017): a factorization machine and an MLP share the embeddings; their logits add up.
+
+    categorical --embedding--> [B, 26, dim] --+--> FM pairwise term ------------------------+
+                                              |                                             |
+    dense [B, 26] ----------------------------+--> flatten --> deep MLP --> deep logit -----+--> sigmoid --> p
+                                                                                            |
+    dense, categorical --> linear (first-order) term ---------------------------------------+
+
+The FM's fields are the categorical features; the dense inputs enter through the linear term and the MLP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+from keras import ops
+
+from components.config import TrainConfig
+from trainer.arguments import require_integer, require_integer_list
+from trainer.layers.categorical_embedding import CategoricalEmbedding
+from trainer.layers.factorization_machine import FactorizationMachine
+from trainer.layers.linear_logit import LinearLogit
+from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
+from trainer.models.blocks import embedding_options, flatten_features, mlp
+
+
+@keras.saving.register_keras_serializable(package="ctr")
+class DeepFM(keras.Model):
+    """Inputs: {"dense": float32 [B, DENSE_INPUT_DIM], "categorical": int [B, len(table_sizes)]}.
+    Output: click probability, float32 [B, 1]. `embedding_options`: further CategoricalEmbedding arguments
+    (multi-hash compression), for the embeddings and the first-order weights alike."""
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        embedding_dim: int = 16,
+        mlp_units: Sequence[int] = (512, 256, 128),
+        embedding_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        require_integer("embedding_dim", embedding_dim)
+        require_integer_list("mlp_units", mlp_units)
+        self.table_sizes = list(table_sizes)
+        self.embedding_dim = embedding_dim
+        self.mlp_units = list(mlp_units)
+        self.embedding_options = dict(embedding_options or {})
+
+        self.embedding = CategoricalEmbedding(
+            self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
+        )
+        # The three logits are computed and summed in float32, where the sigmoid and the loss run.
+        self.linear = LinearLogit(self.table_sizes, self.embedding_options, dtype="float32", name="linear")
+        self.factorization_machine = FactorizationMachine(dtype="float32", name="factorization_machine")
+        self.deep_network = mlp(self.mlp_units, "deep_network")
+        self.deep_logit = keras.layers.Dense(1, dtype="float32", name="deep_logit")
+        self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
+
+    def call(self, inputs: dict[str, Any]) -> Any:
+        embedded = self.embedding(inputs[CATEGORICAL_INPUT])
+        linear = self.linear(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
+        pairwise = self.factorization_machine(embedded)
+        deep = self.deep_logit(self.deep_network(flatten_features(embedded, inputs[DENSE_INPUT])))
+        return self.head(ops.add(ops.add(linear, pairwise), deep))
+
+    def build(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
+        # Explicit so a loaded .keras model gets its weights before they are restored.
+        dense_shape, categorical_shape = tuple(input_shape[DENSE_INPUT]), tuple(input_shape[CATEGORICAL_INPUT])
+        self.embedding.build(categorical_shape)
+        self.linear.build(dense_shape, categorical_shape)
+        self.factorization_machine.build((None, len(self.table_sizes), self.embedding_dim))
+        self.deep_network.build((None, len(self.table_sizes) * self.embedding_dim + dense_shape[-1]))
+        self.deep_logit.build((None, self.mlp_units[-1]))
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            {
+                "table_sizes": list(self.table_sizes),
+                "embedding_dim": self.embedding_dim,
+                "mlp_units": list(self.mlp_units),
+                "embedding_options": dict(self.embedding_options),
+            }
+        )
+        return config
+
+
+def build_deepfm(config: TrainConfig, table_sizes: Sequence[int]) -> DeepFM:
+    return DeepFM(
+        table_sizes,
+        embedding_dim=config.embedding_dim,
+        mlp_units=config.mlp_units,
+        embedding_options=embedding_options(config),
+        name="deepfm",
+    )
