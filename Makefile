@@ -4,9 +4,12 @@ SHELL := /bin/bash
 .ONESHELL:
 .SHELLFLAGS := -eu -o pipefail -c
 WITH_ENV = env_dir=$$(tools/ensure_env.sh); export PATH="$$env_dir/bin:$$PATH" VIRTUAL_ENV="$$env_dir"
+# Benchmarks are scripts under bench/: the repository root goes on the path so they import the project.
+BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
-.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode clean
+.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode bench-input bench-train \
+	bench-naive bench-gpu bench-multi-hash clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -46,4 +49,21 @@ serve:
 	@$(WITH_ENV); python -m pipelines.cli serve
 
 bench-encode:
-	@$(WITH_ENV); python bench/bench_block_encode.py
+	@$(WITH_ENV); $(BENCH) bench/bench_block_encode.py
+
+bench-multi-hash:
+	@$(WITH_ENV); $(BENCH) bench/bench_multi_hash.py
+
+bench-input:
+	@$(WITH_ENV); $(BENCH) bench/bench_input.py
+
+bench-train:
+	@$(WITH_ENV); $(BENCH) bench/bench_train.py
+
+bench-naive:
+	@$(WITH_ENV); $(BENCH) bench/bench_naive.py
+
+# For an NVIDIA GPU host with JAX and no TensorFlow. BENCH_GPU_ARGS=--small: tiny sizes (a CPU check);
+# BENCH_GPU_ARGS=--data-only: only the TensorFlow-free write + read path.
+bench-gpu:
+	@$(WITH_ENV); KERAS_BACKEND=jax $(BENCH) bench/bench_gpu.py $(BENCH_GPU_ARGS)
