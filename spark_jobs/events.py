@@ -1,0 +1,394 @@
+"""Impression x click join with an attribution window, and point-in-time behaviour sequences.
+
+extract (event-time minute partitions of both streams) -> pure transforms -> load (Parquet + manifest):
+
+    impressions -- one per request_id --+
+                                        +-- full outer join on request_id -- label, click status -- samples
+    clicks ------- one per request_id --+                                                     \\-- metrics
+    samples + their attributed clicks -- last K clicked items strictly before each impression -- history
+
+Label: 1 iff the request's click has impression.ts <= click.ts <= impression.ts + W. Every distinct click is
+counted in exactly one of attributed / late (after W) / early (before its impression: clock skew, label 0) /
+orphan (no impression among those read), so none is dropped silently.
+
+Finality: minute t's samples need every click up to t + 1m + W, so a minute is final once the click stream is
+complete that far (`final_until`). A run producing `span` reads impressions from span.start - lookback and
+clicks from span.start - lookback to span.end + W (`plan_join`): the lookback feeds behaviour sequences and
+tells late clicks from orphans. Samples and metrics are kept for `span` only; impression counts belong to the
+impression's minute and click counts to the click's minute, so consecutive runs count every record once.
+
+Runnable with spark-submit:
+
+    spark-submit spark_jobs/events.py --data-root var --start 2026-01-01T00:00 --end 2026-01-01T01:00 \\
+        --output var/joined/20260101T0000-20260101T0100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from components.events import (
+    CLICKS,
+    CONTEXT_COLUMNS,
+    IMPRESSIONS,
+    ITEM_ID,
+    REQUEST_ID,
+    STREAM_SCHEMAS,
+    TS,
+    USER_ID,
+)
+from components.interval import Interval
+from components.layout import Layout
+from components.manifest import commit_dir, staging_dir, write_manifest
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL
+from components.synthetic import SUCCESS_MARKER
+
+CLICK_TS = "click_ts"  # time of the click that made the label 1, else null
+HISTORY = "history"
+MINUTE = "minute"
+SAMPLE_COLUMNS = (LABEL, *DENSE_FEATURES, *CATEGORICAL_FEATURES, USER_ID, ITEM_ID, *CONTEXT_COLUMNS,
+                  REQUEST_ID, TS, HISTORY)
+# Impression counts by the impression's minute, click counts by the click's minute.
+# clicks = attributed_clicks + late_clicks + early_clicks + orphan_clicks in every minute.
+IMPRESSION_METRICS = ("impressions", "duplicate_impressions", "positives")
+CLICK_METRICS = ("clicks", "duplicate_clicks", "attributed_clicks", "late_clicks", "early_clicks", "orphan_clicks")
+METRIC_COLUMNS = IMPRESSION_METRICS + CLICK_METRICS
+JOINED_KIND = "joined_samples"
+_ARROW_TO_SPARK = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int"}
+
+
+class EventInputError(ValueError):
+    """A raw event partition is missing, incomplete, or not in the expected schema."""
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+
+def final_until(watermark: datetime, window_s: int) -> datetime:
+    """The exclusive end of the final minutes, given that every click with ts < `watermark` has arrived.
+
+    Minute t is final when t + 1m + W <= watermark: its last impression's window has closed.
+    """
+    last_final = watermark - timedelta(seconds=window_s) - timedelta(minutes=1)
+    return last_final.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+def stream_watermark(layout: Layout, stream: str) -> datetime | None:
+    """The end of the newest complete (_SUCCESS) minute partition of `stream`, or None if there is none."""
+    newest = None
+    for marker in (layout.root / "raw" / stream).glob(f"date=*/minute=*/{SUCCESS_MARKER}"):
+        minute = datetime.strptime(f"{marker.parent.parent.name}{marker.parent.name}", "date=%Y-%m-%dminute=%H%M")
+        newest = max(newest or minute, minute)
+    return None if newest is None else newest.replace(tzinfo=UTC) + timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    span: Interval  # minutes whose samples and metrics the run produces
+    impressions: Interval  # impression partitions read
+    clicks: Interval  # click partitions read
+
+    def impression_minutes(self) -> list[datetime]:
+        return list(self.impressions.minutes())
+
+    def click_minutes(self) -> list[datetime]:
+        return list(self.clicks.minutes())
+
+
+def plan_join(span: Interval, window_s: int, lookback_s: int) -> JoinPlan:
+    lookback = timedelta(seconds=lookback_s)
+    return JoinPlan(
+        span=span,
+        impressions=Interval(span.start - lookback, span.end),
+        clicks=Interval(span.start - lookback, span.end + timedelta(seconds=window_s)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- extract
+
+
+def event_files(layout: Layout, stream: str, minutes: Iterable[datetime]) -> list[str]:
+    """The data files of the given minute partitions, after checking each is complete and in the schema."""
+    expected = STREAM_SCHEMAS[stream]
+    files = []
+    for minute in minutes:
+        directory = layout.raw_events_minute_dir(stream, minute)
+        if not (directory / SUCCESS_MARKER).exists():
+            raise EventInputError(
+                f"{stream} minute {minute:%Y-%m-%d %H:%M} is not complete: {directory} has no {SUCCESS_MARKER} "
+                "marker. Wait for the writer to finish (or re-run it), or join only minutes before "
+                "final_until(watermark)"
+            )
+        for path in sorted(directory.glob("part-*.parquet")):
+            check_event_schema(path, expected, stream)
+            files.append(str(path))
+    return files
+
+
+def check_event_schema(path: Path, expected: pa.Schema, stream: str) -> None:
+    """Reads the Parquet footer only; raises with every missing or mistyped column."""
+    actual = pq.read_schema(path)
+    problems = []
+    for field in expected:
+        index = actual.get_field_index(field.name)
+        if index < 0:
+            problems.append(f"column {field.name!r} is missing")
+        elif actual.field(index).type != field.type:
+            problems.append(f"column {field.name!r} is {actual.field(index).type}, expected {field.type}")
+    if problems:
+        raise EventInputError(
+            f"{path} is not a valid {stream} file: {'; '.join(problems)} (it has {len(actual.names)} columns, "
+            f"{len(expected.names)} expected: {', '.join(expected.names[:6])}, ...). Fix the producer and rewrite "
+            "the partition, or move it to quarantine"
+        )
+
+
+def spark_schema(stream: str) -> str:
+    return ", ".join(f"{field.name} {_ARROW_TO_SPARK[field.type]}" for field in STREAM_SCHEMAS[stream])
+
+
+def extract_events(spark: SparkSession, layout: Layout, stream: str, minutes: Iterable[datetime]) -> DataFrame:
+    files = event_files(layout, stream, minutes)
+    if not files:
+        return spark.createDataFrame([], spark_schema(stream))
+    return spark.read.schema(spark_schema(stream)).parquet(*files)
+
+
+# ---------------------------------------------------------------------------------------------- transforms
+
+
+def minute_of(ts_ms: Column) -> Column:
+    """Epoch milliseconds -> the start of their minute, also in epoch milliseconds."""
+    return (F.floor(ts_ms / 60_000) * 60_000).cast("long")
+
+
+def minute_label(minute_ms: Column) -> Column:
+    """Epoch milliseconds of a minute -> 'YYYY-MM-DD HH:MM' in UTC, whatever the session time zone."""
+    minutes = F.floor(minute_ms / 60_000)
+    days = F.floor(minutes / 1440)
+    of_day = minutes - days * 1440
+    date = F.date_add(F.lit("1970-01-01").cast("date"), days.cast("int")).cast("string")
+    return F.format_string("%s %02d:%02d", date, F.floor(of_day / 60).cast("int"), (of_day % 60).cast("int"))
+
+
+def join_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> tuple[DataFrame, DataFrame]:
+    """Labels every distinct impression and classifies every distinct click; returns (samples, metrics).
+
+    impressions: request_id, ts (epoch ms) and any payload columns, which are passed through.
+    clicks: request_id, ts. Both may hold duplicate deliveries. A request with several clicks keeps its
+    earliest; the others count as duplicate clicks. Duplicates are counted in the minute of the kept delivery.
+    samples: label, the payload columns, request_id, ts, click_ts. metrics: one row per minute, METRIC_COLUMNS.
+    The inputs are the whole world: a click whose impression is not in `impressions` is an orphan.
+    """
+    if window_s < 0:
+        raise ValueError(f"attribution window must be >= 0 seconds, got {window_s!r}")
+    window_ms = int(round(window_s * 1000))
+    payload = [name for name in impressions.columns if name not in (REQUEST_ID, TS)]
+    # Deliveries of one impression are copies; keep the earliest, ties broken by the whole row, so a re-run
+    # picks the same one even if a redelivery differs.
+    first = Window.partitionBy(REQUEST_ID).orderBy(TS, *payload)
+    distinct_impressions = (
+        impressions.withColumn("_delivery", F.row_number().over(first))
+        .withColumn("_impression_deliveries", F.count(F.lit(1)).over(Window.partitionBy(REQUEST_ID)))
+        .where(F.col("_delivery") == 1)
+        .drop("_delivery")
+        .withColumn("_impression", F.lit(True))
+    )
+    distinct_clicks = clicks.groupBy(REQUEST_ID).agg(
+        F.min(TS).alias("_click_ts"), F.count(F.lit(1)).alias("_click_deliveries")
+    )
+    delay = F.col("_click_ts") - F.col(TS)
+    status = (
+        F.when(F.col("_click_ts").isNull(), F.lit(None))
+        .when(F.col("_impression").isNull(), F.lit("orphan"))
+        .when(delay < 0, F.lit("early"))
+        .when(delay <= window_ms, F.lit("attributed"))
+        .otherwise(F.lit("late"))
+    )
+    joined = distinct_impressions.join(distinct_clicks, REQUEST_ID, "full").withColumn("_status", status)
+    attributed = F.coalesce(F.col("_status") == "attributed", F.lit(False))  # no click: status is null
+
+    samples = joined.where(F.col("_impression")).select(
+        attributed.cast("int").alias(LABEL), *payload, REQUEST_ID, TS,
+        F.when(attributed, F.col("_click_ts")).alias(CLICK_TS),
+    )
+
+    def is_status(name: str) -> Column:
+        return (F.col("_status") == name).cast("long")
+
+    zero = F.lit(0).cast("long")
+    impression_counts = F.struct(
+        minute_of(F.col(TS)).alias(MINUTE), F.lit(1).cast("long").alias("impressions"),
+        (F.col("_impression_deliveries") - 1).alias("duplicate_impressions"),
+        attributed.cast("long").alias("positives"),
+        *[zero.alias(name) for name in CLICK_METRICS],
+    )
+    click_counts = F.struct(
+        minute_of(F.col("_click_ts")).alias(MINUTE), *[zero.alias(name) for name in IMPRESSION_METRICS],
+        F.lit(1).cast("long").alias("clicks"), (F.col("_click_deliveries") - 1).alias("duplicate_clicks"),
+        is_status("attributed").alias("attributed_clicks"), is_status("late").alias("late_clicks"),
+        is_status("early").alias("early_clicks"), is_status("orphan").alias("orphan_clicks"),
+    )
+    metrics = (
+        joined.select(F.explode(F.array(
+            F.when(F.col("_impression"), impression_counts), F.when(F.col("_click_ts").isNotNull(), click_counts)
+        )).alias("counts"))
+        .where(F.col("counts").isNotNull())
+        .select("counts.*")
+        .groupBy(MINUTE)
+        .agg(*[F.sum(name).cast("long").alias(name) for name in METRIC_COLUMNS])
+    )
+    return samples, metrics
+
+
+def attributed_clicks(samples: DataFrame) -> DataFrame:
+    """The clicks that made a label 1, as (user_id, item_id, ts = click time, request_id).
+
+    Only attributed clicks enter behaviour sequences. A click's item and user are known only through its
+    impression, so orphans cannot be used. Late clicks are left out so that a sequence is built from the same
+    clicks as the labels; serving must apply the same rule (drop clicks more than W after their impression)
+    to the user history it reads, or training and serving see different sequences. Whether a click is
+    attributed is known the moment it arrives (both times are known then), so using only attributed clicks
+    leaks nothing from after the impression.
+    """
+    return samples.where(F.col(LABEL) == 1).select(USER_ID, ITEM_ID, F.col(CLICK_TS).alias(TS), REQUEST_ID)
+
+
+def behaviour_sequences(samples: DataFrame, clicks: DataFrame, k: int) -> DataFrame:
+    """Adds `history`: the user's last `k` clicked item ids with click time strictly before the sample's ts,
+    the most recent last (ties in click time ordered by request_id).
+
+    The click time, not the time of the clicked impression, decides "before": an impression shown before this
+    one but clicked after it must not be in its history. Each click gets the sequence of the k clicks up to
+    and including it (a sliding window), then each sample takes the sequence of the user's latest earlier
+    click (a running `last`) on one timeline per user where, at equal times, samples sort before clicks.
+    """
+    if k < 1:
+        raise ValueError(f"sequence length must be at least 1, got {k!r}")
+    by_click_time = Window.partitionBy(USER_ID).orderBy(TS, REQUEST_ID)
+    recent = clicks.select(
+        USER_ID, TS, F.lit(1).alias("_kind"), F.row_number().over(by_click_time).alias("_order"),
+        F.collect_list(ITEM_ID).over(by_click_time.rowsBetween(-(k - 1), Window.currentRow)).alias("_recent"),
+    )
+    timeline = (
+        Window.partitionBy(USER_ID).orderBy(TS, "_kind", "_order")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    events = samples.withColumn("_kind", F.lit(0)).withColumn("_order", F.lit(0))
+    return (
+        events.unionByName(recent, allowMissingColumns=True)
+        .withColumn(HISTORY, F.coalesce(F.last("_recent", ignorenulls=True).over(timeline),
+                                        F.array().cast("array<string>")))
+        .where(F.col("_kind") == 0)
+        .drop("_kind", "_order", "_recent")
+    )
+
+
+def within_span(samples: DataFrame, metrics: DataFrame, span: Interval) -> tuple[DataFrame, DataFrame]:
+    start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
+    return (samples.where((F.col(TS) >= start) & (F.col(TS) < end)),
+            metrics.where((F.col(MINUTE) >= start) & (F.col(MINUTE) < end)))
+
+
+def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, sequence_length: int,
+                  span: Interval) -> tuple[DataFrame, DataFrame]:
+    """The run's samples (SAMPLE_COLUMNS, ts in `span`) and metrics (minutes in `span`), from inputs read
+    according to `plan_join`. Metrics carry the minute as 'YYYY-MM-DD HH:MM'."""
+    joined, metrics = join_events(impressions, clicks, window_s)
+    samples, metrics = within_span(joined, metrics, span)
+    samples = behaviour_sequences(samples, attributed_clicks(joined), sequence_length)
+    metrics = metrics.withColumn(MINUTE, minute_label(F.col(MINUTE)))
+    return samples.select(*SAMPLE_COLUMNS), metrics
+
+
+def collect_metrics(metrics: DataFrame) -> dict[str, Any]:
+    """Totals of every metric plus the per-minute rows ('YYYY-MM-DD HH:MM'), ready for logs and MLflow."""
+    rows = sorted((row.asDict() for row in metrics.collect()), key=lambda row: row[MINUTE])
+    for row in rows:
+        if isinstance(row[MINUTE], int):  # straight from join_events: epoch milliseconds
+            row[MINUTE] = datetime.fromtimestamp(row[MINUTE] / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+    return {**{name: sum(row[name] for row in rows) for name in METRIC_COLUMNS}, "per_minute": rows}
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+def write_joined(samples: DataFrame, metrics: dict[str, Any], directory: Path, *, inputs: dict,
+                 num_files: int = 4) -> dict:
+    """Writes samples as Parquet and the metrics as JSON, then the manifest, and renames into place."""
+    staging = staging_dir(directory)
+    samples.repartition(num_files, REQUEST_ID).write.parquet(str(staging / "samples"))
+    (staging / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    files = sorted(str(path.relative_to(staging)) for path in (staging / "samples").glob("part-*.parquet"))
+    manifest = write_manifest(
+        staging, kind=JOINED_KIND, version=inputs.get("span", ""), files=[*files, "metrics.json"], inputs=inputs,
+        row_counts={"rows": metrics["impressions"], "positives": metrics["positives"]},
+        extra={"columns": list(SAMPLE_COLUMNS), "format": "parquet"},
+    )
+    commit_dir(staging, directory)
+    return manifest
+
+
+def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
+        lookback_s: int) -> dict:
+    watermark = stream_watermark(layout, CLICKS)
+    if watermark is None or span.end > final_until(watermark, window_s):
+        raise EventInputError(
+            f"minutes up to {span.end:%Y-%m-%d %H:%M} are not final: clicks are complete up to {watermark} and "
+            f"the attribution window is {window_s} s, so only minutes before "
+            f"{final_until(watermark, window_s) if watermark else 'any click partition'} can be joined; "
+            "wait for more clicks or end the span earlier"
+        )
+    plan = plan_join(span, window_s, lookback_s)
+    # The lookback may reach back before the first partition: read what exists there.
+    first = min((m for m in plan.impression_minutes()
+                 if layout.raw_events_minute_dir(IMPRESSIONS, m).exists()), default=span.start)
+    lookback = [m for m in plan.impression_minutes() if first <= m < span.start]
+    # Lookback impressions only classify clicks and name clicked items: Parquet reads just these columns.
+    impressions = extract_events(spark, layout, IMPRESSIONS, list(span.minutes())).unionByName(
+        extract_events(spark, layout, IMPRESSIONS, lookback).select(REQUEST_ID, TS, USER_ID, ITEM_ID),
+        allowMissingColumns=True,
+    )
+    clicks = extract_events(spark, layout, CLICKS, [m for m in plan.click_minutes() if m >= first])
+    samples, metrics = build_samples(impressions, clicks, window_s=window_s, sequence_length=sequence_length,
+                                     span=span)
+    collected = collect_metrics(metrics)
+    inputs = {"span": span.tag, **span.as_dict(), "window_s": window_s, "sequence_length": sequence_length,
+              "lookback_s": lookback_s}
+    write_joined(samples, collected, output, inputs=inputs)
+    return collected
+
+
+def main(argv: list[str] | None = None) -> None:
+    from components.config import EventsConfig, SparkConfig
+    from spark_jobs.session import get_spark
+
+    defaults = EventsConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--start", required=True, help="first minute, e.g. 2026-01-01T00:00 (UTC)")
+    parser.add_argument("--end", required=True, help="end minute (exclusive)")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--window-s", type=int, default=defaults.attribution_window_s)
+    parser.add_argument("--sequence-length", type=int, default=defaults.sequence_length)
+    parser.add_argument("--lookback-s", type=int, default=defaults.history_lookback_s)
+    args = parser.parse_args(argv)
+    spark = get_spark(SparkConfig(), "ctr-events")
+    collected = run(spark, Layout(Path(args.data_root)), Interval.parse(args.start, args.end), Path(args.output),
+                    window_s=args.window_s, sequence_length=args.sequence_length, lookback_s=args.lookback_s)
+    print(json.dumps({name: collected[name] for name in METRIC_COLUMNS}))
+
+
+if __name__ == "__main__":
+    main()
