@@ -119,6 +119,12 @@ class TrainConfig:
     row_sparse_updates: bool = True
     shuffle_buffer_blocks: int = 64
     log_every_steps: int = 20
+    # Training progress (weights and optimizer state) is saved every this many steps and at each epoch's end;
+    # a killed training resumes from the last save (trainer/progress.py).
+    checkpoint_every_steps: int = 500
+    # The daily run starts from the previous interval's checkpoint when there is one: rows of values still
+    # admitted are kept, new and evicted rows start fresh (trainer/warm_start.py).
+    warm_start: bool = True
     seed: int = 7
     # Multi-hash compression (trainer/layers/multi_hash_embedding.py): each feature named here gets
     # multi_hash_functions tables of multi_hash_buckets rows, combined by multi_hash_combiner ("sum" or

@@ -51,8 +51,12 @@ class Layout:
     def samples_dir(self, interval: Interval, split: str) -> Path:
         return self.root / "samples" / interval.tag / split
 
+    @property
+    def checkpoints_root(self) -> Path:
+        return self.root / "checkpoints"
+
     def checkpoint_dir(self, interval: Interval) -> Path:
-        return self.root / "checkpoints" / interval.tag
+        return self.checkpoints_root / interval.tag
 
     def evaluation_dir(self, interval: Interval) -> Path:
         return self.root / "evaluation" / interval.tag

@@ -180,9 +180,18 @@ def train(ctx: RunContext) -> dict:
         tracker.log_metrics({f"train.{k}": v for k, v in metrics.items()}, step=step)
         ctx.progress("train: step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 
+    warm_start = _warm_start(ctx, state)
     result = train_model(config, state.table_sizes(), train_files, eval_files,
                          ctx.layout.checkpoint_dir(ctx.interval),
-                         callbacks=[StepMetricsLogger(log_step, config.log_every_steps)])
+                         callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start)
+    if result.resumed_from_step is not None:
+        ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
+        tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})
+    if result.warm_start is not None:
+        ctx.progress("train: warm-started from %s: %s", warm_start.checkpoint_dir,
+                     ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in result.warm_start.items()))
+        tracker.log_metrics({f"train.warm_start.{k}": v for k, v in result.warm_start.items()})
+        tracker.set_tags({"train.warm_start_from": str(warm_start.checkpoint_dir)})
     evaluation_dir = ctx.layout.evaluation_dir(ctx.interval)
     evaluation_dir.mkdir(parents=True, exist_ok=True)
     np.savez(evaluation_dir / "predictions.npz", labels=result.eval_labels, predictions=result.eval_predictions)
@@ -190,9 +199,35 @@ def train(ctx: RunContext) -> dict:
                "history": result.history}
     write_json_atomic(evaluation_dir / "training.json", summary)
     tracker.log_metrics({"train.examples_per_second": result.examples_per_second})
+    tracker.log_params({f"train.flag.{k}": v for k, v in result.speed_flags.items()})
+    model_summary = evaluation_dir / "model_summary.txt"
+    lines: list[str] = []
+    result.model.summary(line_length=120, print_fn=lambda line, **_: lines.append(line), expand_nested=True)
+    model_summary.write_text("\n".join(lines) + "\n")
+    tracker.log_artifact(model_summary, "model")
     _log_training_curve(ctx, curve)
     ctx.progress("train: done, %.0f examples/s", result.examples_per_second)
     return {"checkpoint": str(ctx.layout.checkpoint_dir(ctx.interval))}
+
+
+def _warm_start(ctx: RunContext, state):
+    """The previous interval's checkpoint to start from, with the rows its feature-state update reset; None
+    when warm start is off or no earlier interval left a checkpoint."""
+    from components.manifest import ManifestError, read_manifest
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.train import WarmStart
+    from trainer.warm_start import reset_rows_by_feature
+
+    previous_state = ctx.layout.previous_feature_state_dir(ctx.interval)
+    if not ctx.config.train.warm_start or previous_state is None:
+        return None
+    checkpoint = ctx.layout.checkpoints_root / previous_state.name
+    try:
+        read_manifest(checkpoint, kind="checkpoint")
+    except ManifestError:
+        ctx.progress("train: no committed checkpoint for %s; training from scratch", previous_state.name)
+        return None
+    return WarmStart(checkpoint, reset_rows_by_feature(state.evicted_rows, state.new_rows, list(CATEGORICAL_FEATURES)))
 
 
 def _log_training_curve(ctx: RunContext, curve: list[tuple[int, dict]]) -> None:

@@ -82,7 +82,10 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["train.epochs"] == "2"
     assert run.data.params["features.min_count"] == "3"
-    assert len(run.data.params) == len(config.flat())
+    flags = {key for key in run.data.params if key.startswith("train.flag.")}
+    assert set(run.data.params) - flags == set(config.flat())
+    assert run.data.params["train.flag.row_sparse_updates"] == "True"  # the speed flags as they took effect
+    assert run.data.params["train.flag.micro_batch_size"] == "1024"
     for metric in ("eval.auc", "eval.logloss", "eval.planted_auc", "validation.rows", "train.loss",
                    "samples.train_rows", "gate.passed"):
         assert metric in run.data.metrics, metric
@@ -93,6 +96,11 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"validation", "manifests", "evaluation", "plots", "model"} <= artifacts
     assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/training_curve.png"]
+    summary = client.download_artifacts(run.info.run_id, "model/model_summary.txt", str(daily_run["root"]))
+    text = open(summary).read()
+    assert "embedding (CategoricalEmbedding)" in text and "Trainable params" in text
+    history = client.get_metric_history(run.info.run_id, "train.examples_per_second")
+    assert len(history) > 2 and all(point.value > 0 for point in history)
 
 
 def test_served_prediction_equals_model_on_preprocessed_raw_values(daily_run):

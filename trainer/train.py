@@ -23,8 +23,11 @@ from trainer.arguments import require_integer
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
 from trainer.optimizers import EmbeddingAdagrad
+from trainer.progress import ProgressCheckpoint, clear_progress, read_progress
+from trainer.warm_start import warm_start_weights
 
 MODEL_FILE = "model.keras"
+PROGRESS_DIR = "progress"
 CHECKPOINT_KIND = "checkpoint"
 MIXED_PRECISION_POLICY = "mixed_bfloat16"
 
@@ -44,13 +47,20 @@ class TrainResult:
     eval_predictions: np.ndarray
     # The speed settings in effect (see _speed_flags), for the run's log.
     speed_flags: dict[str, Any]
+    # Training batches applied in all (micro-batches when micro_batches > 1).
+    global_step: int = 0
+    # The step a killed run's saved progress resumed from, if it did.
+    resumed_from_step: int | None = None
+    # What warm_start_weights copied and reset, when the run was warm-started.
+    warm_start: dict[str, int] | None = None
 
 
 class StepMetricsLogger(keras.callbacks.Callback):
     """Calls `log_fn(metrics, step)` every `every_n_steps` training steps, and with the epoch's metrics
     (training and validation) at the end of each epoch. `step` counts training batches from 1.
 
-    Step metrics are Keras' running values over the epoch so far. Tracking adapters (MLflow) pass their own
+    Step metrics are Keras' running values over the epoch so far, plus `examples_per_second` over the steps
+    since the previous log (from the "num_examples" metric). Tracking adapters (MLflow) pass their own
     `log_fn`; the trainer knows no tracking library.
     """
 
@@ -60,11 +70,20 @@ class StepMetricsLogger(keras.callbacks.Callback):
         self.log_fn = log_fn
         self.every_n_steps = every_n_steps
         self.step = 0
+        self._last: tuple[float, float] | None = None  # (time, num_examples) at the previous log
+
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self._last = (time.perf_counter(), 0.0)
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         self.step += 1
         if self.step % self.every_n_steps == 0:
-            self.log_fn(_floats(logs), self.step)
+            metrics = _floats(logs)
+            now, examples = time.perf_counter(), metrics.get("num_examples")
+            if examples is not None and self._last is not None and now > self._last[0]:
+                metrics["examples_per_second"] = (examples - self._last[1]) / (now - self._last[0])
+                self._last = (now, examples)
+            self.log_fn(metrics, self.step)
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self.log_fn(_floats(logs), self.step)
@@ -94,13 +113,22 @@ class _ThroughputMeter(keras.callbacks.Callback):
         num_examples = int(_floats(logs)["num_examples"])
         self.num_examples_by_epoch.append(num_examples)
         start, skipped = self._epoch_start, 0
-        if epoch == 0 and self._first_step is not None:
+        if len(self.num_examples_by_epoch) == 1 and self._first_step is not None:  # the first epoch timed
             start, skipped = self._first_step
         self.timed_examples += num_examples - skipped
         self.timed_seconds += self._last_batch_end - start
 
     def examples_per_second(self) -> float:
         return self.timed_examples / self.timed_seconds if self.timed_seconds > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a run starts from: a previous checkpoint, and the rows to re-initialise by feature index
+    (trainer.warm_start.reset_rows_by_feature)."""
+
+    checkpoint_dir: Path
+    reset_rows: Mapping[int, Sequence[int]]
 
 
 def train_model(
@@ -112,6 +140,7 @@ def train_model(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     *,
     version: str | None = None,
+    warm_start: WarmStart | None = None,
 ) -> TrainResult:
     """Trains `config.model` on `train_files`, validates on `eval_files` after each epoch, and writes
     `checkpoint_dir/model.keras` and its manifest (kind "checkpoint", `version` or else a hash of the inputs).
@@ -120,6 +149,11 @@ def train_model(
     k micro-batches of batch_size / k rows (Keras, and StepMetricsLogger, count micro-batches as steps; the
     accumulated gradients are dense, so each micro-batch costs O(table) on the embeddings). `mixed_precision`
     trains under "mixed_bfloat16"; the global dtype policy is restored afterwards.
+
+    Progress is saved under `checkpoint_dir/progress` every `config.checkpoint_every_steps` steps and at each
+    epoch's end. A run with the same inputs that finds progress there resumes from it: same weights, optimizer
+    state, step count and data position (epoch e reads its files in the order of seed + e, and skips the
+    batches already applied). Otherwise `warm_start`, when given, seeds the weights from a previous checkpoint.
     """
     # Imported here: the input pipeline is tf.data, and the rest of this module (compile_model,
     # load_checkpoint, StepMetricsLogger) must import on JAX hosts without TensorFlow.
@@ -127,53 +161,79 @@ def train_model(
 
     micro_batch_size = _micro_batch_size(config)
     checkpoint_dir = Path(checkpoint_dir)
+    progress_dir = checkpoint_dir / PROGRESS_DIR
+    identity = _input_hash(config, table_sizes, train_files, eval_files)
+    resumed = read_progress(progress_dir, identity)
     keras.utils.set_random_seed(config.seed)
     previous_policy = keras.config.dtype_policy()
     if config.mixed_precision:
         keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
     strategy = _distribution_strategy()
+    warm_start_summary: dict[str, int] | None = None
     try:
         with strategy.scope():
             model = build_model(config, table_sizes)
             compile_model(model, config)
-        train_data = block_dataset(
-            train_files, micro_batch_size, shuffle=True, seed=config.seed,
-            shuffle_buffer_blocks=config.shuffle_buffer_blocks,
-        )
+            if resumed is not None:
+                model.optimizer.build(model.trainable_variables)
+                model.load_weights(progress_dir / resumed.weights)
+            elif warm_start is not None:
+                previous = load_checkpoint(warm_start.checkpoint_dir)
+                warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
         eval_data = block_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed)
         meter = _ThroughputMeter()
+        saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
+        for callback in callbacks:
+            if isinstance(callback, StepMetricsLogger) and resumed is not None:
+                callback.step = resumed.global_step
+        history: dict[str, list[float]] = {}
+        first_epoch = resumed.epoch if resumed else 0
         with warnings.catch_warnings():
             # Keras warns whenever a dataset of unknown length ends, which ours do at every epoch's end.
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            fitted = model.fit(
-                train_data,
-                validation_data=eval_data,
-                epochs=config.epochs,
-                callbacks=[meter, *callbacks],
-                shuffle=False,  # block_dataset shuffles
-                verbose=0,
-            )
+            for epoch in range(first_epoch, config.epochs):
+                train_data = block_dataset(
+                    train_files, micro_batch_size, shuffle=True, seed=config.seed + epoch,
+                    shuffle_buffer_blocks=config.shuffle_buffer_blocks,
+                )
+                if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
+                    train_data = train_data.skip(resumed.batches_done)
+                fitted = model.fit(
+                    train_data,
+                    validation_data=eval_data,
+                    initial_epoch=epoch,
+                    epochs=epoch + 1,
+                    callbacks=[meter, saver, *callbacks],
+                    shuffle=False,  # block_dataset shuffles
+                    verbose=0,
+                )
+                for name, values in fitted.history.items():
+                    history.setdefault(name, []).extend(float(v) for v in values)
             eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
     finally:
         keras.config.set_dtype_policy(previous_policy)
     eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
-    history = {name: [float(v) for v in values] for name, values in fitted.history.items()}
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     speed_flags = _speed_flags(config, strategy.num_replicas_in_sync)
 
     _save_checkpoint(
         model,
         checkpoint_dir,
-        version=version or _input_hash(config, table_sizes, train_files, eval_files),
-        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files]},
+        version=version or identity,
+        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
+                "warm_start": str(warm_start.checkpoint_dir) if warm_start_summary is not None else None},
         row_counts={"train": num_train_examples, "eval": len(eval_labels)},
         extra={
             "train_config": dataclasses.asdict(config),
             "table_sizes": dict(table_sizes),
             "final_metrics": {name: values[-1] for name, values in history.items()},
             "speed_flags": speed_flags,
+            "global_step": saver.global_step,
+            "resumed_from_step": resumed.global_step if resumed else None,
+            "warm_start": warm_start_summary,
         },
     )
+    clear_progress(progress_dir)  # the checkpoint supersedes it
     return TrainResult(
         model=model,
         history=history,
@@ -182,6 +242,9 @@ def train_model(
         eval_labels=eval_labels,
         eval_predictions=eval_predictions.reshape(-1).astype(np.float32),
         speed_flags=speed_flags,
+        global_step=saver.global_step,
+        resumed_from_step=resumed.global_step if resumed else None,
+        warm_start=warm_start_summary,
     )
 
 
