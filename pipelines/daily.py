@@ -187,6 +187,12 @@ def train(ctx: RunContext) -> dict:
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})
+    if result.calibration is not None:
+        ctx.progress("train: level calibrated on %d training rows: mean prediction %.4f -> %.4f (click rate %.4f), "
+                     "logit shift %+.3f", result.calibration["rows"], result.calibration["prediction_mean_before"],
+                     result.calibration["prediction_mean_after"], result.calibration["label_mean"],
+                     result.calibration["shift"])
+        tracker.log_metrics({f"train.calibration.{k}": v for k, v in result.calibration.items()})
     if result.warm_start is not None:
         ctx.progress("train: warm-started from %s: %s", warm_start.checkpoint_dir,
                      ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in result.warm_start.items()))

@@ -30,6 +30,9 @@ from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 
 # Files read at once when shuffling: enough to mix minutes, few enough to keep memory flat.
 MAX_PARALLEL_FILES = 8
+# Blocks parsed per parse_example call (bench/bench_input.py: 1, 2, 8 and 32 blocks of 1024 rows read at
+# 1.55, 2.1, 2.4 and 2.3 M rows/s on 2 shared cores).
+PARSE_BLOCKS = 8
 
 _BLOCK_FEATURES = {
     BLOCK_NUM_ROWS_KEY: tf.io.FixedLenFeature([1], tf.int64),
@@ -41,23 +44,36 @@ _BLOCK_FEATURES = {
 Features = dict[str, tf.Tensor]
 
 
-def parse_block(record: tf.Tensor) -> tuple[Features, tf.Tensor]:
-    """One serialized block -> ({"dense": [n, DENSE_INPUT_DIM], "categorical": [n, NUM_CATEGORICAL]},
-    label [n])."""
-    parsed = tf.io.parse_single_example(record, _BLOCK_FEATURES)
-    num_rows = parsed[BLOCK_NUM_ROWS_KEY][0]
+def parse_blocks(records: tf.Tensor) -> tuple[Features, tf.Tensor]:
+    """A batch of serialized blocks -> their rows, in order: ({"dense": [n, DENSE_INPUT_DIM], "categorical":
+    [n, NUM_CATEGORICAL]}, label [n]). One parse_example over several blocks costs less per row than one
+    parse per block (~1.5x faster reading here). Fails loudly when a block's columns do not hold its num_rows
+    rows."""
+    parsed = tf.io.parse_example(records, _BLOCK_FEATURES)
+    num_rows = parsed[BLOCK_NUM_ROWS_KEY][:, 0]
     labels = parsed[BLOCK_LABEL_KEY]
+
+    def lengths(name: str) -> tf.Tensor:
+        return tf.cast(parsed[name].row_lengths(), tf.int64)
+
     checks = [
-        tf.debugging.assert_equal(
-            tf.size(labels, out_type=tf.int64), num_rows, message="block label count differs from num_rows"
-        )
+        tf.debugging.assert_equal(lengths(BLOCK_LABEL_KEY), num_rows,
+                                  message="block label count differs from num_rows"),
+        tf.debugging.assert_equal(lengths(BLOCK_DENSE_KEY), num_rows * DENSE_INPUT_DIM,
+                                  message="block dense values differ from num_rows x DENSE_INPUT_DIM"),
+        tf.debugging.assert_equal(lengths(BLOCK_CATEGORICAL_KEY), num_rows * NUM_CATEGORICAL,
+                                  message="block categorical values differ from num_rows x NUM_CATEGORICAL"),
     ]
     with tf.control_dependencies(checks):
-        # reshape fails loudly when a packed column does not hold num_rows rows.
-        dense = tf.reshape(parsed[BLOCK_DENSE_KEY], [num_rows, DENSE_INPUT_DIM])
-        categorical = tf.reshape(parsed[BLOCK_CATEGORICAL_KEY], [num_rows, NUM_CATEGORICAL])
-        labels = tf.identity(labels)
+        dense = tf.reshape(parsed[BLOCK_DENSE_KEY].flat_values, [-1, DENSE_INPUT_DIM])
+        categorical = tf.reshape(parsed[BLOCK_CATEGORICAL_KEY].flat_values, [-1, NUM_CATEGORICAL])
+        labels = tf.identity(labels.flat_values)
     return {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical}, labels
+
+
+def parse_block(record: tf.Tensor) -> tuple[Features, tf.Tensor]:
+    """One serialized block -> its rows, as parse_blocks gives them."""
+    return parse_blocks(tf.expand_dims(record, 0))
 
 
 def block_dataset(
@@ -89,7 +105,7 @@ def block_dataset(
         records = records.shuffle(shuffle_buffer_blocks, seed=seed, reshuffle_each_iteration=True)
     else:
         records = file_names.interleave(tf.data.TFRecordDataset, cycle_length=1)
-    blocks = records.map(parse_block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    blocks = records.batch(PARSE_BLOCKS).map(parse_blocks, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # rebatch re-cuts blocks of any size into batches without a per-row element: 3.5-4.2 M rows/s here,
     # against 1.1-1.3 M rows/s for unbatch().batch() (2 cores, 600 K rows, batch 512 and 4096).
     return blocks.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)

@@ -20,6 +20,7 @@ import numpy as np
 from components.config import TrainConfig
 from components.manifest import read_manifest, write_manifest
 from trainer.arguments import require_integer
+from trainer.calibration import calibrate_level
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
 from trainer.optimizers import EmbeddingAdagrad
@@ -53,6 +54,8 @@ class TrainResult:
     resumed_from_step: int | None = None
     # What warm_start_weights copied and reset, when the run was warm-started.
     warm_start: dict[str, int] | None = None
+    # The level calibration applied after training (trainer.calibration.calibrate_level), if any.
+    calibration: dict[str, float] | None = None
 
 
 class StepMetricsLogger(keras.callbacks.Callback):
@@ -209,6 +212,10 @@ def train_model(
                 )
                 for name, values in fitted.history.items():
                     history.setdefault(name, []).extend(float(v) for v in values)
+            calibration = None
+            if config.calibrate:
+                rows = block_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed)
+                calibration = calibrate_level(model, rows.take(-(-config.calibration_rows // config.batch_size)))
             eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
     finally:
         keras.config.set_dtype_policy(previous_policy)
@@ -231,6 +238,7 @@ def train_model(
             "global_step": saver.global_step,
             "resumed_from_step": resumed.global_step if resumed else None,
             "warm_start": warm_start_summary,
+            "calibration": calibration,
         },
     )
     clear_progress(progress_dir)  # the checkpoint supersedes it
@@ -245,6 +253,7 @@ def train_model(
         global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None,
         warm_start=warm_start_summary,
+        calibration=calibration,
     )
 
 
