@@ -1,8 +1,10 @@
-"""Validation of raw click-log slices with great-expectations, and quarantine of the slices that fail.
+"""Validation of raw minute partitions with great-expectations, and quarantine of the ones that fail.
 
-The suite is code (`raw_click_log_suite`). Each minute partition is validated on its own so one bad minute
-is quarantined without touching the rest. A quarantined slice is moved, never deleted: the raw file and a
-report naming the failed expectations sit under <data_root>/quarantine/.
+Suites are code, one function per dataset (`raw_click_log_suite` here, the event streams' in
+components.event_validation); a `PartitionedDataset` says where a dataset's minute partitions live, how a
+partition is read for its suite, and where a failed one goes. Each minute partition is validated on its own so
+one bad minute is quarantined without touching the rest. A quarantined partition is moved, never deleted: the
+raw files and a report naming the failed expectations sit under <data_root>/quarantine/.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -51,7 +54,23 @@ class SliceResult:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.path}: " + "; ".join(parts)
 
 
-def read_raw_slice(path: str | Path) -> pd.DataFrame:
+@dataclass(frozen=True)
+class PartitionedDataset:
+    """A raw dataset in minute partitions, as validation sees it."""
+
+    name: str  # the suite's name, and the report's
+    suite_version: str  # bump when the suite changes: partitions validated before are validated again
+    suite: Callable[[], Any]  # () -> gx.ExpectationSuite
+    read: Callable[[Path, datetime], pd.DataFrame]  # (data file, minute) -> the frame the suite checks
+    minute_dir: Callable[[Layout, datetime], Path]
+    file_name: str  # the partition's data file
+    quarantine_dir: Callable[[Layout, datetime], Path]
+    # What one partition is called in messages, and what to do when none passed.
+    noun: str = "raw slice"
+    hint: str = "run `ctr generate` or check the ingest"
+
+
+def read_raw_slice(path: str | Path, minute: datetime | None = None) -> pd.DataFrame:
     """Reads a Criteo-layout TSV as strings (empty field -> None) plus the number of fields on each line."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
@@ -96,10 +115,10 @@ def raw_click_log_suite():
     return suite
 
 
-class RawSliceValidator:
-    """Holds one ephemeral great-expectations context and validates slices against the suite."""
+class SliceValidator:
+    """Holds one ephemeral great-expectations context and validates partitions against a dataset's suite."""
 
-    def __init__(self) -> None:
+    def __init__(self, dataset: PartitionedDataset) -> None:
         import great_expectations as gx
 
         logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -107,13 +126,14 @@ class RawSliceValidator:
 
         self._context = gx.get_context(mode="ephemeral")
         self._context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        self._dataset = dataset
         source = self._context.data_sources.add_pandas("raw")
-        asset = source.add_dataframe_asset(name=SUITE_NAME)
+        asset = source.add_dataframe_asset(name=dataset.name)
         self._batch_definition = asset.add_batch_definition_whole_dataframe("slice")
-        self._suite = self._context.suites.add(raw_click_log_suite())
+        self._suite = self._context.suites.add(dataset.suite())
 
     def validate(self, minute: datetime, path: Path) -> tuple[SliceResult, dict[str, Any]]:
-        frame = read_raw_slice(path)
+        frame = self._dataset.read(path, minute)
         batch = self._batch_definition.get_batch(batch_parameters={"dataframe": frame})
         result = batch.validate(self._suite, result_format={"result_format": "SUMMARY",
                                                             "partial_unexpected_count": MAX_UNEXPECTED_SHOWN})
@@ -138,11 +158,13 @@ class RawSliceValidator:
         )
 
 
-def quarantine(layout: Layout, result: SliceResult, full_report: dict[str, Any]) -> Path:
-    """Moves a failed slice out of the raw log, with its report. The raw bytes are kept untouched."""
-    target = layout.quarantine_minute_dir(result.minute)
+def quarantine(layout: Layout, result: SliceResult, full_report: dict[str, Any],
+               dataset: PartitionedDataset | None = None) -> Path:
+    """Moves a failed partition out of the raw data, with its report. The raw bytes are kept untouched."""
+    dataset = dataset or CLICK_LOG
+    target = dataset.quarantine_dir(layout, result.minute)
     target.mkdir(parents=True, exist_ok=True)
-    source_dir = layout.raw_minute_dir(result.minute)
+    source_dir = dataset.minute_dir(layout, result.minute)
     write_json_atomic(target / "report.json", {"summary": result.summary(), "failures": result.failures,
                                               "num_rows": result.num_rows, "source": str(source_dir),
                                               "great_expectations": full_report})
@@ -153,20 +175,22 @@ def quarantine(layout: Layout, result: SliceResult, full_report: dict[str, Any])
 
 
 def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path,
-                      progress=None) -> dict[str, Any]:
-    """Validates every raw minute partition of an interval; quarantines the ones that fail.
+                      progress=None, dataset: PartitionedDataset | None = None) -> dict[str, Any]:
+    """Validates every minute partition of `dataset` (the click log by default) in an interval; quarantines
+    the ones that fail.
 
     Returns the interval's report (also written to `report_path`). Raises DataValidationError, after
     quarantining, when any slice failed. A slice already validated with the same bytes and suite version
     is not validated again, so a re-run is cheap.
     """
-    validator: RawSliceValidator | None = None
+    dataset = dataset or CLICK_LOG
+    validator: SliceValidator | None = None
     passed, failed, missing = [], [], []
     for index, minute in enumerate(minutes):
-        directory = layout.raw_minute_dir(minute)
-        path = directory / RAW_FILE
+        directory = dataset.minute_dir(layout, minute)
+        path = directory / dataset.file_name
         if not path.exists():
-            quarantined = layout.quarantine_minute_dir(minute)
+            quarantined = dataset.quarantine_dir(layout, minute)
             (failed if quarantined.exists() else missing).append(
                 {"minute": minute.isoformat(), "quarantined": str(quarantined)} if quarantined.exists()
                 else minute.isoformat()
@@ -176,24 +200,25 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
         checksum = file_sha256(path)
         if marker.exists():
             previous = json.loads(marker.read_text())
-            if previous.get("sha256") == checksum and previous.get("suite_version") == SUITE_VERSION:
+            if previous.get("sha256") == checksum and previous.get("suite_version") == dataset.suite_version:
                 passed.append({"minute": minute.isoformat(), "rows": previous["num_rows"]})
                 continue
-        validator = validator or RawSliceValidator()
+        validator = validator or SliceValidator(dataset)
         result, full_report = validator.validate(minute, path)
         if result.success:
-            write_json_atomic(marker, {"sha256": checksum, "suite_version": SUITE_VERSION, "num_rows": result.num_rows})
+            write_json_atomic(marker, {"sha256": checksum, "suite_version": dataset.suite_version,
+                                       "num_rows": result.num_rows})
             passed.append({"minute": minute.isoformat(), "rows": result.num_rows})
         else:
-            target = quarantine(layout, result, full_report)
+            target = quarantine(layout, result, full_report, dataset)
             log.error("quarantined %s: %s", minute.isoformat(), result.summary())
             failed.append({"minute": minute.isoformat(), "quarantined": str(target), "summary": result.summary(),
                            "failures": result.failures, "newly_quarantined": True})
         if progress:
             progress(index + 1, len(minutes))
     report = {
-        "suite": SUITE_NAME,
-        "suite_version": SUITE_VERSION,
+        "suite": dataset.name,
+        "suite_version": dataset.suite_version,
         "num_slices": len(minutes),
         "num_passed": len(passed),
         "num_rows": sum(p["rows"] for p in passed),
@@ -206,13 +231,20 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
     if newly:
         lines = "\n".join(f"  - {f['summary']}" for f in newly)
         raise DataValidationError(
-            f"{len(newly)} raw slice(s) failed validation and were moved to quarantine (raw data kept, "
+            f"{len(newly)} {dataset.noun}(s) failed validation and were moved to quarantine (raw data kept, "
             f"nothing will train on them):\n{lines}\nFull report: {report_path}. Fix or drop the data and re-run "
             f"the task: the remaining slices are used and the quarantined ones are listed in the run's report."
         )
     if not passed:
         raise DataValidationError(
-            f"no valid raw slices in the interval ({len(missing)} missing, {len(failed)} quarantined): "
-            f"expected minute partitions under {layout.root / 'raw'}; run `ctr generate` or check the ingest"
+            f"no valid {dataset.noun}s in the interval ({len(missing)} missing, {len(failed)} "
+            f"quarantined): expected minute partitions under {layout.root / 'raw'}; {dataset.hint}"
         )
     return report
+
+
+CLICK_LOG = PartitionedDataset(
+    name=SUITE_NAME, suite_version=SUITE_VERSION, suite=raw_click_log_suite,
+    read=read_raw_slice, minute_dir=Layout.raw_minute_dir, file_name=RAW_FILE,
+    quarantine_dir=Layout.quarantine_minute_dir,
+)

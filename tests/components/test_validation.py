@@ -123,7 +123,7 @@ def test_read_raw_slice_marks_an_unterminated_last_line(tmp_path):
 def test_suite_has_one_expectation_per_column_rule():
     import great_expectations as gx
 
-    gx.get_context(mode="ephemeral")  # GX builds suites only with an active context, as RawSliceValidator has
+    gx.get_context(mode="ephemeral")  # GX builds suites only with an active context, as SliceValidator has
     suite = raw_click_log_suite()
     types = [e.expectation_type for e in suite.expectations]
     assert len(types) == 5 + 13 + 26
@@ -152,7 +152,7 @@ def test_clean_slices_pass_and_are_not_validated_twice(layout, tmp_path, monkeyp
     def fail():
         raise AssertionError("validated again")
 
-    monkeypatch.setattr(validation, "RawSliceValidator", fail)
+    monkeypatch.setattr(validation, "SliceValidator", fail)
     again = validate_interval(layout, [minute(0), minute(1)], tmp_path / "again.json")
     assert again["num_passed"] == 2 and again["num_rows"] == 2 * ROWS
 
