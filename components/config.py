@@ -84,6 +84,9 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class FeatureConfig:
+    # What the daily pipeline reads: "click_log" (labelled Criteo-layout minute slices, raw/click_log) or
+    # "events" (impression and click streams, raw/impressions and raw/clicks, labelled by the join step).
+    source: str = "click_log"
     # A categorical value gets its own embedding row after this many occurrences; rarer values share a row.
     min_count: int = 20
     # Share of the interval's minutes, taken from its end, held out for evaluation.

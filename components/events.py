@@ -270,6 +270,29 @@ def write_event_minute(table: pa.Table, directory: Path) -> Path:
     return final
 
 
+def planted_events_path(layout: Layout, minute: datetime) -> Path:
+    """Where the generator keeps the planted click probability of each impression of a minute (beside, not
+    inside, the raw streams: a real log has no such column)."""
+    return layout.root / "generated" / "planted_events" / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}.parquet"
+
+
+def planted_event_auc(layout: Layout, minutes: list[datetime], request_ids: np.ndarray,
+                      labels: np.ndarray) -> float | None:
+    """The planted model's AUC on samples (request ids and their joined labels) of `minutes`: the best any
+    model can reach on them. None when the generator's planted probabilities are not there (real data)."""
+    from components.evaluation import roc_auc
+
+    paths = [planted_events_path(layout, minute) for minute in minutes]
+    if not paths or not all(path.exists() for path in paths):
+        return None
+    planted = pa.concat_tables([pq.read_table(path) for path in paths])
+    probability = dict(zip(planted.column(REQUEST_ID).to_pylist(), planted.column("probability").to_pylist(),
+                           strict=True))
+    scores = np.array([probability.get(r, np.nan) for r in request_ids], dtype=np.float64)
+    known = ~np.isnan(scores)
+    return roc_auc(np.asarray(labels)[known], scores[known]) if known.any() else None
+
+
 def generate_events(generate: GenerateConfig, events: EventsConfig, layout: Layout, progress=None) -> dict:
     """Writes both streams for generate.minutes minutes from generate.start; returns counts of what was made."""
     check_events_config(generate, events)
@@ -292,6 +315,9 @@ def generate_events(generate: GenerateConfig, events: EventsConfig, layout: Layo
         write_event_minute(clicks, layout.raw_events_minute_dir(CLICKS, minute))
 
         truth = piece.truth
+        planted = planted_events_path(layout, minute)
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(truth.select([REQUEST_ID, "probability"]), planted)
         clicked = truth.column("clicked").to_numpy(zero_copy_only=False)
         click_ts = truth.column(TS).to_numpy() + truth.column("delay_ms").fill_null(0).to_numpy()
         totals["impressions"] += truth.num_rows - int(pc.sum(truth.column("lost")).as_py())

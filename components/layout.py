@@ -27,8 +27,15 @@ class Layout:
     def quarantine_minute_dir(self, minute: datetime) -> Path:
         return self.root / "quarantine" / RAW_DATASET / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
 
-    def validation_report(self, interval: Interval) -> Path:
-        return self.root / "validation" / interval.tag / "report.json"
+    def quarantine_events_minute_dir(self, stream: str, minute: datetime) -> Path:
+        return self.root / "quarantine" / stream / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
+
+    def joined_dir(self, interval: Interval) -> Path:
+        """Impressions joined with their clicks (labels, behaviour sequences) as Parquet, with a manifest."""
+        return self.root / "joined" / interval.tag
+
+    def validation_report(self, interval: Interval, dataset: str = "report") -> Path:
+        return self.root / "validation" / interval.tag / f"{dataset}.json"
 
     def feature_state_dir(self, interval: Interval) -> Path:
         return self.root / "features" / interval.tag

@@ -41,6 +41,14 @@ class DataValidationError(RuntimeError):
     """A raw slice failed validation. The message names the failed expectations and the report's path."""
 
 
+class PartitionReadError(ValueError):
+    """A partition cannot be read into the frame its suite checks (not the file format, wrong schema)."""
+
+    def __init__(self, check: str, detail: str) -> None:
+        super().__init__(detail)
+        self.check, self.detail = check, detail
+
+
 @dataclass(frozen=True)
 class SliceResult:
     minute: datetime
@@ -133,7 +141,11 @@ class SliceValidator:
         self._suite = self._context.suites.add(dataset.suite())
 
     def validate(self, minute: datetime, path: Path) -> tuple[SliceResult, dict[str, Any]]:
-        frame = self._dataset.read(path, minute)
+        try:
+            frame = self._dataset.read(path, minute)
+        except PartitionReadError as err:
+            failure = {"expectation": err.check, "column": None, "kwargs": {}, "detail": err.detail}
+            return SliceResult(minute, str(path), False, 0, [failure]), {"success": False, "read_error": err.detail}
         batch = self._batch_definition.get_batch(batch_parameters={"dataframe": frame})
         result = batch.validate(self._suite, result_format={"result_format": "SUMMARY",
                                                             "partial_unexpected_count": MAX_UNEXPECTED_SHOWN})

@@ -1,6 +1,7 @@
 """`ctr`: the command line of the CTR pipeline.
 
     ctr generate                      write a synthetic click log (minute partitions)
+    ctr generate --events             write impression and click streams instead (joined by the pipeline)
     ctr run daily --date 2026-01-01   run the daily pipeline without Airflow
     ctr serve                         serve the newest published model (TF-Serving REST API)
     ctr airflow dags list             the Airflow CLI on the project's embedded settings
@@ -44,6 +45,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if done == total or done % max(1, total // 10) == 0:
             print(f"  generated {done}/{total} minutes", flush=True)
 
+    if args.events:
+        from components.events import generate_events
+
+        summary = generate_events(config.generate, config.events, Layout(config.paths.root), progress=progress)
+        print(json.dumps(summary, indent=2))
+        print("impression and click streams written; run the daily pipeline on them with "
+              "--set features.source=events")
+        return 0
     summary = generate(config.generate, Layout(config.paths.root), progress=progress)
     print(json.dumps(summary, indent=2))
     print(f"planted model AUC (best achievable): {summary['planted_auc']:.4f}")
@@ -114,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-minute", type=int)
     p.add_argument("--start", help="first minute, ISO time (UTC)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--events", action="store_true",
+                   help="write impression and click streams (raw/impressions, raw/clicks) instead of a labelled log")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("run", parents=[common], help="run a pipeline without Airflow")

@@ -1,9 +1,12 @@
 """The daily pipeline, defined once: the Airflow DAG `ctr_daily` and `ctr run daily` both run these steps.
 
-validate -> features -> samples -> train -> evaluate -> export. Each step is a transaction on its data
-interval: it reads the manifests its predecessor committed, writes its own outputs under paths that are a
-function of the interval (re-runs replace them), and logs to the run's MLflow run. Heavy libraries are
-imported inside the steps so the DAG file parses fast.
+validate -> join (event streams only) -> features -> samples -> train -> evaluate -> export. Each step is a
+transaction on its data interval: it reads the manifests its predecessor committed, writes its own outputs
+under paths that are a function of the interval (re-runs replace them), and logs to the run's MLflow run.
+Heavy libraries are imported inside the steps so the DAG file parses fast.
+
+`features.source` picks the input: "click_log" (labelled Criteo-layout slices) or "events" (impression and
+click streams, labelled by the join step; the join is a no-op for the click log).
 """
 
 from __future__ import annotations
@@ -18,19 +21,39 @@ from pipelines.context import RunContext, Step
 MODEL_NAME = "ctr"
 
 
+SOURCES = ("click_log", "events")
+
+
+def _source(ctx: RunContext) -> str:
+    from components.config import ConfigError
+
+    source = ctx.config.features.source
+    if source not in SOURCES:
+        raise ConfigError(f"features.source={source!r} is not a known input; expected one of {list(SOURCES)}")
+    return source
+
+
 def split_minutes(ctx: RunContext) -> tuple[list, list]:
     """The interval's minutes that hold (validated) raw data, split in time: the last `eval_fraction` of them
     are held out for evaluation, so the model is always scored on traffic later than what it trained on."""
-    from components.validation import RAW_FILE
-
-    minutes = [m for m in ctx.interval.minutes() if (ctx.layout.raw_minute_dir(m) / RAW_FILE).exists()]
+    minutes = [m for m in ctx.interval.minutes() if _has_data(ctx, m)]
     if len(minutes) < 2:
         raise RuntimeError(
-            f"{ctx.interval.tag} has {len(minutes)} minute slice(s) of raw data; at least 2 are needed to train on "
-            f"earlier minutes and evaluate on later ones (data root {ctx.layout.root})"
+            f"{ctx.interval.tag} has {len(minutes)} minute slice(s) of {_source(ctx)} data; at least 2 are needed "
+            f"to train on earlier minutes and evaluate on later ones (data root {ctx.layout.root})"
         )
     num_eval = max(1, math.ceil(len(minutes) * ctx.config.features.eval_fraction))
     return minutes[:-num_eval], minutes[-num_eval:]
+
+
+def _has_data(ctx: RunContext, minute) -> bool:
+    if _source(ctx) == "events":
+        from components.events import EVENT_FILE, IMPRESSIONS
+
+        return (ctx.layout.raw_events_minute_dir(IMPRESSIONS, minute) / EVENT_FILE).exists()
+    from components.validation import RAW_FILE
+
+    return (ctx.layout.raw_minute_dir(minute) / RAW_FILE).exists()
 
 
 def _raw_paths(ctx: RunContext, minutes) -> list[str]:
@@ -44,26 +67,89 @@ def _raw_paths(ctx: RunContext, minutes) -> list[str]:
     return paths
 
 
+def _input_frame(ctx: RunContext, spark, minutes):
+    """Parsed, labelled rows of `minutes` (label, dense doubles, categorical strings, minute), with the number
+    of minutes they come from: click-log slices, or the join's samples."""
+    if _source(ctx) == "events":
+        from components.manifest import read_manifest
+        from spark_jobs.events import JOINED_KIND, joined_rows
+
+        directory = ctx.layout.joined_dir(ctx.interval)
+        read_manifest(directory, kind=JOINED_KIND)
+        return joined_rows(spark, directory, minutes), len(minutes)
+    from spark_jobs.raw import extract_raw, parse_raw
+
+    paths = _raw_paths(ctx, minutes)
+    return (parse_raw(extract_raw(spark, paths)) if paths else None), len(paths)
+
+
 def validate(ctx: RunContext) -> dict:
-    from components.validation import validate_interval
+    from components.validation import DataValidationError, validate_interval
 
     minutes = list(ctx.interval.minutes())
     ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
-    report_path = ctx.layout.validation_report(ctx.interval)
     tracker = ctx.tracker
     tracker.log_params(ctx.config.flat())
-    try:
-        report = validate_interval(ctx.layout, minutes, report_path)
-    finally:
-        if report_path.exists():
-            tracker.log_artifact(report_path, "validation")
-    tracker.log_metrics({"validation.slices_passed": report["num_passed"],
-                         "validation.slices_failed": len(report["failed"]),
-                         "validation.slices_missing": len(report["missing"]),
-                         "validation.rows": report["num_rows"]})
-    ctx.progress("validate: %d slices passed, %d quarantined, %d missing, %d rows", report["num_passed"],
-                 len(report["failed"]), len(report["missing"]), report["num_rows"])
-    return {"report": str(report_path), "rows": report["num_rows"]}
+    if _source(ctx) == "events":
+        from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
+
+        datasets = [IMPRESSIONS_DATASET, CLICKS_DATASET]
+    else:
+        datasets = [None]  # the click log
+    out, errors = {}, []
+    for dataset in datasets:
+        name = dataset.name if dataset else "click_log"
+        report_path = ctx.layout.validation_report(ctx.interval, name if dataset else "report")
+        try:
+            report = validate_interval(ctx.layout, minutes, report_path, dataset=dataset)
+        except DataValidationError as err:  # the other streams are still validated; the run fails below
+            errors.append(str(err))
+            report = json.loads(report_path.read_text()) if report_path.exists() else None
+        finally:
+            if report_path.exists():
+                tracker.log_artifact(report_path, "validation")
+        if report is None:
+            continue
+        prefix = "validation" if dataset is None else f"validation.{name}"
+        tracker.log_metrics({f"{prefix}.slices_passed": report["num_passed"],
+                             f"{prefix}.slices_failed": len(report["failed"]),
+                             f"{prefix}.slices_missing": len(report["missing"]),
+                             f"{prefix}.rows": report["num_rows"]})
+        ctx.progress("validate: %s: %d slices passed, %d quarantined, %d missing, %d rows", name,
+                     report["num_passed"], len(report["failed"]), len(report["missing"]), report["num_rows"])
+        out[name] = {"report": str(report_path), "rows": report["num_rows"]}
+    if errors:
+        raise DataValidationError("\n".join(errors))
+    return out if datasets != [None] else out["click_log"]
+
+
+def join(ctx: RunContext) -> dict:
+    """Events only: impressions joined with their clicks (label within the attribution window, behaviour
+    sequences), validated, as Parquet under joined/<interval>."""
+    if _source(ctx) != "events":
+        ctx.progress("join: nothing to join, the click log is labelled")
+        return {"skipped": "features.source=click_log"}
+    from spark_jobs.events import run as run_join
+    from spark_jobs.events import validate_joined
+
+    events = ctx.config.events
+    directory = ctx.layout.joined_dir(ctx.interval)
+    started = time.monotonic()
+    ctx.progress("join: impressions x clicks for %s with Spark (window %d s, sequences of %d)", ctx.interval.tag,
+                 events.attribution_window_s, events.sequence_length)
+    metrics = run_join(_spark(ctx), ctx.layout, ctx.interval, directory, window_s=events.attribution_window_s,
+                       sequence_length=events.sequence_length, lookback_s=events.history_lookback_s)
+    totals = {name: value for name, value in metrics.items() if name != "per_minute"}
+    ctx.tracker.log_metrics({f"join.{name}": value for name, value in totals.items()}
+                            | {"join.seconds": time.monotonic() - started})
+    ctx.tracker.log_artifact(directory / "metrics.json", "join")
+    ctx.progress("join: %d impressions, %d positives; clicks: %d attributed, %d late (after the window, counted, "
+                 "not labelled), %d orphan, %d duplicate deliveries; %.0f s", totals["impressions"],
+                 totals["positives"], totals["attributed_clicks"], totals["late_clicks"], totals["orphan_clicks"],
+                 totals["duplicate_clicks"], time.monotonic() - started)
+    validate_joined(ctx.layout, directory, events.sequence_length,
+                    ctx.layout.validation_report(ctx.interval, "joined_samples"), ctx.interval.start)
+    return {"joined": str(directory), **totals}
 
 
 def _spark(ctx: RunContext):
@@ -77,16 +163,15 @@ def features(ctx: RunContext) -> dict:
     from components.interval import day_number
     from components.manifest import read_manifest
     from spark_jobs.features import build_feature_state, write_feature_state
-    from spark_jobs.raw import extract_raw, parse_raw
 
     train_minutes, _ = split_minutes(ctx)
-    paths = _raw_paths(ctx, train_minutes)
-    if not paths:
-        raise RuntimeError(f"no validated raw slices to build features from in {ctx.interval.tag}; run validate first")
-    ctx.progress("features: building vocabularies from %d training minute slices with Spark", len(paths))
     started = time.monotonic()
     spark = _spark(ctx)
-    frame = parse_raw(extract_raw(spark, paths)).cache()
+    frame, num_slices = _input_frame(ctx, spark, train_minutes)
+    if frame is None:
+        raise RuntimeError(f"no validated raw slices to build features from in {ctx.interval.tag}; run validate first")
+    ctx.progress("features: building vocabularies from %d training minute slices with Spark", num_slices)
+    frame = frame.cache()
     num_rows = frame.count()
     previous_dir = ctx.layout.previous_feature_state_dir(ctx.interval)
     previous = load_feature_state(previous_dir) if previous_dir is not None else None
@@ -96,7 +181,7 @@ def features(ctx: RunContext) -> dict:
                                 version=f"daily-{ctx.interval.tag}", evict=True)
     frame.unpersist()
     directory = ctx.layout.feature_state_dir(ctx.interval)
-    write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": len(paths),
+    write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": num_slices,
                                                   "parent": previous.version if previous else None},
                         num_rows=num_rows)
     manifest = read_manifest(directory)
@@ -118,7 +203,6 @@ def features(ctx: RunContext) -> dict:
 def samples(ctx: RunContext) -> dict:
     from components.feature_state import load_feature_state
     from components.manifest import read_manifest
-    from spark_jobs.raw import extract_raw, parse_raw
     from spark_jobs.samples import write_samples
 
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
@@ -127,16 +211,16 @@ def samples(ctx: RunContext) -> dict:
     spark = _spark(ctx)
     out = {}
     for split, minutes in zip(("train", "eval"), split_minutes(ctx), strict=True):
-        paths = _raw_paths(ctx, minutes)
-        if not paths:
+        frame, num_slices = _input_frame(ctx, spark, minutes)
+        if frame is None:
             raise RuntimeError(f"no validated raw slices for the {split} split of {ctx.interval.tag}")
         started = time.monotonic()
         directory = ctx.layout.samples_dir(ctx.interval, split)
         manifest = write_samples(
-            parse_raw(extract_raw(spark, paths)), state, directory, split=split,
+            frame, state, directory, split=split,
             block_rows=ctx.config.features.block_rows, num_shards=ctx.config.features.num_shards,
             seed=ctx.config.features.seed,
-            inputs={"interval": ctx.interval.tag, "raw_slices": len(paths),
+            inputs={"interval": ctx.interval.tag, "raw_slices": num_slices, "source": _source(ctx),
                     "feature_state": {"version": state.version, "path": str(state_dir),
                                       "manifest_created_at": state_manifest["created_at"]}},
         )
@@ -272,7 +356,12 @@ def evaluate(ctx: RunContext) -> dict:
     data = np.load(evaluation_dir / "predictions.npz")
     evaluation = compute(data["labels"], data["predictions"])
     _, eval_minutes = split_minutes(ctx)
-    best = planted_auc(ctx.layout, eval_minutes)
+    if _source(ctx) == "events":
+        from spark_jobs.events import planted_auc_of_joined
+
+        best = planted_auc_of_joined(ctx.layout, ctx.layout.joined_dir(ctx.interval), eval_minutes)
+    else:
+        best = planted_auc(ctx.layout, eval_minutes)
     failures = check_gate(evaluation, ctx.config.gate)
     report = {"metrics": evaluation.metrics(), "planted_auc": best, "gate": {"passed": not failures,
               "failures": failures, "config": ctx.config.gate.__dict__}}
@@ -337,6 +426,7 @@ def export(ctx: RunContext) -> dict:
 
 STEPS: tuple[Step, ...] = (
     Step("validate", "great-expectations validation of the raw minute slices; bad slices quarantined", validate),
+    Step("join", "Spark: impressions x clicks in the attribution window, behaviour sequences (events only)", join),
     Step("features", "Spark: vocabularies with min-count admission and dense transforms", features),
     Step("samples", "Spark: block TFRecords for the train and eval splits", samples),
     Step("train", "Keras 3 training from block TFRecords", train),

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -124,6 +125,8 @@ def event_files(layout: Layout, stream: str, minutes: Iterable[datetime]) -> lis
     files = []
     for minute in minutes:
         directory = layout.raw_events_minute_dir(stream, minute)
+        if _quarantined(layout, stream, minute):  # failed validation: moved out, read as an empty minute
+            continue
         if not (directory / SUCCESS_MARKER).exists():
             raise EventInputError(
                 f"{stream} minute {minute:%Y-%m-%d %H:%M} is not complete: {directory} has no {SUCCESS_MARKER} "
@@ -134,6 +137,10 @@ def event_files(layout: Layout, stream: str, minutes: Iterable[datetime]) -> lis
             check_event_schema(path, expected, stream)
             files.append(str(path))
     return files
+
+
+def _quarantined(layout: Layout, stream: str, minute: datetime) -> bool:
+    return (layout.quarantine_events_minute_dir(stream, minute) / "report.json").exists()
 
 
 def check_event_schema(path: Path, expected: pa.Schema, stream: str) -> None:
@@ -368,6 +375,76 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
               "lookback_s": lookback_s}
     write_joined(samples, collected, output, inputs=inputs)
     return collected
+
+
+def _joined_table(directory: Path, columns: list[str]) -> pa.Table:
+    return pq.read_table(directory / "samples", columns=columns)
+
+
+def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime]) -> DataFrame:
+    """The join's samples of `minutes` as the feature and sample jobs read rows: label int, dense doubles,
+    categorical strings and the minute ('YYYY-MM-DD HH:MM'), like spark_jobs.raw.parse_raw gives them."""
+    start = int(min(minutes).timestamp() * 1000)
+    end = int(max(minutes).timestamp() * 1000) + 60_000
+    frame = spark.read.parquet(str(directory / "samples"))
+    return frame.where((F.col(TS) >= start) & (F.col(TS) < end)).select(
+        F.col(LABEL).cast("int").alias(LABEL),
+        *[F.col(name).cast("double").alias(name) for name in DENSE_FEATURES],
+        *[F.col(name) for name in CATEGORICAL_FEATURES],
+        F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE),
+    )
+
+
+def validate_joined(layout: Layout, directory: Path, sequence_length: int, report_path: Path,
+                    span_start: datetime) -> dict[str, Any]:
+    """Runs the joined-samples suite (components.event_validation) on the join's output. On failure the
+    output moves to quarantine/joined/<span> with its report (nothing trains on it) and DataValidationError
+    says why; the raw streams are untouched, so a fixed join can be re-run."""
+    import shutil
+
+    from components.event_validation import HISTORY_LENGTH_COLUMN, SUITE_VERSION, joined_samples_suite
+    from components.manifest import write_json_atomic
+    from components.validation import DataValidationError, PartitionedDataset, SliceValidator
+
+    table = _joined_table(directory, [LABEL, REQUEST_ID, HISTORY])
+    frame = table.select([LABEL, REQUEST_ID]).to_pandas()
+    frame[HISTORY_LENGTH_COLUMN] = pa.compute.list_value_length(table.column(HISTORY)).to_numpy(
+        zero_copy_only=False)
+    dataset = PartitionedDataset(
+        name="joined_samples", suite_version=SUITE_VERSION, suite=lambda: joined_samples_suite(sequence_length),
+        read=lambda path, minute: frame, minute_dir=lambda layout, minute: directory, file_name="samples",
+        quarantine_dir=lambda layout, minute: layout.root / "quarantine" / "joined" / directory.name,
+        noun="joined span",
+    )
+    result, full_report = SliceValidator(dataset).validate(span_start, directory)
+    report = {"suite": dataset.name, "success": result.success, "num_rows": result.num_rows,
+              "failures": result.failures, "great_expectations": full_report}
+    write_json_atomic(report_path, report)
+    if not result.success:
+        target = dataset.quarantine_dir(layout, None)
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        directory.rename(target)
+        reasons = "; ".join(f"{f['expectation']}({f.get('column') or 'table'}): {f['detail']}"
+                            for f in result.failures)
+        raise DataValidationError(
+            f"the joined samples of {directory.name} failed validation and were moved to {target} (nothing "
+            f"trains on them; the raw streams are kept): {reasons}. Full report: {report_path}"
+        )
+    return report
+
+
+def planted_auc_of_joined(layout: Layout, directory: Path, minutes: list[datetime]) -> float | None:
+    """The planted model's AUC on the joined labels of `minutes`, or None for data the generator did not make."""
+    from components.events import planted_event_auc
+
+    table = _joined_table(directory, [REQUEST_ID, TS, LABEL])
+    start = int(min(minutes).timestamp() * 1000)
+    end = int(max(minutes).timestamp() * 1000) + 60_000
+    ts = table.column(TS).to_numpy()
+    keep = (ts >= start) & (ts < end)
+    return planted_event_auc(layout, minutes, table.column(REQUEST_ID).to_numpy(zero_copy_only=False)[keep],
+                             table.column(LABEL).to_numpy(zero_copy_only=False)[keep])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -249,7 +249,7 @@ def test_flat_has_every_field_as_a_string():
         "spark.shuffle_partitions": "4",
         "features.eval_fraction": "0.1",
         "train.model": "dcnv2",
-        "gate.max_calibration_error": "0.3",
+        "gate.max_calibration_error": "0.15",
         "tracking.experiment": "ctr",
         "serving.poll_seconds": "1.0",
     }
