@@ -9,7 +9,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-multi-hash bench-quality clean
+	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -65,6 +65,9 @@ bench-naive:
 
 bench-quality:
 	@$(WITH_ENV); $(BENCH) bench/bench_quality.py $(BENCH_QUALITY_ARGS)
+
+bench-spark:
+	@$(WITH_ENV); $(BENCH) bench/bench_spark.py $(BENCH_SPARK_ARGS)
 
 # For an NVIDIA GPU host with JAX and no TensorFlow. BENCH_GPU_ARGS=--small: tiny sizes (a CPU check);
 # BENCH_GPU_ARGS=--data-only: only the TensorFlow-free write + read path.

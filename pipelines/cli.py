@@ -4,6 +4,7 @@
     ctr generate --events             write impression and click streams instead (joined by the pipeline)
     ctr run daily --date 2026-01-01   run the daily pipeline without Airflow
     ctr serve                         serve the newest published model (TF-Serving REST API)
+    ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
     ctr airflow dags list             the Airflow CLI on the project's embedded settings
     ctr ui airflow | ctr ui mlflow    open the Airflow UI / the MLflow UI on this data
 """
@@ -89,6 +90,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_connect(args: argparse.Namespace) -> int:
+    """A Spark Connect server in the foreground, for SPARK_REMOTE: per-minute jobs skip Spark's start-up."""
+    import time
+
+    from spark_jobs.connect import DEFAULT_PORT, start_connect_server
+
+    config = _config(args)
+    port = args.port or DEFAULT_PORT
+    server = start_connect_server(config.spark, port, log_dir=config.paths.root / "logs")
+    print(f"Spark Connect server on {server.url} (log: {server.log_path}); use it with "
+          f"SPARK_REMOTE={server.url}. Ctrl-C stops it.", flush=True)
+    try:
+        while server.process.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
 def cmd_airflow(args: argparse.Namespace) -> int:
     from pipelines.airflow_env import airflow_environment
 
@@ -140,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("spark-connect", parents=[common], help="run a Spark Connect server (SPARK_REMOTE)")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_spark_connect)
 
     p = sub.add_parser("airflow", parents=[common], help="the Airflow CLI on the project's embedded settings")
     p.add_argument("airflow_args", nargs=argparse.REMAINDER)

@@ -1,0 +1,152 @@
+"""Spark data path speed: impression and click streams -> join (labels, behaviour sequences) -> feature state ->
+block TFRecords, on local[2], against Spark's own Parquet write of the same samples in the same run; and one
+minute of traffic through a Spark Connect server, end to end. Writes bench/results/spark.json.
+
+    make bench-spark                                          # 2 M impressions (~10 min here)
+    make bench-spark BENCH_SPARK_ARGS="--impressions 200000"  # a quick look
+
+rows_per_s: impressions / seconds of join + features + samples (generation, a numpy stand-in for the log
+shippers, is timed apart). parquet_rows_per_s: the joined samples of the same span read and written by
+Spark's Parquet writer. ratio = rows_per_s / parquet_rows_per_s.
+minute_job_s: one minute at 1,000 impressions/s (60 K) joined, folded into the feature state (no eviction)
+and written as block TFRecords through Spark Connect, the server already warm (its first job, `cold`, too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from components.config import EventsConfig, FeatureConfig, GenerateConfig, SparkConfig
+from components.events import generate_events
+from components.interval import Interval, _parse_time
+from components.layout import Layout
+
+START = "2026-01-01T00:00"
+WINDOW_S = 600
+MINUTE_RATE = 60_000  # impressions in one minute at 1,000 per second
+
+
+def timed(fn) -> tuple[Any, float]:
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def generate(root: Path, minutes: int, rows_per_minute: int) -> dict:
+    """`minutes` of traffic plus enough later minutes of clicks for every impression's window to close."""
+    extra = math.ceil(WINDOW_S / 60) + 1
+    config = GenerateConfig(start=START, minutes=minutes + extra, rows_per_minute=rows_per_minute)
+    return generate_events(config, EventsConfig(attribution_window_s=WINDOW_S), Layout(root))
+
+
+def data_path(spark, root: Path, span: Interval, features: FeatureConfig, previous=None) -> dict[str, float]:
+    """join -> features -> samples for `span`, each stage timed."""
+    from spark_jobs.events import joined_rows, run
+    from spark_jobs.features import build_feature_state
+    from spark_jobs.samples import write_samples
+
+    layout = Layout(root)
+    joined = root / "joined" / span.tag
+    events = EventsConfig(attribution_window_s=WINDOW_S)
+    minutes = list(span.minutes())
+    _, join_s = timed(lambda: run(spark, layout, span, joined, window_s=WINDOW_S,
+                                  sequence_length=events.sequence_length, lookback_s=events.history_lookback_s))
+    state, features_s = timed(lambda: build_feature_state(
+        joined_rows(spark, joined, minutes), previous, features, day=0, version=f"bench-{span.tag}",
+        evict=previous is None))
+    manifest, samples_s = timed(lambda: write_samples(
+        joined_rows(spark, joined, minutes), state, root / "samples" / span.tag, split="train",
+        block_rows=features.block_rows, num_shards=features.num_shards, seed=features.seed, inputs={}))
+    return {"join_s": join_s, "features_s": features_s, "samples_s": samples_s,
+            "seconds": join_s + features_s + samples_s, "rows": manifest["row_counts"]["rows"], "state": state}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impressions", type=int, default=2_000_000)
+    parser.add_argument("--rows-per-minute", type=int, default=50_000)
+    args = parser.parse_args()
+    minutes = max(2, args.impressions // args.rows_per_minute)
+    features = FeatureConfig(num_shards=4, min_count=5)
+    spark_config = SparkConfig(master="local[2]", shuffle_partitions=8, driver_memory="6g")
+    result: dict[str, Any] = {"impressions_requested": args.impressions, "minutes": minutes,
+                              "rows_per_minute": args.rows_per_minute, "window_s": WINDOW_S}
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
+        root = Path(tmp)
+        summary, result["generate_s"] = timed(lambda: generate(root / "day", minutes, args.rows_per_minute))
+        span = Interval(_parse_time(START), _parse_time(START) + timedelta(minutes=minutes))
+
+        from spark_jobs.events import joined_rows
+        from spark_jobs.session import get_spark
+
+        spark = get_spark(spark_config, "bench-spark")
+        spark.range(1).count()  # session start-up is not the data path's cost
+        path = data_path(spark, root / "day", span, features)
+        result.update({key: path[key] for key in ("join_s", "features_s", "samples_s", "seconds")})
+        result["impressions"] = path["rows"]
+        result["rows_per_s"] = path["rows"] / path["seconds"]
+        joined = root / "day" / "joined" / span.tag
+
+        def parquet() -> None:
+            joined_rows(spark, joined, list(span.minutes())).write.mode("overwrite").parquet(str(root / "parquet"))
+
+        _, parquet_s = timed(parquet)
+        result["parquet_s"] = parquet_s
+        result["parquet_rows_per_s"] = path["rows"] / parquet_s
+        result["ratio"] = result["rows_per_s"] / result["parquet_rows_per_s"]
+        result["samples_stage_rows_per_s"] = path["rows"] / path["samples_s"]
+        result["samples_stage_over_parquet"] = result["samples_stage_rows_per_s"] / result["parquet_rows_per_s"]
+        state = path["state"]
+        spark.stop()
+
+        # One minute of traffic through Spark Connect: the server is started once and kept warm.
+        from pyspark.sql import SparkSession
+
+        from spark_jobs.connect import start_connect_server
+
+        generate(root / "minute", 2, MINUTE_RATE)
+        with start_connect_server(spark_config, free_port(), log_dir=root / "logs") as server:
+            remote = SparkSession.builder.remote(server.url).getOrCreate()
+            timings = []
+            for index in range(2):  # minute 0 cold (the server's first jobs), minute 1 warm
+                minute = Interval(_parse_time(START) + timedelta(minutes=index),
+                                  _parse_time(START) + timedelta(minutes=index + 1))
+                _, seconds = timed(lambda m=minute: data_path(remote, root / "minute", m, features, previous=state))
+                timings.append(seconds)
+            remote.stop()
+        result["minute_job_cold_s"], result["minute_job_s"] = timings
+        result["minute_impressions"] = MINUTE_RATE
+        shutil.rmtree(root, ignore_errors=True)
+    result["goals"] = {"rows_per_s_at_least_100k": result["rows_per_s"] >= 100_000,
+                       "ratio_at_least_0.5": result["ratio"] >= 0.5,
+                       "minute_job_at_most_5_s": result["minute_job_s"] <= 5}
+    result.update({"spark_master": spark_config.master, "machine": platform.machine(),
+                   "python": sys.version.split()[0],
+                   "command": "make bench-spark" + (f" BENCH_SPARK_ARGS='{' '.join(sys.argv[1:])}'"
+                                                    if sys.argv[1:] else "")})
+    out = Path(__file__).parent / "results" / "spark.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The same job through a Spark Connect server (started from the pyspark wheel's own script) as in a local
+session: the pipeline's Spark code does not care which it gets."""
+
+from __future__ import annotations
+
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pyarrow.parquet as pq
+import pytest
+
+from components.config import EventsConfig, GenerateConfig, SparkConfig
+from components.events import generate_events
+from components.interval import Interval
+from components.layout import Layout
+from spark_jobs.connect import start_connect_server
+from spark_jobs.events import METRIC_COLUMNS, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def rows(directory) -> list[tuple]:
+    table = pq.read_table(directory / "samples", columns=["request_id", "label", "history"])
+    return sorted(zip(*(table.column(n).to_pylist() for n in table.column_names), strict=True))
+
+
+def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
+    layout = Layout(tmp_path / "data")
+    events = EventsConfig(attribution_window_s=120)
+    generate_events(GenerateConfig(start="2026-01-01T00:00", minutes=8, rows_per_minute=300), events, layout)
+    span = Interval(START + timedelta(minutes=2), START + timedelta(minutes=4))
+    arguments = {"window_s": 120, "sequence_length": 5, "lookback_s": 120}
+    local = run(spark, layout, span, tmp_path / "local", **arguments)
+    config = SparkConfig(master="local[1]", shuffle_partitions=2, driver_memory="1g")
+    with start_connect_server(config, free_port(), log_dir=tmp_path / "logs") as server:
+        from pyspark.sql import SparkSession
+
+        remote = SparkSession.builder.remote(server.url).create()
+        try:
+            through_connect = run(remote, layout, span, tmp_path / "remote", **arguments)
+        finally:
+            remote.stop()
+    assert {n: through_connect[n] for n in METRIC_COLUMNS} == {n: local[n] for n in METRIC_COLUMNS}
+    assert local["impressions"] > 500 and local["positives"] > 0
+    assert rows(tmp_path / "remote") == rows(tmp_path / "local")
