@@ -9,7 +9,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark clean
+	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-zoo-jax clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -73,3 +73,7 @@ bench-spark:
 # BENCH_GPU_ARGS=--data-only: only the TensorFlow-free write + read path.
 bench-gpu:
 	@$(WITH_ENV); KERAS_BACKEND=jax $(BENCH) bench/bench_gpu.py $(BENCH_GPU_ARGS)
+
+# Every model of the zoo trained, scored and reloaded on the JAX backend (a GPU host without TensorFlow).
+bench-zoo-jax:
+	@$(WITH_ENV); KERAS_BACKEND=jax $(BENCH) bench/bench_zoo_jax.py

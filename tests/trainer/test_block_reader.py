@@ -201,7 +201,7 @@ def test_imports_and_reads_without_tensorflow(files, rows):
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     expected = hashlib.sha256()
