@@ -198,10 +198,18 @@ def join_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> tup
     samples: label, the payload columns, request_id, ts, click_ts. metrics: one row per minute, METRIC_COLUMNS.
     The inputs are the whole world: a click whose impression is not in `impressions` is an orphan.
     """
+    joined = classify_events(impressions, clicks, window_s)
+    return joined_samples(joined), joined_metrics(joined)
+
+
+def classify_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> DataFrame:
+    """Distinct impressions full-outer-joined with distinct clicks, each row with its click `_status`
+    (attributed, late, early, orphan, or null without a click): what join_events' samples and metrics are
+    both read from (a job that needs both can persist it once)."""
     if window_s < 0:
         raise ValueError(f"attribution window must be >= 0 seconds, got {window_s!r}")
     window_ms = int(round(window_s * 1000))
-    payload = [name for name in impressions.columns if name not in (REQUEST_ID, TS)]
+    payload = _payload(impressions)
     # Deliveries of one impression are copies; keep the earliest, ties broken by the whole row, so a re-run
     # picks the same one even if a redelivery differs.
     first = Window.partitionBy(REQUEST_ID).orderBy(TS, *payload)
@@ -223,13 +231,32 @@ def join_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> tup
         .when(delay <= window_ms, F.lit("attributed"))
         .otherwise(F.lit("late"))
     )
-    joined = distinct_impressions.join(distinct_clicks, REQUEST_ID, "full").withColumn("_status", status)
-    attributed = F.coalesce(F.col("_status") == "attributed", F.lit(False))  # no click: status is null
+    return distinct_impressions.join(distinct_clicks, REQUEST_ID, "full").withColumn("_status", status)
 
-    samples = joined.where(F.col("_impression")).select(
-        attributed.cast("int").alias(LABEL), *payload, REQUEST_ID, TS,
+
+_BOOKKEEPING = ("_impression_deliveries", "_impression", "_click_ts", "_click_deliveries", "_status")
+
+
+def _payload(frame: DataFrame) -> list[str]:
+    return [name for name in frame.columns if name not in (REQUEST_ID, TS, *_BOOKKEEPING)]
+
+
+def _attributed() -> Column:
+    return F.coalesce(F.col("_status") == "attributed", F.lit(False))  # no click: status is null
+
+
+def joined_samples(joined: DataFrame) -> DataFrame:
+    """classify_events' rows with an impression: label, the payload, request_id, ts, click_ts."""
+    attributed = _attributed()
+    return joined.where(F.col("_impression")).select(
+        attributed.cast("int").alias(LABEL), *_payload(joined), REQUEST_ID, TS,
         F.when(attributed, F.col("_click_ts")).alias(CLICK_TS),
     )
+
+
+def joined_metrics(joined: DataFrame) -> DataFrame:
+    """classify_events' rows counted per minute: impressions by the impression's minute, clicks by the click's."""
+    attributed = _attributed()
 
     def is_status(name: str) -> Column:
         return (F.col("_status") == name).cast("long")
@@ -247,7 +274,7 @@ def join_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> tup
         is_status("attributed").alias("attributed_clicks"), is_status("late").alias("late_clicks"),
         is_status("early").alias("early_clicks"), is_status("orphan").alias("orphan_clicks"),
     )
-    metrics = (
+    return (
         joined.select(F.explode(F.array(
             F.when(F.col("_impression"), impression_counts), F.when(F.col("_click_ts").isNotNull(), click_counts)
         )).alias("counts"))
@@ -256,7 +283,6 @@ def join_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> tup
         .groupBy(MINUTE)
         .agg(*[F.sum(name).cast("long").alias(name) for name in METRIC_COLUMNS])
     )
-    return samples, metrics
 
 
 def attributed_clicks(samples: DataFrame) -> DataFrame:
@@ -309,10 +335,12 @@ def within_span(samples: DataFrame, metrics: DataFrame, span: Interval) -> tuple
 
 
 def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, sequence_length: int,
-                  span: Interval) -> tuple[DataFrame, DataFrame]:
+                  span: Interval, classified: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
     """The run's samples (SAMPLE_COLUMNS, ts in `span`) and metrics (minutes in `span`), from inputs read
-    according to `plan_join`. Metrics carry the minute as 'YYYY-MM-DD HH:MM'."""
-    joined, metrics = join_events(impressions, clicks, window_s)
+    according to `plan_join`. Metrics carry the minute as 'YYYY-MM-DD HH:MM'. `classified`: classify_events
+    of the same inputs, already computed (persisted), to read instead of joining again."""
+    classified = classified if classified is not None else classify_events(impressions, clicks, window_s)
+    joined, metrics = joined_samples(classified), joined_metrics(classified)
     samples, metrics = within_span(joined, metrics, span)
     samples = behaviour_sequences(samples, attributed_clicks(joined), sequence_length)
     metrics = metrics.withColumn(MINUTE, minute_label(F.col(MINUTE)))
@@ -368,12 +396,17 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
         allowMissingColumns=True,
     )
     clicks = extract_events(spark, layout, CLICKS, [m for m in plan.click_minutes() if m >= first])
-    samples, metrics = build_samples(impressions, clicks, window_s=window_s, sequence_length=sequence_length,
-                                     span=span)
-    collected = collect_metrics(metrics)
-    inputs = {"span": span.tag, **span.as_dict(), "window_s": window_s, "sequence_length": sequence_length,
-              "lookback_s": lookback_s}
-    write_joined(samples, collected, output, inputs=inputs)
+    # The metrics, the samples and their behaviour sequences all read the classified join: computed once.
+    classified = classify_events(impressions, clicks, window_s).persist()
+    try:
+        samples, metrics = build_samples(impressions, clicks, window_s=window_s, sequence_length=sequence_length,
+                                         span=span, classified=classified)
+        collected = collect_metrics(metrics)
+        inputs = {"span": span.tag, **span.as_dict(), "window_s": window_s, "sequence_length": sequence_length,
+                  "lookback_s": lookback_s}
+        write_joined(samples, collected, output, inputs=inputs)
+    finally:
+        classified.unpersist()
     return collected
 
 
