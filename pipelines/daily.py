@@ -239,7 +239,7 @@ def _sample_files(ctx: RunContext, split: str) -> tuple[list[str], dict]:
 
     directory = ctx.layout.samples_dir(ctx.interval, split)
     manifest = read_manifest(directory, kind="samples")
-    return [str(directory / name) for name in sorted(manifest["files"])], manifest
+    return [str(directory / shard["file"]) for shard in manifest["shards"]], manifest
 
 
 def train(ctx: RunContext) -> dict:

@@ -22,7 +22,18 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from components.block_codec import encode_blocks, frame_records
 from components.feature_state import FeatureState, categorical_rows, transform_dense
 from components.manifest import commit_dir, staging_dir, write_manifest
-from components.schema import BLOCK_LAYOUT, CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL, RAW_COLUMNS
+from components.schema import (
+    BLOCK_CATEGORICAL_KEY,
+    BLOCK_DENSE_KEY,
+    BLOCK_LABEL_KEY,
+    BLOCK_LAYOUT,
+    BLOCK_NUM_ROWS_KEY,
+    CATEGORICAL_FEATURES,
+    DENSE_FEATURES,
+    DENSE_INPUT_DIM,
+    LABEL,
+    RAW_COLUMNS,
+)
 
 SAMPLES_KIND = "samples"
 SHARD_SCHEMA = StructType([
@@ -90,9 +101,45 @@ def make_block_writer(state: FeatureState, output_dir: str, block_rows: int):
     return write_partition
 
 
+SCHEMA_FILE = "schema.pbtxt"
+
+
+def block_schema(state: FeatureState) -> str:
+    """A TensorFlow Metadata schema (text format) of the block Examples, for TFX tools (TFDV, Transform) and
+    for readers: the four features, their types and the row-id domain of the embedding tables."""
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    schema = schema_pb2.Schema()
+    largest_table = max(state.table_sizes().values())
+    for name, kind, description in (
+        (BLOCK_NUM_ROWS_KEY, schema_pb2.INT, "rows in this block: n"),
+        (BLOCK_LABEL_KEY, schema_pb2.FLOAT, "n labels (0 or 1)"),
+        (BLOCK_DENSE_KEY, schema_pb2.FLOAT,
+         f"n x {DENSE_INPUT_DIM}, row-major: standardized {', '.join(DENSE_FEATURES)}, then their missing flags"),
+        (BLOCK_CATEGORICAL_KEY, schema_pb2.INT,
+         f"n x {len(CATEGORICAL_FEATURES)}, row-major: embedding rows of {', '.join(CATEGORICAL_FEATURES)} "
+         f"(0 rare or unseen, 1 missing)"),
+    ):
+        feature = schema.feature.add(name=name, type=kind)
+        feature.presence.min_fraction = 1.0
+        feature.annotation.tag.append(BLOCK_LAYOUT)
+        feature.annotation.comment.append(description)
+        if name == BLOCK_NUM_ROWS_KEY:
+            feature.shape.dim.add(size=1)
+        else:
+            feature.value_count.min = 1
+        if name == BLOCK_CATEGORICAL_KEY:
+            feature.int_domain.min, feature.int_domain.max = 0, largest_table - 1
+        if name == BLOCK_LABEL_KEY:
+            feature.float_domain.min, feature.float_domain.max = 0.0, 1.0
+    return text_format.MessageToString(schema)
+
+
 def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, split: str, block_rows: int,
                   num_shards: int, seed: int, inputs: dict) -> dict:
-    """Writes the split's block TFRecords to `directory` (replacing an older copy) and returns the manifest."""
+    """Writes the split's block TFRecords to `directory` (replacing an older copy), with their TensorFlow
+    Metadata schema (schema.pbtxt), and returns the manifest."""
     staging = staging_dir(directory)
     shuffled = shuffle_deterministically(frame, num_shards, seed)
     shards = sorted(
@@ -101,9 +148,10 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spl
         key=lambda r: r["file"],
     )
     num_rows = sum(s["rows"] for s in shards)
+    (staging / SCHEMA_FILE).write_text(block_schema(state))
     manifest = write_manifest(
         staging, kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{split}",
-        files=[s["file"] for s in shards], inputs=inputs,
+        files=[*(s["file"] for s in shards), SCHEMA_FILE], inputs=inputs,
         row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in shards)},
         extra={"split": split, "layout": BLOCK_LAYOUT, "block_rows": block_rows, "shards": shards,
                "compression": "none", "feature_state_version": state.version},

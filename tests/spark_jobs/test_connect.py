@@ -3,8 +3,14 @@ session: the pipeline's Spark code does not care which it gets."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,6 +25,7 @@ from spark_jobs.events import METRIC_COLUMNS, run
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -40,14 +47,29 @@ def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
     arguments = {"window_s": 120, "sequence_length": 5, "lookback_s": 120}
     local = run(spark, layout, span, tmp_path / "local", **arguments)
     config = SparkConfig(master="local[1]", shuffle_partitions=2, driver_memory="1g")
-    with start_connect_server(config, free_port(), log_dir=tmp_path / "logs") as server:
+    # The client runs in its own process: a Connect session switches PySpark into Connect mode for the whole
+    # process, and this one holds the tests' local session.
+    client = textwrap.dedent(f"""
+        import json, sys
+        from pathlib import Path
         from pyspark.sql import SparkSession
+        from components.interval import Interval
+        from components.layout import Layout
+        from spark_jobs.events import run
 
-        remote = SparkSession.builder.remote(server.url).create()
-        try:
-            through_connect = run(remote, layout, span, tmp_path / "remote", **arguments)
-        finally:
-            remote.stop()
+        remote = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+        span = Interval.parse({span.start.isoformat()!r}, {span.end.isoformat()!r})
+        metrics = run(remote, Layout(Path({str(layout.root)!r})), span, Path({str(tmp_path / "remote")!r}),
+                      **{arguments!r})
+        print(json.dumps({{name: value for name, value in metrics.items() if name != "per_minute"}}))
+        """)
+    with start_connect_server(config, free_port(), log_dir=tmp_path / "logs") as server:
+        done = subprocess.run([sys.executable, "-c", client, server.url], capture_output=True, text=True,
+                              timeout=300, cwd=REPO_ROOT,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    assert done.returncode == 0, done.stderr[-3000:]
+    through_connect = json.loads(done.stdout.strip().splitlines()[-1])
     assert {n: through_connect[n] for n in METRIC_COLUMNS} == {n: local[n] for n in METRIC_COLUMNS}
     assert local["impressions"] > 500 and local["positives"] > 0
     assert rows(tmp_path / "remote") == rows(tmp_path / "local")

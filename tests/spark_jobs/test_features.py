@@ -89,11 +89,21 @@ def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_di
                              inputs={"interval": "test"})
     assert manifest["row_counts"] == {"rows": 9, "positives": 4}
     read_manifest(out)
+    assert sorted(manifest["files"]) == sorted([*(s["file"] for s in manifest["shards"]), "schema.pbtxt"])
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    schema = text_format.Parse((out / "schema.pbtxt").read_text(), schema_pb2.Schema())
+    features = {f.name: f for f in schema.feature}
+    assert sorted(features) == ["categorical", "dense", "label", "num_rows"]
+    assert features["categorical"].type == schema_pb2.INT and features["dense"].type == schema_pb2.FLOAT
+    # C1 has the largest table: 2 reserved rows + "aaaa" and "bbbb".
+    assert (features["categorical"].int_domain.min, features["categorical"].int_domain.max) == (0, 3)
 
     import tensorflow as tf
 
     labels, dense, categorical = [], [], []
-    for name in sorted(manifest["files"]):
+    for name in sorted(shard["file"] for shard in manifest["shards"]):
         for record in read_framed_records((out / name).read_bytes()):
             features = tf.train.Example.FromString(record).features.feature
             labels.extend(features["label"].float_list.value)
