@@ -149,4 +149,8 @@ def commit_dir(staging: str | Path, final: str | Path) -> Path:
     os.replace(staging, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    # Staging directories of earlier attempts at this output that died before committing (a killed task):
+    # never trusted (no manifest, never renamed into place), removed once an attempt has committed.
+    for stale in final.parent.glob(f".{final.name}.*.staging"):
+        shutil.rmtree(stale, ignore_errors=True)
     return final

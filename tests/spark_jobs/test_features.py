@@ -1,21 +1,30 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from components.block_codec import read_framed_records
-from components.config import FeatureConfig
+from components.config import FeatureConfig, GenerateConfig
 from components.feature_state import categorical_rows, load_feature_state, transform_dense
-from components.manifest import read_manifest
+from components.layout import Layout
+from components.manifest import ManifestError, read_manifest
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
+from components.synthetic import generate
 from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
 from spark_jobs.samples import write_samples
 
 pytestmark = pytest.mark.integration
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def raw_line(label, dense, categorical) -> str:
@@ -140,3 +149,34 @@ def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
 
 def test_dense_feature_names_cover_schema():
     assert len(DENSE_FEATURES) == 13 and len(CATEGORICAL_FEATURES) == 26
+
+
+def test_a_writer_killed_half_way_leaves_nothing_a_reader_accepts(spark, tmp_path):
+    generate(GenerateConfig(minutes=4, rows_per_minute=2000), Layout(tmp_path / "data"))
+    output = tmp_path / "samples" / "train"
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    writer = subprocess.Popen([sys.executable, "-m", "tests.spark_jobs.killed_writer", str(tmp_path / "data"),
+                               str(output)], cwd=REPO_ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    partial = []
+    while not partial and time.monotonic() < deadline and writer.poll() is None:
+        partial = list(output.parent.glob(".train.*.staging/.part-*.tfrecord.tmp"))  # a shard being written
+        time.sleep(0.05)
+    assert partial, "the writer finished or failed before it could be killed half-way"
+    os.killpg(writer.pid, signal.SIGKILL)  # the driver, its JVM and the Python workers
+    writer.wait(30)
+
+    assert not output.exists()
+    with pytest.raises(ManifestError, match="has no manifest.json"):
+        read_manifest(output)
+    (staging,) = output.parent.glob(".train.*.staging")
+    assert not (staging / "manifest.json").exists()
+
+    # The task's retry writes the whole split and clears the dead attempt's staging directory.
+    frame = parse_raw(extract_raw(spark, sorted(str(p) for p in (tmp_path / "data" / "raw").rglob("*.tsv"))))
+    state = build_state(frame)
+    manifest = write_samples(frame, state, output, split="train", block_rows=256, num_shards=2, seed=1, inputs={})
+    assert read_manifest(output)["row_counts"]["rows"] == manifest["row_counts"]["rows"] == 8000
+    assert sorted(p.name for p in output.parent.iterdir()) == ["train"]
