@@ -50,7 +50,8 @@ if [ ! -f "$venv/.complete" ]; then
 fi
 
 # The project itself is installed editable from this clone (cheap; keeps the `ctr` script pointing here).
-if ! "$venv/bin/python" - "$root" <<'PY' >/dev/null 2>&1
+# Checked in isolated mode from / so that a checkout in the current directory does not pass for an install.
+if [ ! -x "$venv/bin/ctr" ] || ! (cd / && "$venv/bin/python" -I - "$root") <<'PY' >/dev/null 2>&1
 import sys, pathlib, importlib.util
 spec = importlib.util.find_spec("pipelines")
 sys.exit(0 if spec and pathlib.Path(spec.origin).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)
