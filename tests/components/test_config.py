@@ -25,7 +25,7 @@ def test_defaults_are_the_documented_values():
     assert config.features.min_count == 20
     assert config.features.block_rows == 1024
     assert config.train.mlp_units == (512, 256, 128)
-    assert config.train.jit_compile is True
+    assert config.train.jit_compile is False
     assert config.gate.min_auc == 0.60
     assert config.gate.max_logloss == 0.69
     assert config.tracking.strict is False
@@ -49,7 +49,7 @@ def test_with_overrides_parses_strings_to_each_field_type():
         {
             "generate.minutes": "15",
             "train.learning_rate": "0.125",
-            "train.jit_compile": "false",
+            "train.jit_compile": "on",
             "train.mixed_precision": "YES",
             "train.mlp_units": "64, 32",
             "spark.master": "local[1]",
@@ -57,7 +57,7 @@ def test_with_overrides_parses_strings_to_each_field_type():
     )
     assert config.generate.minutes == 15
     assert config.train.learning_rate == 0.125
-    assert config.train.jit_compile is False
+    assert config.train.jit_compile is True
     assert config.train.mixed_precision is True
     assert config.train.mlp_units == (64, 32)
     assert config.spark.master == "local[1]"
@@ -68,10 +68,10 @@ def test_with_overrides_parses_strings_to_each_field_type():
 
 def test_with_overrides_accepts_native_values_from_yaml():
     config = PipelineConfig().with_overrides(
-        {"train.mlp_units": [8, 4], "train.jit_compile": False, "gate.min_auc": 1, "train.epochs": 2.0}
+        {"train.mlp_units": [8, 4], "train.jit_compile": True, "gate.min_auc": 1, "train.epochs": 2.0}
     )
     assert config.train.mlp_units == (8, 4)
-    assert config.train.jit_compile is False
+    assert config.train.jit_compile is True
     assert config.gate.min_auc == 1.0 and isinstance(config.gate.min_auc, float)
     assert config.train.epochs == 2 and isinstance(config.train.epochs, int)
 
@@ -255,7 +255,7 @@ def test_flat_has_every_field_as_a_string():
     }
     assert all(isinstance(v, str) for v in flat.values())
     assert flat["train.mlp_units"] == "512,256,128"
-    assert flat["train.jit_compile"] == "True"
+    assert flat["train.jit_compile"] == "False"
     assert flat["gate.min_auc"] == "0.6"
 
 
