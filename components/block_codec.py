@@ -25,8 +25,9 @@ from components.schema import (
 _MASK_DELTA = 0xA282EAD8
 
 
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+def masked_crc(data: bytes | memoryview) -> int:
+    """TFRecord's masked crc32c of `data`."""
+    crc = google_crc32c.value(bytes(data))
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -35,7 +36,7 @@ def frame_records(records: Iterable[bytes]) -> bytes:
     parts = []
     for record in records:
         length = struct.pack("<Q", len(record))
-        parts.append(length + struct.pack("<I", _masked_crc(length)) + record + struct.pack("<I", _masked_crc(record)))
+        parts.append(length + struct.pack("<I", masked_crc(length)) + record + struct.pack("<I", masked_crc(record)))
     return b"".join(parts)
 
 
@@ -53,7 +54,7 @@ def read_framed_records(data: bytes, verify: bool = True) -> Iterator[bytes]:
         record = data[offset + 12 : offset + 12 + length]
         if verify:
             (data_crc,) = struct.unpack_from("<I", data, offset + 12 + length)
-            if length_crc != _masked_crc(data[offset : offset + 8]) or data_crc != _masked_crc(record):
+            if length_crc != masked_crc(data[offset : offset + 8]) or data_crc != masked_crc(record):
                 raise ValueError(f"TFRecord checksum mismatch at byte {offset}")
         yield record
         offset = end

@@ -84,7 +84,7 @@ def _input_frame(ctx: RunContext, spark, minutes):
 
 
 def validate(ctx: RunContext) -> dict:
-    from components.validation import DataValidationError, validate_interval
+    from components.validation import CLICK_LOG, DataValidationError, validate_interval
 
     minutes = list(ctx.interval.minutes())
     ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
@@ -95,11 +95,12 @@ def validate(ctx: RunContext) -> dict:
 
         datasets = [IMPRESSIONS_DATASET, CLICKS_DATASET]
     else:
-        datasets = [None]  # the click log
+        datasets = [CLICK_LOG]
     out, errors = {}, []
     for dataset in datasets:
-        name = dataset.name if dataset else "click_log"
-        report_path = ctx.layout.validation_report(ctx.interval, name if dataset else "report")
+        # The click log keeps its report and metric names from before there were streams.
+        report_path = ctx.layout.validation_report(ctx.interval, "report" if dataset is CLICK_LOG else dataset.name)
+        prefix = "validation" if dataset is CLICK_LOG else f"validation.{dataset.name}"
         try:
             report = validate_interval(ctx.layout, minutes, report_path, dataset=dataset)
         except DataValidationError as err:  # the other streams are still validated; the run fails below
@@ -110,17 +111,16 @@ def validate(ctx: RunContext) -> dict:
                 tracker.log_artifact(report_path, "validation")
         if report is None:
             continue
-        prefix = "validation" if dataset is None else f"validation.{name}"
         tracker.log_metrics({f"{prefix}.slices_passed": report["num_passed"],
                              f"{prefix}.slices_failed": len(report["failed"]),
                              f"{prefix}.slices_missing": len(report["missing"]),
                              f"{prefix}.rows": report["num_rows"]})
-        ctx.progress("validate: %s: %d slices passed, %d quarantined, %d missing, %d rows", name,
+        ctx.progress("validate: %s: %d slices passed, %d quarantined, %d missing, %d rows", dataset.name,
                      report["num_passed"], len(report["failed"]), len(report["missing"]), report["num_rows"])
-        out[name] = {"report": str(report_path), "rows": report["num_rows"]}
+        out[dataset.name] = {"report": str(report_path), "rows": report["num_rows"]}
     if errors:
         raise DataValidationError("\n".join(errors))
-    return out if datasets != [None] else out["click_log"]
+    return out[CLICK_LOG.name] if datasets == [CLICK_LOG] else out
 
 
 def join(ctx: RunContext) -> dict:

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 
+from components.block_codec import masked_crc
 from components.schema import (
     BLOCK_CATEGORICAL_KEY,
     BLOCK_DENSE_KEY,
@@ -30,7 +30,6 @@ from components.schema import (
 from trainer.arguments import require_integer
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 
-_MASK_DELTA = 0xA282EAD8
 _HEADER_BYTES = 12  # uint64 length + uint32 masked crc of the length
 _FOOTER_BYTES = 4  # uint32 masked crc of the data
 
@@ -83,7 +82,7 @@ def read_records(path: str | Path, verify: bool = True) -> Iterator[memoryview]:
         if verify:
             (length_crc,) = struct.unpack_from("<I", data, offset + 8)
             (data_crc,) = struct.unpack_from("<I", data, end - _FOOTER_BYTES)
-            if length_crc != _masked_crc(data[offset : offset + 8]) or data_crc != _masked_crc(record):
+            if length_crc != masked_crc(data[offset : offset + 8]) or data_crc != masked_crc(record):
                 raise BlockFormatError(
                     f"{path}: TFRecord checksum mismatch in the record at byte {offset}; the file is corrupt "
                     "(or GZIP-compressed, which block files never are): write it again"
@@ -213,11 +212,6 @@ def _shuffled(blocks: Iterator[Block], buffer_size: int, rng: np.random.Generato
         buffer[index] = block
     rng.shuffle(buffer)  # type: ignore[arg-type]
     yield from buffer
-
-
-def _masked_crc(data: bytes | memoryview) -> int:
-    crc = google_crc32c.value(bytes(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
