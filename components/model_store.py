@@ -3,7 +3,11 @@
 Layout: <store>/<model_name>/<version>/{...files, manifest.json}. Versions are integers as strings (the
 TF-Serving convention), increasing with the data they were trained on. A version exists only once its
 manifest is there: locally the version is built in a staging directory and renamed into place; on S3 every
-object is uploaded before the manifest object.
+object is uploaded before the manifest object. A version is a full model or a delta on its parent version.
+
+Rollback retracts versions: <store>/<model_name>/_retracted/<version>.json records why. `latest` skips
+retracted versions, so serving moves back to the newest version still standing and the next incremental run
+trains on from it; retracted versions stay in the store for inspection.
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from components.manifest import MANIFEST_NAME, ManifestError, commit_dir, read_manifest, staging_dir
+from components.manifest import (
+    MANIFEST_NAME,
+    ManifestError,
+    commit_dir,
+    read_manifest,
+    staging_dir,
+    write_json_atomic,
+)
 
 
 class ModelStoreError(RuntimeError):
@@ -30,6 +41,8 @@ class ModelStore(Protocol):
     def fetch(self, model_name: str, version: str, cache_dir: Path) -> Path: ...
 
     def latest(self, model_name: str) -> str | None: ...
+    def retract(self, model_name: str, version: str, reason: str) -> None: ...
+    def retracted(self, model_name: str) -> set[str]: ...
 
 
 def _is_version(name: str) -> bool:
@@ -40,6 +53,14 @@ def _is_version(name: str) -> bool:
 def _check_version(version: str) -> None:
     if not _is_version(version):
         raise ModelStoreError(f"model version {version!r} must be a decimal integer, e.g. 202601020000")
+
+
+RETRACTED_DIR = "_retracted"
+
+
+def _latest_standing(versions: list[str], retracted: set[str]) -> str | None:
+    standing = [v for v in versions if v not in retracted]
+    return standing[-1] if standing else None
 
 
 def _check_source(source: Path) -> None:
@@ -72,8 +93,17 @@ class LocalModelStore:
         return sorted(found, key=int)
 
     def latest(self, model_name: str) -> str | None:
-        versions = self.versions(model_name)
-        return versions[-1] if versions else None
+        """The newest version that is not retracted."""
+        return _latest_standing(self.versions(model_name), self.retracted(model_name))
+
+    def retract(self, model_name: str, version: str, reason: str) -> None:
+        _check_version(version)
+        write_json_atomic(self.root / model_name / RETRACTED_DIR / f"{version}.json",
+                          {"version": version, "reason": reason})
+
+    def retracted(self, model_name: str) -> set[str]:
+        base = self.root / model_name / RETRACTED_DIR
+        return {p.stem for p in base.glob("*.json") if _is_version(p.stem)} if base.is_dir() else set()
 
     def manifest(self, model_name: str, version: str) -> dict[str, Any]:
         path = self.root / model_name / version / MANIFEST_NAME
@@ -131,8 +161,24 @@ class S3ModelStore:
         return sorted(found, key=int)
 
     def latest(self, model_name: str) -> str | None:
-        versions = self.versions(model_name)
-        return versions[-1] if versions else None
+        """The newest version that is not retracted."""
+        return _latest_standing(self.versions(model_name), self.retracted(model_name))
+
+    def retract(self, model_name: str, version: str, reason: str) -> None:
+        _check_version(version)
+        body = json.dumps({"version": version, "reason": reason}).encode()
+        self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, RETRACTED_DIR, f"{version}.json"),
+                               Body=body)
+
+    def retracted(self, model_name: str) -> set[str]:
+        base = self._key(model_name, RETRACTED_DIR) + "/"
+        found = set()
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            for item in page.get("Contents", []):
+                stem = item["Key"][len(base):].removesuffix(".json")
+                if _is_version(stem):
+                    found.add(stem)
+        return found
 
     def manifest(self, model_name: str, version: str) -> dict[str, Any]:
         try:
@@ -171,3 +217,20 @@ def open_model_store(uri: str, endpoint_url: str = "") -> ModelStore:
     if "://" in uri:
         raise ModelStoreError(f"model store {uri!r} is neither a local directory nor an s3:// URI")
     return LocalModelStore(uri)
+
+
+def rollback(store: ModelStore, model_name: str, version: str, reason: str) -> list[str]:
+    """Retracts every standing version newer than `version`, so that serving moves back to it and incremental
+    training continues from it. Returns the versions retracted (newest last)."""
+    _check_version(version)
+    versions = store.versions(model_name)
+    retracted = store.retracted(model_name)
+    if version not in versions:
+        raise ModelStoreError(f"cannot roll back to version {version} of {model_name!r}: it is not in {store.uri}; "
+                              f"the newest versions there are {versions[-5:]}")
+    if version in retracted:
+        raise ModelStoreError(f"cannot roll back to version {version} of {model_name!r}: it was retracted itself")
+    newer = [v for v in versions if int(v) > int(version) and v not in retracted]
+    for newer_version in newer:
+        store.retract(model_name, newer_version, f"rolled back to {version}: {reason}")
+    return newer

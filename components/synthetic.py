@@ -191,17 +191,24 @@ def planted_path(layout: Layout, minute: datetime) -> Path:
     return layout.root / "generated" / "planted" / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}.npy"
 
 
+def write_minute(config: GenerateConfig, layout: Layout, minute_index: int, minute: datetime) -> MinuteSlice:
+    """Generates one minute (rows drawn from (seed, minute_index)) and writes its planted probabilities and its
+    raw partition. Re-writing a minute overwrites it with the same bytes."""
+    piece = generate_minute(config, minute_index, minute)
+    # Planted first: once _SUCCESS marks the raw partition complete, its planted probabilities are there too.
+    path = planted_path(layout, minute)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.stack([piece.table[LABEL].to_numpy().astype(np.float64), piece.probability]))
+    write_raw_minute(piece.table, layout.raw_minute_dir(minute))
+    return piece
+
+
 def generate(config: GenerateConfig, layout: Layout, progress=None) -> dict:
     """Writes config.minutes minute partitions from config.start; returns a summary with the planted AUC."""
     start = _parse_time(config.start).replace(second=0, microsecond=0)
     labels, probabilities = [], []
     for index in range(config.minutes):
-        minute = start + timedelta(minutes=index)
-        piece = generate_minute(config, index, minute)
-        write_raw_minute(piece.table, layout.raw_minute_dir(minute))
-        path = planted_path(layout, minute)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, np.stack([piece.table[LABEL].to_numpy().astype(np.float64), piece.probability]))
+        piece = write_minute(config, layout, index, start + timedelta(minutes=index))
         labels.append(piece.table[LABEL].to_numpy())
         probabilities.append(piece.probability)
         if progress:

@@ -46,6 +46,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if done == total or done % max(1, total // 10) == 0:
             print(f"  generated {done}/{total} minutes", flush=True)
 
+    if args.live:
+        from components.live_traffic import write_live_minutes
+
+        if args.events:
+            raise ConfigError("--live writes the labelled click log; drop --events (event streams have no live mode)")
+        if args.start:
+            raise ConfigError(f"--live writes the minutes of the wall clock, so --start {args.start} does not apply; "
+                              "drop --start")
+        num_minutes = config.generate.minutes
+        if num_minutes < 1:
+            raise ConfigError(f"--live needs --minutes of at least 1, got {num_minutes}")
+        layout = Layout(config.paths.root)
+        print(f"writing {num_minutes} live minutes of {config.generate.rows_per_minute} rows to {layout.root}, "
+              "each right after it closes", flush=True)
+
+        def report(minute, seconds_after_close: float) -> None:
+            print(f"  wrote minute {minute:%Y-%m-%dT%H:%M}Z, {seconds_after_close:.1f} s after it closed",
+                  flush=True)
+
+        write_live_minutes(config.generate, layout, num_minutes=num_minutes, on_minute=report)
+        return 0
+
     if args.events:
         from components.events import generate_events
 
@@ -147,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--events", action="store_true",
                    help="write impression and click streams (raw/impressions, raw/clicks) instead of a labelled log")
+    p.add_argument("--live", action="store_true",
+                   help="write --minutes wall-clock minutes, starting with the open one, each right after it closes")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("run", parents=[common], help="run a pipeline without Airflow")

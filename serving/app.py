@@ -3,26 +3,38 @@
     POST /v1/models/{name}:predict                     {"instances": [...]} or {"inputs": {...}}
                                                        -> {"predictions": [...]}
     POST /v1/models/{name}/versions/{version}:predict  the same, answered only by that version
-    GET  /v1/models/{name}[/versions/{version}]        TF-Serving's model_version_status
+    GET  /v1/models/{name}[/versions/{version}]        TF-Serving's model_version_status, plus the served
+                                                       version, its parent, chain_root, data_end and
+                                                       freshness_s (seconds from data_end to now)
     GET  /healthz                                      200 once a model is loaded, else 503
+    GET  /metrics                                      Prometheus text (see serving/metrics.py)
 
 Every response from a model carries the version that answered it in the `X-Model-Version` header (TF-Serving's
 bodies have no field for it). The HTTP layer only parses and checks the request; values are checked against
 the model's own input signature by `LoadedModel`.
+
+Every response is counted in `ctr_requests_total` by endpoint (the route's name: predict, status, health,
+metrics; "unmatched" for a path no route serves) and status code, errors included; every predict response,
+whatever its status, is also timed in `ctr_request_duration_seconds`, so its count equals the sum of the
+predict request counters.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from components.config import ServingConfig
 from serving.errors import (
@@ -35,11 +47,16 @@ from serving.errors import (
     serving_error_handler,
     unexpected_error_handler,
 )
-from serving.model import SIGNATURE_NAME, InvalidInput, LoadedModel
+from serving.metrics import CONTENT_TYPE, ModelInfo, ServerMetrics, describe_model
+from serving.model import SIGNATURE_NAME, InvalidInput, LoadedModel, StaleModel
 
 MODEL_VERSION_HEADER = "X-Model-Version"
+# Versions arrive at most once a second, so a request sees a stale replica at most once or twice in practice.
+STALE_RETRIES = 5
 EXPECTED_BODY = 'JSON {"instances": [{"feature": value, ...}, ...]} or {"inputs": {"feature": [...]}}'
 _BODY_KEYS = {"instances", "inputs", "signature_name"}
+PREDICT_ENDPOINT = "predict"
+UNMATCHED_ENDPOINT = "unmatched"
 
 
 class ModelSource(Protocol):
@@ -48,7 +65,13 @@ class ModelSource(Protocol):
         ...
 
 
-def create_app(source: ModelSource, config: ServingConfig) -> Starlette:
+def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], float] = time.time) -> Starlette:
+    """The app serving `source`'s current model; `clock` (seconds since the epoch) is "now" for freshness."""
+    metrics = ServerMetrics(timed_endpoints=[PREDICT_ENDPOINT])
+
+    def model_info(model: LoadedModel) -> ModelInfo:
+        return describe_model(model.version, model.manifest, clock())
+
     def served_model(request: Request) -> LoadedModel:
         """The one model that answers this request: read once, so a swap mid-request cannot mix versions."""
         name = request.path_params["name"]
@@ -70,7 +93,16 @@ def create_app(source: ModelSource, config: ServingConfig) -> Starlette:
     async def predict(request: Request) -> JSONResponse:
         model = served_model(request)
         body = await read_body(request, config.max_body_bytes)
-        predictions = await run_in_threadpool(predict_body, model, body, config.max_instances)
+        for _ in range(STALE_RETRIES):
+            try:
+                predictions = await run_in_threadpool(predict_body, model, body, config.max_instances)
+                break
+            except StaleModel:  # a delta moved this replica on after the request read it: use the current one
+                model = served_model(request)
+        else:
+            raise NoModelLoaded(f"model {config.model_name!r} changed version {STALE_RETRIES} times during one "
+                                "request; retry")
+        metrics.count_predictions(len(predictions))
         return JSONResponse(
             {"predictions": predictions.tolist()}, headers={MODEL_VERSION_HEADER: model.version}
         )
@@ -79,7 +111,10 @@ def create_app(source: ModelSource, config: ServingConfig) -> Starlette:
         model = served_model(request)
         status = {"error_code": "OK", "error_message": ""}
         return JSONResponse(
-            {"model_version_status": [{"version": model.version, "state": "AVAILABLE", "status": status}]},
+            {
+                "model_version_status": [{"version": model.version, "state": "AVAILABLE", "status": status}],
+                **model_info(model).as_json(),
+            },
             headers={MODEL_VERSION_HEADER: model.version},
         )
 
@@ -97,19 +132,82 @@ def create_app(source: ModelSource, config: ServingConfig) -> Starlette:
             headers={MODEL_VERSION_HEADER: model.version},
         )
 
+    async def metrics_text(request: Request) -> Response:
+        model = source.current()
+        text = metrics.render(None if model is None else model_info(model))
+        return Response(text, headers={"content-type": CONTENT_TYPE})
+
     routes = [
-        Route("/v1/models/{name}:predict", predict, methods=["POST"]),
-        Route("/v1/models/{name}/versions/{version}:predict", predict, methods=["POST"]),
-        Route("/v1/models/{name}", model_status, methods=["GET"]),
-        Route("/v1/models/{name}/versions/{version}", model_status, methods=["GET"]),
-        Route("/healthz", health, methods=["GET"]),
+        Route("/v1/models/{name}:predict", predict, methods=["POST"], name=PREDICT_ENDPOINT),
+        Route("/v1/models/{name}/versions/{version}:predict", predict, methods=["POST"], name=PREDICT_ENDPOINT),
+        Route("/v1/models/{name}", model_status, methods=["GET"], name="status"),
+        Route("/v1/models/{name}/versions/{version}", model_status, methods=["GET"], name="status"),
+        Route("/healthz", health, methods=["GET"], name="health"),
+        Route("/metrics", metrics_text, methods=["GET"], name="metrics"),
     ]
     handlers = {
         ServingError: serving_error_handler,
         HTTPException: http_error_handler,
         Exception: unexpected_error_handler,
     }
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = [Middleware(RequestMetrics, routes=routes, metrics=metrics)]
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
+
+
+class RequestMetrics:
+    """ASGI middleware counting every response by endpoint and status code, and timing predict responses.
+
+    It runs outside the handlers of ServingError and HTTPException, so those are counted with the status they
+    were answered with. Any other exception passes through it to Starlette's outermost middleware, which
+    answers 500: it is counted as 500 on its way out.
+    """
+
+    def __init__(self, app: ASGIApp, routes: Sequence[Route], metrics: ServerMetrics) -> None:
+        self.app = app
+        self.routes = routes
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = endpoint_name(self.routes, scope)
+        status_code: int | None = None
+
+        async def send_and_note_status(message: Message) -> None:
+            nonlocal status_code
+            if message["type"] == "http.response.start":
+                status_code = message["status"]
+            await send(message)
+
+        start = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_and_note_status)
+        except Exception:
+            status_code = status_code or 500
+            raise
+        finally:
+            # None only when cancelled (client gone) before any response: there is nothing to count.
+            if status_code is not None:
+                self.record(endpoint, status_code, time.perf_counter() - start)
+
+    def record(self, endpoint: str, status_code: int, seconds: float) -> None:
+        self.metrics.count_request(endpoint, status_code)
+        if endpoint in self.metrics.timed_endpoints:
+            self.metrics.observe_duration(endpoint, seconds)
+
+
+def endpoint_name(routes: Sequence[Route], scope: Scope) -> str:
+    """The name of the route that answers this request, chosen as the router does: the first route matching
+    path and method, else the first matching the path alone (it answers 405). Label values stay few."""
+    path_only = None
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return route.name
+        if match is Match.PARTIAL and path_only is None:
+            path_only = route.name
+    return path_only or UNMATCHED_ENDPOINT
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -1,5 +1,11 @@
 """One loaded model version: its `serving_default` signature and the conversion of JSON values to its inputs.
 
+A model exported with an `apply_delta` endpoint (trainer.export) can be moved forward in place by deltas
+(components.delta). Each `LoadedModel` is a snapshot of one version of one loaded replica: applying a delta
+returns a new snapshot and makes the older ones stale. A prediction holds the replica's read lock and checks
+that the replica still holds its snapshot's version, so it never runs on weights half-way through an update;
+a stale snapshot raises StaleModel, and the caller asks for the current one again.
+
 The signature takes raw features, one 1-D tensor per feature. The input names and dtypes are read from the
 signature itself, so any model that follows the contract (and the tiny fixture models in the tests) is
 served without a hard-coded feature list. Float inputs take numbers, with null or a missing key meaning NaN
@@ -10,7 +16,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,12 +27,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from components.delta import DeltaError
 from components.manifest import ManifestError, read_manifest
 
 SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
 SAVED_MODEL_DIR = "saved_model"
 MODEL_KIND = "full_model"
+APPLY_DELTA_ENDPOINT = "apply_delta"
 
 
 class ModelLoadError(RuntimeError):
@@ -33,6 +43,49 @@ class ModelLoadError(RuntimeError):
 
 class InvalidInput(ValueError):
     """Request values that do not fit the model's input signature."""
+
+
+class StaleModel(RuntimeError):
+    """The snapshot's replica has been moved on to a newer version: ask for the current model again."""
+
+
+class ReplicaGuard:
+    """A readers-writer lock over one loaded replica, and the version its weights hold now. Writers (delta
+    updates) wait for the readers in flight; readers arriving meanwhile wait for the writer."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self._condition = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextmanager
+    def reading(self, version: str) -> Iterator[None]:
+        with self._condition:
+            while self._writing:
+                self._condition.wait()
+            if self.version != version:
+                raise StaleModel(f"replica moved from version {version} to {self.version}")
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._readers -= 1
+                self._condition.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._condition:
+            while self._writing or self._readers:
+                self._condition.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._writing = False
+                self._condition.notify_all()
 
 
 def _natural_key(name: str) -> tuple[Any, ...]:
@@ -55,6 +108,53 @@ class LoadedModel:
     loaded_at: datetime
     # The loaded SavedModel object: the function's variables live only as long as it does.
     root: Any = field(repr=False)
+    guard: ReplicaGuard | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.guard is None:
+            object.__setattr__(self, "guard", ReplicaGuard(self.version))
+
+    @property
+    def parent(self) -> str | None:
+        return self.manifest.get("parent")
+
+    @property
+    def chain_root(self) -> str | None:
+        """The full version this one descends from through deltas (itself for a full model)."""
+        root = self.manifest.get("chain_root")
+        return str(root) if root else (self.version if self.parent is None else None)
+
+    @property
+    def takes_deltas(self) -> bool:
+        return hasattr(self.root, APPLY_DELTA_ENDPOINT) and "weight_specs" in self.manifest
+
+    def apply_delta(self, manifest: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> LoadedModel:
+        """Writes a delta whose parent is this version into the replica and returns the snapshot of the new
+        version; this snapshot (and every other of the replica) is stale from then on. Waits for predictions in
+        flight on the replica. Checks everything it can before touching the weights."""
+        if not self.takes_deltas:
+            raise DeltaError(f"version {self.version} was exported without the {APPLY_DELTA_ENDPOINT!r} endpoint or "
+                             "its weight list; deltas need a full model exported by this code")
+        if manifest.get("parent") != self.version:
+            raise DeltaError(f"delta {manifest.get('version')} has parent {manifest.get('parent')}, the replica holds "
+                             f"{self.version}; apply the chain in order or reload the full model")
+        if [tuple(s["shape"]) for s in manifest["weight_specs"]] != [tuple(s["shape"]) for s in
+                                                                       self.manifest["weight_specs"]]:
+            raise DeltaError(f"delta {manifest.get('version')} was computed for other weights than version "
+                             f"{self.version}'s; reload the full model of its chain")
+        assert self.guard is not None
+        specs = getattr(self.root, APPLY_DELTA_ENDPOINT).concrete_functions[0].structured_input_signature[0][0]
+        feed = {name: tf.constant(arrays[name], dtype=spec.dtype) for name, spec in specs.items()}
+        with self.guard.writing():
+            if self.guard.version != self.version:
+                raise StaleModel(f"replica moved from version {self.version} to {self.guard.version}")
+            getattr(self.root, APPLY_DELTA_ENDPOINT)(feed)
+            version = str(manifest["version"])
+            self.guard.version = version
+        full_manifest = {**manifest, "weight_specs": self.manifest["weight_specs"]}
+        return LoadedModel(version=version, manifest=full_manifest, directory=self.directory, function=self.function,
+                           input_specs=self.input_specs, loaded_at=datetime.now(UTC), root=self.root,
+                           guard=self.guard)
 
     @classmethod
     def load(cls, directory: str | Path, version: str | None = None, *, verify: bool = True) -> LoadedModel:
@@ -156,7 +256,9 @@ class LoadedModel:
             name: tf.constant(columns[name], dtype=spec.dtype, shape=[num_instances])
             for name, spec in self.input_specs.items()
         }
-        outputs = self.function(**tensors)
+        assert self.guard is not None
+        with self.guard.reading(self.version):
+            outputs = self.function(**tensors)
         probability = np.asarray(outputs[OUTPUT_NAME]).reshape(-1)
         if probability.shape != (num_instances,):
             raise RuntimeError(

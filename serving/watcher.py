@@ -1,10 +1,18 @@
 """Keeps the newest good model version loaded, swapping versions without dropping or mixing requests.
 
-A new version is fetched (the store verifies its checksums), loaded and warmed up with one prediction while
-the old one keeps serving; only then is the single `_model` reference replaced. A request reads that reference
-once (`current()`), so it is answered by exactly one version from start to end, and the old version is freed
-when its last request finishes. A version that fails to fetch, load or warm up is logged and not tried again
-until a backoff has passed; serving stays on the last good version.
+The store's newest standing version is either a full model or a delta on a parent (components.delta). The
+watcher resolves its chain back to the version serving now, or else to the full model it starts from:
+
+- a chain of deltas on the served version is applied to a second, standby replica of the same model while the
+  active one keeps serving, and then the two swap; the old active replica catches up on the next swap;
+- anything else (a new full model, a rollback, a gap: the served version is not an ancestor) loads the full
+  model twice (active and standby) and applies its chain to both.
+
+A new version is checksummed (the store's fetch), applied or loaded, and warmed up with one prediction before
+the single `_model` reference is replaced. A request reads that reference once (`current()`), so it is
+answered by exactly one version; a prediction still running on a replica that a later swap updates in place
+makes the update wait for it (serving.model.ReplicaGuard). A version that fails to fetch, load, apply or warm
+up is logged and not tried again until a backoff has passed; serving stays on the last good version.
 """
 
 from __future__ import annotations
@@ -14,8 +22,12 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from components.model_store import ModelStore
+import numpy as np
+
+from components.delta import DELTA_KIND, read_delta
+from components.model_store import ModelStore, ModelStoreError
 from serving.model import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -24,6 +36,8 @@ logger = logging.getLogger(__name__)
 # upload is not re-downloaded every poll, and a transient outage (network, S3) heals on its own.
 RETRY_FIRST_SECONDS = 30.0
 RETRY_MAX_SECONDS = 3600.0
+# A chain longer than this (a day of minute deltas is 1440) is refused: a loop in the parents or a broken store.
+MAX_CHAIN_LENGTH = 100_000
 
 
 class ModelWatcher:
@@ -37,6 +51,11 @@ class ModelWatcher:
         self.cache_dir = Path(cache_dir)
         self.poll_seconds = poll_seconds
         self._model: LoadedModel | None = None
+        # The second replica of the served chain, and the deltas it lacks to reach the active version.
+        self._standby: LoadedModel | None = None
+        self._pending: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = []
+        self._manifests: dict[str, dict[str, Any]] = {}  # published manifests never change
+        self.last_error: str | None = None
         # version -> (number of failures, monotonic time before which it is not tried again)
         self._failures: dict[str, tuple[int, float]] = {}
         self._store_down = False
@@ -96,7 +115,7 @@ class ModelWatcher:
             logger.info("model store %s answers again", self.store.uri)
             self._store_down = False
         current = self._model
-        if latest is None or (current is not None and int(latest) <= int(current.version)):
+        if latest is None or (current is not None and latest == current.version):
             return False
         failures, retry_at = self._failures.get(latest, (0, 0.0))
         if time.monotonic() < retry_at:
@@ -104,7 +123,8 @@ class ModelWatcher:
         started = time.monotonic()
         try:
             model = self._load(latest)
-        except Exception:  # any failure of one version leaves the last good one serving
+        except Exception as err:  # any failure of one version leaves the last good one serving
+            self.last_error = f"version {latest}: {err}"
             failures += 1
             delay = min(RETRY_FIRST_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
             self._failures[latest] = (failures, time.monotonic() + delay)
@@ -114,6 +134,7 @@ class ModelWatcher:
             )
             return False
         self._model = model
+        self.last_error = None
         self._failures = {v: entry for v, entry in self._failures.items() if int(v) > int(latest)}
         logger.info(
             "now serving version %s of %r (was %s); fetched, loaded and warmed up in %.2f s",
@@ -123,11 +144,67 @@ class ModelWatcher:
         return True
 
     def _load(self, version: str) -> LoadedModel:
+        """The model of `version`, ready to serve: the standby replica moved forward by the deltas since the
+        served version, or a fresh load of the chain's full model with the chain applied."""
+        active = self._model
+        chain = self._chain(version, stop_at=active.version if active is not None else None)
+        first_version, first = chain[0]
+        if first.get("kind") == DELTA_KIND and active is not None and self._standby is not None:
+            deltas = [self._fetch_delta(v) for v, _ in chain]
+            standby = self._standby
+            self._standby = None  # if an update fails half-way, the next version reloads both replicas
+            for manifest, arrays in [*self._pending, *deltas]:
+                standby = standby.apply_delta(manifest, arrays)
+            standby.predict([{}])
+            self._standby, self._pending = active, deltas
+            return standby
+        if first.get("kind") == DELTA_KIND:  # the served version is an ancestor, but there is no standby
+            chain = self._chain(version, stop_at=None)
+            first_version, first = chain[0]
+        if first.get("kind") == DELTA_KIND:
+            raise ModelStoreError(f"the chain of version {version} does not reach a full model")
+        deltas = [self._fetch_delta(v) for v, _ in chain[1:]]
+        replicas = []
+        for _ in range(2 if deltas or first.get("weight_specs") else 1):
+            directory = self.store.fetch(self.model_name, first_version, self.cache_dir)
+            model = LoadedModel.load(directory, first_version, verify=False)  # fetch() verified it
+            for manifest, arrays in deltas:
+                model = model.apply_delta(manifest, arrays)
+            model.predict([{}])  # warm-up: traces and allocates before the first real request
+            replicas.append(model)
+        self._standby = replicas[1] if len(replicas) > 1 else None
+        self._pending = []
+        if active is not None and deltas:
+            logger.info("version %s: loaded its full model %s and %d deltas (served version %s is not its ancestor)",
+                        version, first_version, len(deltas), active.version)
+        return replicas[0]
+
+    def _manifest(self, version: str) -> dict[str, Any]:
+        manifest = self._manifests.get(version)
+        if manifest is None:
+            manifest = self._manifests[version] = self.store.manifest(self.model_name, version)
+        return manifest
+
+    def _chain(self, version: str, stop_at: str | None) -> list[tuple[str, dict[str, Any]]]:
+        """(version, manifest) from the full model (or from the delta right after `stop_at`) to `version`."""
+        chain = [(version, self._manifest(version))]
+        while chain[-1][1].get("kind") == DELTA_KIND:
+            parent = chain[-1][1].get("parent")
+            if parent is None:
+                raise ModelStoreError(f"delta {chain[-1][0]} names no parent")
+            if parent == stop_at:
+                break
+            if len(chain) >= MAX_CHAIN_LENGTH:
+                raise ModelStoreError(f"the chain of version {version} is longer than {MAX_CHAIN_LENGTH} versions")
+            try:
+                chain.append((str(parent), self._manifest(str(parent))))
+            except ModelStoreError as err:
+                raise ModelStoreError(f"the chain of version {version} has a gap: {err}") from err
+        return chain[::-1]
+
+    def _fetch_delta(self, version: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         directory = self.store.fetch(self.model_name, version, self.cache_dir)
-        # fetch() has just verified every checksum.
-        model = LoadedModel.load(directory, version, verify=False)
-        model.predict([{}])  # warm-up: traces and allocates before the first real request
-        return model
+        return read_delta(directory, verify=False)  # fetch() verified the checksums
 
     def _prune_cache(self, keep: Path) -> None:
         """Removes older versions that a remote store downloaded into the cache."""

@@ -1,9 +1,13 @@
-"""Export of a trained model as a TF SavedModel that serves raw features.
+"""Export of a trained model as a TF SavedModel that serves raw features and takes deltas in place.
 
 The `serving_default` signature takes the raw Criteo fields, one tensor per field (I1..I13 float32 with NaN
 for missing, C1..C26 string with "" for missing), applies the feature state inside the graph and returns
 {"probability": float32 [batch]}. It equals `model(preprocessed)` where the preprocessing is
 components.feature_state.transform_dense and categorical_rows, so serving needs nothing but TensorFlow.
+
+The `apply_delta` endpoint (trainer.delta) writes a delta into the loaded model: vocabulary entries go into
+the lookup table (a mutable one for that reason) and, for every weight i, the rows `rows_i` of the weight
+take `values_i`. The weights are numbered in the order `weight_specs` lists them in the manifest.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import tensorflow as tf
 import trainer.metrics  # noqa: F401
 import trainer.models  # noqa: F401
 import trainer.optimizers  # noqa: F401
+from components.delta import KEY_SEPARATOR, rows_name, values_name
 from components.feature_state import FeatureState
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, RARE_ROW
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
@@ -27,9 +32,7 @@ from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 SAVED_MODEL_DIR = "saved_model"
 SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
-# Between feature name and value in the lookup keys: one table serves all features, and "C1" + "0" never
-# meets "C10" + "" because the separator sits between them.
-KEY_SEPARATOR = "\x1f"
+APPLY_DELTA_ENDPOINT = "apply_delta"
 
 RAW_INPUT_SIGNATURE = {
     **{name: tf.TensorSpec([None], tf.float32, name=name) for name in DENSE_FEATURES},
@@ -47,8 +50,9 @@ class RawFeaturePreprocessor(tf.Module):
             for name in CATEGORICAL_FEATURES
         ]
         rows = [tf.constant(list(state.vocabularies[name].rows), tf.int64) for name in CATEGORICAL_FEATURES]
-        initializer = tf.lookup.KeyValueTensorInitializer(tf.concat(keys, 0), tf.concat(rows, 0))
-        self.table = tf.lookup.StaticHashTable(initializer, default_value=RARE_ROW)
+        # Mutable: a delta adds the values admitted since the full export (apply_delta).
+        self.table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=RARE_ROW)
+        self.table.insert(tf.concat(keys, 0), tf.concat(rows, 0))
         self.key_prefixes = tf.constant([name + KEY_SEPARATOR for name in CATEGORICAL_FEATURES])
         stats = state.dense_arrays()
         self.low, self.high, self.mean, self.std = (
@@ -72,8 +76,28 @@ class RawFeaturePreprocessor(tf.Module):
         """Same rows as components.feature_state.categorical_rows: "" -> MISSING_ROW, unknown -> RARE_ROW."""
         values = tf.stack([features[name] for name in CATEGORICAL_FEATURES], axis=1)
         keys = tf.strings.join([tf.broadcast_to(self.key_prefixes, tf.shape(values)), values])
-        rows = self.table.lookup(keys)
+        rows = tf.reshape(self.table.lookup(keys), tf.shape(values))  # a mutable table's lookup has no static shape
         return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
+
+
+def weight_specs(model: keras.Model) -> list[dict[str, Any]]:
+    """The model's weights in the order deltas number them: path, shape and dtype of each."""
+    return [{"path": v.path, "shape": [int(d) for d in v.shape], "dtype": str(v.dtype)} for v in model.weights]
+
+
+def delta_input_signature(model: keras.Model) -> dict[str, tf.TensorSpec]:
+    """What `apply_delta` takes: new vocabulary keys (feature + KEY_SEPARATOR + value) and their rows, and for
+    each weight the changed rows (along its first axis; a scalar weight has the one row 0) and their values."""
+    signature = {
+        "vocab_keys": tf.TensorSpec([None], tf.string, name="vocab_keys"),
+        "vocab_rows": tf.TensorSpec([None], tf.int64, name="vocab_rows"),
+    }
+    for index, variable in enumerate(model.weights):
+        signature[rows_name(index)] = tf.TensorSpec([None], tf.int64, name=rows_name(index))
+        signature[values_name(index)] = tf.TensorSpec(
+            [None, *variable.shape[1:]], variable.dtype, name=values_name(index)
+        )
+    return signature
 
 
 def export_serving_model(model: keras.Model, state: FeatureState, directory: Path) -> list[str]:
@@ -89,9 +113,23 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
         probability = model(preprocessor(features), training=False)
         return {OUTPUT_NAME: tf.reshape(tf.cast(probability, tf.float32), [-1])}
 
+    weights = list(model.weights)
+
+    def apply_delta(delta: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        preprocessor.table.insert(delta["vocab_keys"], delta["vocab_rows"])
+        for index, variable in enumerate(weights):
+            rows, values = delta[rows_name(index)], delta[values_name(index)]
+            if variable.shape.rank == 0:
+                if tf.size(values) > 0:
+                    variable.value.assign(values[0])
+            else:
+                variable.value.scatter_update(tf.IndexedSlices(values, rows))
+        return {"num_vocabulary_entries": tf.size(delta["vocab_keys"])}
+
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(preprocessor)
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[RAW_INPUT_SIGNATURE])
+    archive.add_endpoint(APPLY_DELTA_ENDPOINT, apply_delta, input_signature=[delta_input_signature(model)])
     archive.write_out(str(target), verbose=False)
     return sorted(str(path.relative_to(directory)) for path in target.rglob("*") if path.is_file())

@@ -1,7 +1,8 @@
-"""The TF-Serving REST API, driven in-process: status codes, bodies and headers."""
+"""The TF-Serving REST API and /metrics, driven in-process: status codes, bodies and headers."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from datetime import UTC, datetime
@@ -14,8 +15,9 @@ from starlette.testclient import TestClient
 
 from components.config import ServingConfig
 from serving.app import create_app
+from serving.metrics import ServerMetrics, describe_model
 from serving.model import LoadedModel
-from tests.serving.fixture_model import MODEL_NAME, OLD_VERSION, FixedSource
+from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, FixedSource
 
 pytestmark = pytest.mark.unit
 
@@ -28,6 +30,13 @@ INSTANCES = [
     {"I13": -10, "C1": "abd", "C26": None},  # sigmoid(-1.0)
 ]
 EXPECTED = [0.7407749, 0.5, 0.2689414]
+# "Now" for freshness: 1h 1m 30.25s after the end of the fixture's first hour of data.
+NOW = datetime(2026, 1, 1, 2, 1, 30, 250000, tzinfo=UTC).timestamp()
+DATA_END = "2026-01-01T01:00:00+00:00"
+# One exposition sample line: name, optional {labels}, value.
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def assert_matches(pattern: str, text: str) -> None:
@@ -36,7 +45,50 @@ def assert_matches(pattern: str, text: str) -> None:
 
 @pytest.fixture
 def client(old_model: LoadedModel) -> TestClient:
-    return TestClient(create_app(FixedSource(old_model), CONFIG))
+    return TestClient(create_app(FixedSource(old_model), CONFIG, clock=lambda: NOW))
+
+
+def with_manifest(model: LoadedModel, version: str, **fields: Any) -> LoadedModel:
+    """The fixture model under another version, its manifest with `fields` added."""
+    return dataclasses.replace(model, version=version, manifest={**model.manifest, "version": version, **fields})
+
+
+def parse_metrics(text: str) -> Samples:
+    """(name, labels) -> value of every sample, failing on any line that is not a comment or a sample.
+
+    Label values are kept as written, escapes included."""
+    assert text.endswith("\n"), "exposition text must end with a newline"
+    samples: Samples = {}
+    declared: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            kind = re.match(r"^# (HELP|TYPE) (ctr_\w+) (.+)$", line)
+            assert kind, f"comment {line!r} is neither # HELP nor # TYPE"
+            if kind[1] == "TYPE":
+                assert kind[3] in {"counter", "gauge", "histogram"}, line
+                declared.add(kind[2])
+            continue
+        match = SAMPLE_LINE.match(line)
+        assert match, f"{line!r} is not `name{{labels}} value`"
+        name, labels, value = match.groups()
+        pairs = LABEL_PAIR.findall(labels or "")
+        assert ",".join(f'{k}="{v}"' for k, v in pairs) == (labels or ""), f"bad labels in {line!r}"
+        assert re.sub(r"_(bucket|sum|count)$", "", name) in declared, f"{name} sampled before its # TYPE"
+        key = (name, frozenset(pairs))
+        assert key not in samples, f"{line!r} repeats a sample"
+        samples[key] = float(value)
+    return samples
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def scrape(client: TestClient) -> Samples:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return parse_metrics(response.text)
 
 
 def test_predicts_instances(client: TestClient) -> None:
@@ -230,12 +282,188 @@ def test_model_status_is_tf_serving_json(client: TestClient) -> None:
                 "state": "AVAILABLE",
                 "status": {"error_code": "OK", "error_message": ""},
             }
-        ]
+        ],
+        # A full model without data_end: its own chain root, freshness unknown.
+        "version": OLD_VERSION,
+        "parent": None,
+        "chain_root": OLD_VERSION,
+        "data_end": None,
+        "freshness_s": None,
     }
     assert (latest.status_code, latest.json()) == (200, expected)
     assert (pinned.status_code, pinned.json()) == (200, expected)
     assert latest.headers["x-model-version"] == OLD_VERSION
     assert missing.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("fields", "lineage"),
+    [
+        (
+            {"parent": None, "data_end": DATA_END},
+            {"parent": None, "chain_root": NEW_VERSION, "data_end": DATA_END, "freshness_s": 3690.25},
+        ),
+        (
+            {"parent": OLD_VERSION, "chain_root": "202512310000", "data_end": "2026-01-01T02:00:00Z"},
+            {"parent": OLD_VERSION, "chain_root": "202512310000", "data_end": "2026-01-01T02:00:00Z",
+             "freshness_s": 90.25},
+        ),
+        (
+            # Without an offset the time is taken as UTC; without chain_root a fine-tuned model's root is unknown.
+            {"parent": OLD_VERSION, "data_end": "2026-01-01T02:01:00"},
+            {"parent": OLD_VERSION, "chain_root": None, "data_end": "2026-01-01T02:01:00", "freshness_s": 30.25},
+        ),
+    ],
+)
+def test_model_status_names_lineage_and_freshness_at_the_pinned_clock(
+    old_model: LoadedModel, fields: dict[str, Any], lineage: dict[str, Any]
+) -> None:
+    model = with_manifest(old_model, NEW_VERSION, **fields)
+    client = TestClient(create_app(FixedSource(model), CONFIG, clock=lambda: NOW))
+
+    body = client.get(f"/v1/models/ctr/versions/{NEW_VERSION}").json()
+
+    assert body == {"model_version_status": body["model_version_status"], "version": NEW_VERSION, **lineage}
+    assert [status["version"] for status in body["model_version_status"]] == [NEW_VERSION]
+
+
+def test_unreadable_data_end_leaves_freshness_unknown_and_is_logged(
+    old_model: LoadedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = with_manifest(old_model, NEW_VERSION, data_end="yesterday")
+    client = TestClient(create_app(FixedSource(model), CONFIG, clock=lambda: NOW))
+
+    with caplog.at_level(logging.WARNING, logger="serving.metrics"):
+        body = client.get("/v1/models/ctr").json()
+        samples = scrape(client)
+
+    assert (body["data_end"], body["freshness_s"]) == ("yesterday", None)
+    assert not [key for key in samples if key[0] == "ctr_model_freshness_seconds"]
+    assert sample(samples, "ctr_model_loaded") == 1
+    assert f"model version {NEW_VERSION} has data_end 'yesterday' in its manifest" in caplog.text
+
+
+def test_metrics_count_every_response_by_endpoint_and_code(client: TestClient) -> None:
+    for instances in (INSTANCES, [{}], [{}, {"I1": 1}]):
+        assert client.post(PREDICT, json={"instances": instances}).status_code == 200
+    assert client.post(PREDICT, json={"instances": [{"I1": "x"}]}).status_code == 400
+    assert client.post(PREDICT, json={"instances": [{}] * 5}).status_code == 413
+    assert client.get("/healthz").status_code == 200
+    assert client.put("/healthz").status_code == 405
+    assert client.get("/v1/models/other").status_code == 404
+    assert client.get("/v2/models").status_code == 404
+
+    first = scrape(client)
+    second = scrape(client)
+
+    requests = {
+        (labels["endpoint"], labels["code"]): value
+        for (name, pairs), value in first.items()
+        if name == "ctr_requests_total"
+        for labels in [dict(pairs)]
+    }
+    assert requests == {
+        ("predict", "200"): 3,
+        ("predict", "400"): 1,
+        ("predict", "413"): 1,
+        ("health", "200"): 1,
+        ("health", "405"): 1,
+        ("status", "404"): 1,
+        ("unmatched", "404"): 1,
+    }
+    # The scrape is counted once its response is sent, so it shows in the next one.
+    assert sample(second, "ctr_requests_total", endpoint="metrics", code="200") == 1
+    # Only instances of answered requests: 3 + 1 + 2.
+    assert sample(first, "ctr_predictions_total") == 6
+
+
+def test_predict_duration_histogram_times_every_predict_response(client: TestClient) -> None:
+    for _ in range(3):
+        client.post(PREDICT, json={"instances": [{}]})
+    client.post(PREDICT, content=b"{not json")
+    client.get("/healthz")
+
+    samples = scrape(client)
+
+    buckets = [
+        (float(dict(pairs)["le"]), value)
+        for (name, pairs), value in samples.items()
+        if name == "ctr_request_duration_seconds_bucket"
+    ]
+    bounds = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf")]
+    assert sorted(bound for bound, _ in buckets) == bounds
+    counts = [value for _, value in sorted(buckets)]
+    assert counts == sorted(counts), f"buckets must be cumulative, got {counts}"
+    # Every predict response (3 answered, 1 refused with 400), nothing else.
+    assert counts[-1] == 4
+    assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 4
+    assert 0 < sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict") < 60
+
+
+def test_histogram_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
+    metrics = ServerMetrics(timed_endpoints=["predict"], buckets=[0.01, 0.1, 1.0])
+    for seconds in (0.01, 0.003, 0.3, 5.0):
+        metrics.observe_duration("predict", seconds)
+
+    samples = parse_metrics(metrics.render(None))
+
+    assert {
+        dict(pairs)["le"]: value for (name, pairs), value in samples.items() if name.endswith("_bucket")
+    } == {"0.01": 2, "0.1": 2, "1.0": 3, "+Inf": 4}
+    assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 4
+    assert sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict") == pytest.approx(5.313)
+    with pytest.raises(ValueError, match=r"^endpoint 'status' is not timed; the timed ones are \['predict'\]$"):
+        metrics.observe_duration("status", 0.1)
+
+
+def test_metrics_model_gauges_at_the_pinned_clock(old_model: LoadedModel) -> None:
+    model = with_manifest(old_model, NEW_VERSION, parent=OLD_VERSION, chain_root="202512310000", data_end=DATA_END)
+    client = TestClient(create_app(FixedSource(model), CONFIG, clock=lambda: NOW))
+
+    samples = scrape(client)
+
+    assert sample(samples, "ctr_model_loaded") == 1
+    assert sample(samples, "ctr_model_version") == 202601010100
+    assert sample(samples, "ctr_model_freshness_seconds") == 3690.25
+    assert sample(
+        samples, "ctr_model_info", version=NEW_VERSION, parent=OLD_VERSION, chain_root="202512310000"
+    ) == 1
+    # Before any request: zero counts, not missing series.
+    assert sample(samples, "ctr_predictions_total") == 0
+    assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 0
+
+
+def test_metrics_info_of_a_full_model_has_an_empty_parent(client: TestClient) -> None:
+    samples = scrape(client)
+
+    assert sample(samples, "ctr_model_info", version=OLD_VERSION, parent="", chain_root=OLD_VERSION) == 1
+    assert sample(samples, "ctr_model_version") == 202601010000
+    assert not [key for key in samples if key[0] == "ctr_model_freshness_seconds"]
+
+
+def test_metrics_without_a_model_say_not_loaded_and_count_the_503s() -> None:
+    client = TestClient(create_app(FixedSource(None), CONFIG))
+    client.post(PREDICT, json={"instances": [{}]})
+    client.get("/healthz")
+
+    samples = scrape(client)
+
+    assert sample(samples, "ctr_model_loaded") == 0
+    assert {name for name, _ in samples if name.startswith("ctr_model_")} == {"ctr_model_loaded"}
+    assert sample(samples, "ctr_requests_total", endpoint="predict", code="503") == 1
+    assert sample(samples, "ctr_requests_total", endpoint="health", code="503") == 1
+
+
+def test_metrics_label_values_are_escaped() -> None:
+    info = describe_model('7"\\x', {"parent": "a\nb"}, now=0.0)
+
+    text = ServerMetrics(timed_endpoints=[]).render(info)
+
+    assert 'ctr_model_info{version="7\\"\\\\x",parent="a\\nb",chain_root=""} 1\n' in text
+    samples = parse_metrics(text)
+    assert sample(samples, "ctr_model_info", version='7\\"\\\\x', parent="a\\nb", chain_root="") == 1
+    # Not a number: no version gauge rather than a made-up one.
+    assert not [key for key in samples if key[0] == "ctr_model_version"]
 
 
 def test_healthz_names_the_version_and_its_load_time(client: TestClient, old_model: LoadedModel) -> None:
@@ -253,6 +481,7 @@ def test_healthz_names_the_version_and_its_load_time(client: TestClient, old_mod
 
 class _BrokenModel:
     version = "5"
+    manifest: dict[str, Any] = {}
     loaded_at = datetime(2026, 1, 1, tzinfo=UTC)
 
     def predict(self, instances: list) -> Any:
@@ -275,3 +504,6 @@ def test_unexpected_error_gets_500_and_is_logged_and_the_server_goes_on(
     assert "unexpected error while handling POST /v1/models/ctr:predict" in caplog.text
     assert "RuntimeError: disk on fire" in caplog.text
     assert after.status_code == 200
+    samples = scrape(client)
+    assert sample(samples, "ctr_requests_total", endpoint="predict", code="500") == 1
+    assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 1

@@ -31,8 +31,8 @@ def test_a_remote_store_is_fetched_into_the_cache_and_old_versions_pruned(
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         )
-        client.create_bucket(Bucket="models")
-        store = S3ModelStore("s3://models/prod", client=client)
+        client.create_bucket(Bucket="serving-models")  # moto keeps buckets process-wide: one per test file
+        store = S3ModelStore("s3://serving-models/prod", client=client)
         store.publish(MODEL_NAME, OLD_VERSION, exported[OLD_VERSION])
         cache = tmp_path / "cache"
 

@@ -38,6 +38,9 @@ class CountingStore:
     def latest(self, model_name: str) -> str | None:
         return self.store.latest(model_name)
 
+    def manifest(self, model_name: str, version: str) -> dict[str, Any]:
+        return self.store.manifest(model_name, version)
+
     def fetch(self, model_name: str, version: str, cache_dir: Path) -> Path:
         self.fetches[version] = self.fetches.get(version, 0) + 1
         return self.store.fetch(model_name, version, cache_dir)

@@ -1,0 +1,170 @@
+"""A bounded, open-loop load generator for the model server's predict endpoint.
+
+Requests leave on a fixed schedule (one every 1 / rate_per_s seconds from the start), whatever the server's
+latency, so a slow server shows up as latency and skips rather than as a lower send rate. At most
+`concurrency` requests are in flight: a request due while all slots are busy is counted as skipped, never
+queued, so memory and the backlog stay bounded however slow the server gets.
+
+    result = run_load("http://127.0.0.1:8501/v1/models/ctr:predict", lambda i: [instances[i % len(instances)]],
+                      rate_per_s=20, duration_s=600)
+    print(result.to_json())
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+MODEL_VERSION_HEADER = "X-Model-Version"
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    sent_at_s: float  # epoch seconds when the request left
+    latency_s: float  # until the response (or the error)
+    status: int | None  # None when no response came (timeout, refused connection)
+    version: str | None  # the X-Model-Version header of the response, if any
+    error: str = ""  # the exception, for requests that got no response
+
+
+@dataclass
+class LoadResult:
+    num_requests: int  # requests sent (skipped ones are not sent)
+    failed_requests: int  # non-200 responses, timeouts and connection errors
+    skipped: int  # requests due while `concurrency` were already in flight
+    latency_p50_ms: float | None  # over the 200 responses; None when there were none
+    latency_p99_ms: float | None
+    versions: list[tuple[float, str | None]]  # (sent_at_s, X-Model-Version) of each 200 response, by send time
+    elapsed_s: float
+    records: list[RequestRecord] = field(default_factory=list)  # every sent request, by send time
+
+    @property
+    def status_counts(self) -> dict[str, int]:
+        """Responses per status code, plus 'error' for requests that got none."""
+        counts = Counter("error" if r.status is None else str(r.status) for r in self.records)
+        return dict(sorted(counts.items()))
+
+    def to_json(self, include_records: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict of the result; the per-request records only when asked for (they are large)."""
+        out: dict[str, Any] = {
+            "num_requests": self.num_requests,
+            "failed_requests": self.failed_requests,
+            "skipped": self.skipped,
+            "latency_p50_ms": self.latency_p50_ms,
+            "latency_p99_ms": self.latency_p99_ms,
+            "elapsed_s": self.elapsed_s,
+            "status_counts": self.status_counts,
+            "versions": [[sent_at, version] for sent_at, version in self.versions],
+        }
+        if include_records:
+            out["records"] = [
+                {"sent_at_s": r.sent_at_s, "latency_ms": r.latency_s * 1000.0, "status": r.status,
+                 "version": r.version, "error": r.error}
+                for r in self.records
+            ]
+        return out
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def run_load(
+    url: str,
+    make_instances: Callable[[int], list[dict]],
+    *,
+    rate_per_s: float,
+    duration_s: float,
+    concurrency: int = 8,
+    timeout_s: float = 5.0,
+    max_requests: int | None = None,
+    stop_event: threading.Event | None = None,
+) -> LoadResult:
+    """POSTs {"instances": make_instances(i)} to `url` for request i = 0, 1, ... at `rate_per_s`.
+
+    Sends for `duration_s` seconds, or until `max_requests` have been sent or `stop_event` is set, whichever
+    comes first; then waits for the requests in flight (each at most `timeout_s`) and returns what they got.
+    `make_instances` runs on the calling thread, in order, and its result is JSON-encoded there; an exception
+    from either ends the run and propagates.
+    """
+    _check_positive("rate_per_s", rate_per_s)
+    _check_positive("duration_s", duration_s)
+    _check_positive("timeout_s", timeout_s)
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be at least 1 (or None for no bound), got {max_requests!r}")
+    stop = stop_event or threading.Event()
+    slots = threading.BoundedSemaphore(concurrency)
+    records: list[RequestRecord] = []
+    records_lock = threading.Lock()
+    futures: list[Future[None]] = []
+    num_sent = skipped = 0
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(timeout=timeout_s, limits=limits) as client:
+
+        def send(body: bytes) -> None:
+            try:
+                sent_at, started = time.time(), time.perf_counter()
+                try:
+                    response = client.post(url, content=body, headers={"Content-Type": "application/json"})
+                except httpx.HTTPError as err:  # timeouts, refused or dropped connections: a failed request
+                    record = RequestRecord(sent_at, time.perf_counter() - started, None, None,
+                                           f"{type(err).__name__}: {err}")
+                else:
+                    record = RequestRecord(sent_at, time.perf_counter() - started, response.status_code,
+                                           response.headers.get(MODEL_VERSION_HEADER))
+                with records_lock:
+                    records.append(record)
+            finally:
+                slots.release()
+
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="loadgen") as pool:
+            start = time.perf_counter()
+            tick = 0
+            while max_requests is None or num_sent < max_requests:
+                offset_s = tick / rate_per_s
+                if offset_s >= duration_s:
+                    break
+                # A late tick (the loop was descheduled) fires at once: the schedule, not the loop, sets the rate.
+                if stop.wait(max(0.0, start + offset_s - time.perf_counter())):
+                    break
+                tick += 1
+                if not slots.acquire(blocking=False):
+                    skipped += 1
+                    continue
+                try:
+                    body = json.dumps({"instances": make_instances(num_sent)}).encode()
+                except BaseException:
+                    slots.release()
+                    raise
+                futures.append(pool.submit(send, body))
+                num_sent += 1
+        elapsed_s = time.perf_counter() - start
+    for future in futures:
+        future.result()  # a bug in `send` surfaces here instead of as a request missing from the counts
+
+    records.sort(key=lambda r: r.sent_at_s)
+    answered = [r for r in records if r.status == 200]
+    latencies_ms = np.array([r.latency_s * 1000.0 for r in answered])
+    return LoadResult(
+        num_requests=num_sent,
+        failed_requests=len(records) - len(answered),
+        skipped=skipped,
+        latency_p50_ms=float(np.percentile(latencies_ms, 50)) if answered else None,
+        latency_p99_ms=float(np.percentile(latencies_ms, 99)) if answered else None,
+        versions=[(r.sent_at_s, r.version) for r in answered],
+        elapsed_s=elapsed_s,
+        records=records,
+    )

@@ -1,0 +1,146 @@
+"""Deltas: what changed in a model since its parent version, small enough to ship every minute. The format
+is the contract between the incremental trainer, which writes deltas, and serving, which applies them.
+
+A delta holds the vocabulary entries admitted since the parent (feature + KEY_SEPARATOR + value -> row), and
+for every weight of the model the rows (along the first axis) whose values differ from the parent's, with
+their new values. With row-sparse embedding updates a minute of traffic touches few embedding rows, so the
+delta is those rows plus the dense layers. Applying the parent's full model and then its deltas in order
+gives the trainer's weights bit for bit: unchanged rows are equal by construction, changed rows are copied.
+
+On disk a delta is `delta.npz` (uncompressed, the arrays named as the SavedModel's `apply_delta` endpoint
+takes them: trainer.export.delta_input_signature) and a manifest of kind "delta" naming its parent version,
+the full version its chain starts from, the training step, the data span and the checksums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.feature_state import FeatureState
+from components.manifest import MANIFEST_NAME, commit_dir, read_manifest, staging_dir, write_manifest
+from components.schema import CATEGORICAL_FEATURES
+
+DELTA_KIND = "delta"
+FULL_KIND = "full_model"
+DELTA_FILE = "delta.npz"
+# Between feature name and value in the serving lookup keys (trainer.export): one table serves all features,
+# and "C1" + "0" never meets "C10" + "" because the separator sits between them.
+KEY_SEPARATOR = "\x1f"
+
+
+class DeltaError(ValueError):
+    """A delta cannot be computed, or does not fit the model it is applied to."""
+
+
+def rows_name(index: int) -> str:
+    return f"rows_{index:03d}"
+
+
+def values_name(index: int) -> str:
+    return f"values_{index:03d}"
+
+
+def changed_rows(parent: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """Indices along the first axis where any value differs (NaN-safe: NaN == NaN here); a scalar weight is
+    one row, row 0."""
+    if parent.shape != current.shape:
+        raise DeltaError(f"a weight changed shape from {parent.shape} to {current.shape}; a delta cannot express "
+                         "that: export a full model instead")
+    if current.ndim == 0:
+        same = parent == current or (np.isnan(parent) and np.isnan(current))
+        return np.empty(0, np.int64) if same else np.zeros(1, np.int64)
+    differ = (parent != current) & ~(np.isnan(parent) & np.isnan(current)) if current.dtype.kind == "f" else (
+        parent != current)
+    return np.flatnonzero(differ.reshape(len(current), -1).any(axis=1)).astype(np.int64)
+
+
+def weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """rows_i / values_i for every weight i: the rows that changed and their new values."""
+    if len(parent) != len(current):
+        raise DeltaError(f"the parent model has {len(parent)} weights and this one {len(current)}: not the same "
+                         "model; export a full model instead")
+    arrays: dict[str, np.ndarray] = {}
+    for index, (old, new) in enumerate(zip(parent, current, strict=True)):
+        old, new = np.asarray(old), np.asarray(new)
+        rows = changed_rows(old, new)
+        arrays[rows_name(index)] = rows
+        arrays[values_name(index)] = new.reshape(1)[rows] if new.ndim == 0 else new[rows]
+    return arrays
+
+
+def new_vocabulary_entries(parent: FeatureState, state: FeatureState) -> tuple[np.ndarray, np.ndarray]:
+    """Lookup keys and rows of the values admitted in `state` that `parent` did not have. An admitted value
+    that moved (only eviction moves one, and eviction starts a new chain) is refused."""
+    keys: list[str] = []
+    rows: list[int] = []
+    for name in CATEGORICAL_FEATURES:
+        before = dict(zip(parent.vocabularies[name].values, parent.vocabularies[name].rows, strict=True))
+        for value, row in zip(state.vocabularies[name].values, state.vocabularies[name].rows, strict=True):
+            old = before.get(value)
+            if old is None:
+                keys.append(name + KEY_SEPARATOR + value)
+                rows.append(row)
+            elif old != row:
+                raise DeltaError(f"{name} value {value!r} moved from row {old} to {row}: rows only move in the daily "
+                                 "run, which starts a new chain with a full model")
+    return np.array(keys, dtype=np.str_), np.array(rows, dtype=np.int64)
+
+
+def delta_arrays(parent_weights: Sequence[np.ndarray], weights: Sequence[np.ndarray], parent_state: FeatureState,
+                 state: FeatureState) -> dict[str, np.ndarray]:
+    keys, rows = new_vocabulary_entries(parent_state, state)
+    return {"vocab_keys": keys, "vocab_rows": rows, **weight_arrays(parent_weights, weights)}
+
+
+def write_delta(directory: Path, arrays: Mapping[str, np.ndarray], *, version: str, parent: str, chain_root: str,
+                weight_specs: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Writes `directory` (replacing an older one) atomically: delta.npz, then the manifest, then rename."""
+    if int(version) <= int(parent):
+        raise DeltaError(f"delta version {version} must be above its parent's, {parent}")
+    staging = staging_dir(directory)
+    with open(staging / DELTA_FILE, "wb") as handle:
+        np.savez(handle, **arrays)
+    changed = {spec["path"]: int(len(arrays[rows_name(i)])) for i, spec in enumerate(weight_specs)}
+    manifest = write_manifest(
+        staging, kind=DELTA_KIND, version=version, files=[DELTA_FILE],
+        extra={"parent": parent, "chain_root": chain_root, "weight_specs": list(weight_specs),
+               "rows_changed": changed, "num_vocabulary_entries": int(len(arrays["vocab_keys"])),
+               "delta_bytes": (staging / DELTA_FILE).stat().st_size, **dict(extra)},
+    )
+    commit_dir(staging, directory)
+    return manifest
+
+
+def read_delta(directory: Path, weight_specs: Sequence[Mapping[str, Any]] | None = None,
+               verify: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The delta's manifest and arrays, after checking its checksums and, given the served model's
+    `weight_specs`, that it was computed for a model of the same weights."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, kind=DELTA_KIND, verify=verify)
+    if weight_specs is not None and _shapes(manifest["weight_specs"]) != _shapes(weight_specs):
+        raise DeltaError(f"delta {manifest['version']} in {directory} was computed for other weights than the "
+                         "served model's; reload the full model of its chain")
+    with np.load(directory / DELTA_FILE, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    for index, spec in enumerate(manifest["weight_specs"]):
+        rows, values = arrays[rows_name(index)], arrays[values_name(index)]
+        if len(rows) != len(values) or (len(rows) and (rows.min() < 0 or rows.max() >= max(1, _first(spec)))):
+            raise DeltaError(f"delta {manifest['version']}: weight {spec['path']} has rows outside 0.."
+                             f"{_first(spec) - 1} or {len(rows)} rows for {len(values)} values")
+    return manifest, arrays
+
+
+def delta_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in Path(directory).iterdir() if p.is_file() and p.name != MANIFEST_NAME)
+
+
+def _first(spec: Mapping[str, Any]) -> int:
+    return int(spec["shape"][0]) if spec["shape"] else 1
+
+
+def _shapes(specs: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[int, ...]]]:
+    return [(spec["path"], tuple(spec["shape"])) for spec in specs]

@@ -1,0 +1,217 @@
+"""The server's metrics in Prometheus' text exposition format 0.0.4, written by hand (no client library).
+
+    ctr_requests_total{endpoint, code}        counter: every response, errors included
+    ctr_request_duration_seconds{endpoint}    histogram: responses of any status of the timed endpoints (predict),
+                                              from request start to response end
+    ctr_predictions_total                     counter: instances predicted by successful predict requests
+    ctr_model_loaded                          gauge: 1 while a model is loaded, else 0
+    ctr_model_version                         gauge: the loaded version as a number (absent if not numeric)
+    ctr_model_freshness_seconds               gauge: now - data_end (absent without data_end)
+    ctr_model_info{version, parent, chain_root}  gauge: always 1; a missing parent or chain_root is ""
+
+Counters live in one `ServerMetrics` per app; the model gauges are computed at scrape time from the model
+serving then (`ModelInfo`), so they cannot go stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Upper bounds in seconds; the +Inf bucket is implied.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+Sample = tuple[Mapping[str, str], float]  # (labels, value) of one line
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Where the served model comes from and how old its newest data is, for /v1/models and /metrics."""
+
+    version: str
+    parent: str | None  # the version this one was fine-tuned from; None for a model trained in full
+    chain_root: str | None  # the full model at the start of the parent chain
+    data_end: str | None  # ISO-8601 UTC: the close of the newest minute of data in the model
+    freshness_seconds: float | None  # now - data_end
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "parent": self.parent,
+            "chain_root": self.chain_root,
+            "data_end": self.data_end,
+            "freshness_s": self.freshness_seconds,
+        }
+
+
+def describe_model(version: str, manifest: Mapping[str, Any], now: float) -> ModelInfo:
+    """The lineage and freshness of a model from its manifest; `now` is seconds since the epoch."""
+    parent = manifest.get("parent")
+    chain_root = manifest.get("chain_root")
+    if chain_root is None and parent is None:
+        chain_root = version
+    data_end = manifest.get("data_end")
+    end = data_end_timestamp(version, data_end)
+    freshness = None if end is None else now - end
+    return ModelInfo(version, parent, chain_root, data_end, freshness)
+
+
+def data_end_timestamp(version: str, data_end: Any) -> float | None:
+    """`data_end` in seconds since the epoch (naive times taken as UTC); None if absent or unreadable.
+
+    An unreadable value is logged rather than raised: it must not take down /metrics and its counters.
+    """
+    if data_end is None:
+        return None
+    try:
+        end = datetime.fromisoformat(data_end)
+    except (TypeError, ValueError):
+        logger.warning(
+            "model version %s has data_end %r in its manifest, expected an ISO-8601 time such as "
+            "'2026-01-01T00:00:00+00:00'; its freshness is unknown", version, data_end,
+        )
+        return None
+    return (end if end.tzinfo else end.replace(tzinfo=UTC)).timestamp()
+
+
+class ServerMetrics:
+    """Request counters and latency histograms of `timed_endpoints`, safe to update from any thread.
+
+    The histograms exist from the start, so a scrape before the first request reads zeros, not nothing.
+    """
+
+    def __init__(self, timed_endpoints: Iterable[str], buckets: Iterable[float] = DURATION_BUCKETS) -> None:
+        bounds = tuple(sorted(buckets))
+        self.timed_endpoints = frozenset(timed_endpoints)
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, int], int] = {}
+        self._durations = {endpoint: _Histogram(bounds) for endpoint in self.timed_endpoints}
+        self._predictions = 0
+
+    def count_request(self, endpoint: str, code: int) -> None:
+        with self._lock:
+            key = (endpoint, code)
+            self._requests[key] = self._requests.get(key, 0) + 1
+
+    def observe_duration(self, endpoint: str, seconds: float) -> None:
+        if endpoint not in self._durations:
+            raise ValueError(f"endpoint {endpoint!r} is not timed; the timed ones are {sorted(self._durations)}")
+        with self._lock:
+            self._durations[endpoint].observe(seconds)
+
+    def count_predictions(self, num_instances: int) -> None:
+        with self._lock:
+            self._predictions += num_instances
+
+    def render(self, model: ModelInfo | None) -> str:
+        """The exposition text: the counters as they stand now and the gauges of `model` (None: none loaded)."""
+        with self._lock:
+            lines = [
+                *self._request_lines(),
+                *self._duration_lines(),
+                *_family("ctr_predictions_total", "counter", "Instances predicted.", [({}, self._predictions)]),
+            ]
+        lines += _model_lines(model)
+        return "\n".join(lines) + "\n"
+
+    def _request_lines(self) -> list[str]:
+        samples = [
+            ({"endpoint": endpoint, "code": str(code)}, count)
+            for (endpoint, code), count in sorted(self._requests.items())
+        ]
+        return _family("ctr_requests_total", "counter", "Responses by endpoint and HTTP status code.", samples)
+
+    def _duration_lines(self) -> list[str]:
+        lines = _family(
+            "ctr_request_duration_seconds", "histogram", "Time from request start to response end.", []
+        )
+        for endpoint in sorted(self._durations):
+            lines += self._durations[endpoint].lines("ctr_request_duration_seconds", {"endpoint": endpoint})
+        return lines
+
+
+class _Histogram:
+    """Cumulative-bucket histogram state; the owner holds the lock."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)  # per bucket, not cumulative
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for index, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[index] += 1
+                break
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str, labels: Mapping[str, str]) -> list[str]:
+        cumulative = 0
+        samples = []
+        for bound, count in zip(self.buckets, self.counts, strict=True):
+            cumulative += count
+            samples.append(_sample(f"{name}_bucket", {**labels, "le": _number(bound)}, cumulative))
+        samples.append(_sample(f"{name}_bucket", {**labels, "le": "+Inf"}, self.count))
+        samples.append(_sample(f"{name}_sum", labels, self.sum))
+        samples.append(_sample(f"{name}_count", labels, self.count))
+        return samples
+
+
+def _model_lines(model: ModelInfo | None) -> list[str]:
+    loaded: list[Sample] = [({}, int(model is not None))]
+    version: list[Sample] = []
+    freshness: list[Sample] = []
+    info: list[Sample] = []
+    if model is not None:
+        if model.version.isdigit():
+            version = [({}, int(model.version))]
+        if model.freshness_seconds is not None:
+            freshness = [({}, model.freshness_seconds)]
+        labels = {"version": model.version, "parent": _label(model.parent), "chain_root": _label(model.chain_root)}
+        info = [(labels, 1)]
+    return [
+        *_family("ctr_model_loaded", "gauge", "1 while a model version is loaded, else 0.", loaded),
+        *_family("ctr_model_version", "gauge", "The loaded model version, as a number.", version),
+        *_family("ctr_model_freshness_seconds", "gauge", "Seconds from the model's data_end to now.", freshness),
+        *_family("ctr_model_info", "gauge", "The loaded model version and its lineage; always 1.", info),
+    ]
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[Sample]) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *(_sample(name, *s) for s in samples)]
+
+
+def _sample(name: str, labels: Mapping[str, str], value: float) -> str:
+    if not labels:
+        return f"{name} {_number(value)}"
+    pairs = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
+    return f"{name}{{{pairs}}} {_number(value)}"
+
+
+def _label(value: Any) -> str:
+    """A label value; Prometheus reads an empty one as absent."""
+    return "" if value is None else str(value)
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)

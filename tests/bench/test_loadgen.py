@@ -1,0 +1,179 @@
+"""The load generator against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bench.loadgen import run_load
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class FakeModelServer:
+    """Answers 500 to every 5th request it receives; version "7" for its first 10 requests, "8" after."""
+
+    url: str = ""
+    delay_s: float = 0.0
+    bodies: list[dict] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, body: dict) -> tuple[int, str]:
+        with self.lock:
+            self.bodies.append(body)
+            count = len(self.bodies)
+        time.sleep(self.delay_s)
+        return (500 if count % 5 == 0 else 200), ("7" if count <= 10 else "8")
+
+
+@pytest.fixture
+def model_server() -> Iterator[FakeModelServer]:
+    fake = FakeModelServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the real server
+        disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, version = fake.answer(body)
+            payload = json.dumps({"predictions": [0.5] * len(body["instances"])}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("X-Model-Version", version)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}/v1/models/ctr:predict"
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _instances(i: int) -> list[dict]:
+    return [{"I1": i, "C1": f"{i:08x}"}]
+
+
+def test_counts_failures_and_records_versions_for_a_fixed_number_of_requests(model_server):
+    started = time.time()
+    result = run_load(model_server.url, _instances, rate_per_s=100, duration_s=10, concurrency=8, max_requests=20)
+
+    assert (result.num_requests, result.failed_requests, result.skipped) == (20, 4, 0)
+    assert result.status_counts == {"200": 16, "500": 4}
+    # The server saw exactly the 20 bodies make_instances built, once each.
+    assert sorted(b["instances"][0]["I1"] for b in model_server.bodies) == list(range(20))
+    assert model_server.bodies[0] == {"instances": _instances(model_server.bodies[0]["instances"][0]["I1"])}
+    # Requests 1-10 are answered by version 7 and 11-20 by version 8; 2 of each ten are 500s without a version.
+    assert Counter(version for _, version in result.versions) == {"7": 8, "8": 8}
+    sent_at = [t for t, _ in result.versions]
+    assert sent_at == sorted(sent_at)
+    assert started <= sent_at[0] and sent_at[-1] <= time.time()
+    # 20 requests at 100/s: the last is due 190 ms after the first (unpaced they would leave within a few ms;
+    # a busy host can delay a worker's start, and so the first send time, by tens of ms).
+    assert 0.1 <= result.records[-1].sent_at_s - result.records[0].sent_at_s < 2.0
+    assert 0 < result.latency_p50_ms <= result.latency_p99_ms < 5000
+
+    summary = json.loads(json.dumps(result.to_json()))
+    assert {k: summary[k] for k in ("num_requests", "failed_requests", "skipped")} == {
+        "num_requests": 20, "failed_requests": 4, "skipped": 0}
+    assert summary["status_counts"] == {"200": 16, "500": 4}
+    assert len(summary["versions"]) == 16 and "records" not in summary
+    with_records = result.to_json(include_records=True)["records"]
+    assert [r["status"] for r in with_records].count(500) == 4
+
+
+def test_duration_bounds_the_schedule(model_server):
+    # Ticks at 0, 20, ..., 180 ms fall inside 0.2 s: exactly 10 requests.
+    result = run_load(model_server.url, _instances, rate_per_s=50, duration_s=0.2)
+    assert (result.num_requests, result.failed_requests, result.skipped) == (10, 2, 0)
+    assert len(model_server.bodies) == 10
+
+
+def test_requests_beyond_the_concurrency_limit_are_skipped_not_queued(model_server):
+    # Every answer takes 1 s, so the 2 slots stay busy through all 10 ticks of the 0.2 s run.
+    model_server.delay_s = 1.0
+    result = run_load(model_server.url, _instances, rate_per_s=50, duration_s=0.2, concurrency=2)
+    assert (result.num_requests, result.skipped, result.failed_requests) == (2, 8, 0)
+    assert len(model_server.bodies) == 2
+    assert result.latency_p50_ms >= 1000
+
+
+def test_a_timeout_is_a_failed_request_without_a_version(model_server):
+    model_server.delay_s = 1.0
+    result = run_load(model_server.url, _instances, rate_per_s=10, duration_s=5, timeout_s=0.2, max_requests=1)
+    assert (result.num_requests, result.failed_requests) == (1, 1)
+    assert result.versions == [] and result.latency_p50_ms is None
+    (record,) = result.records
+    assert (record.status, record.version) == (None, None)
+    assert "Timeout" in record.error
+    assert result.status_counts == {"error": 1}
+
+
+def test_a_refused_connection_is_a_failed_request():
+    with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as closed:
+        port = closed.server_address[1]
+    result = run_load(f"http://127.0.0.1:{port}/", _instances, rate_per_s=100, duration_s=1, max_requests=3)
+    assert (result.num_requests, result.failed_requests) == (3, 3)
+    assert all("ConnectError" in r.error for r in result.records)
+
+
+def test_stop_event_ends_the_run_early(model_server):
+    already = threading.Event()
+    already.set()
+    result = run_load(model_server.url, _instances, rate_per_s=20, duration_s=30, stop_event=already)
+    assert (result.num_requests, result.skipped) == (0, 0)
+
+    stop = threading.Event()
+    timer = threading.Timer(0.3, stop.set)
+    timer.start()
+    result = run_load(model_server.url, _instances, rate_per_s=20, duration_s=30, stop_event=stop)
+    timer.join()
+    # Ticks every 50 ms until the stop at 0.3 s: about 6 requests (7 counting the tick at 0.3 s itself).
+    assert 3 <= result.num_requests <= 8
+    assert result.elapsed_s < 2.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rate_per_s": 0}, "rate_per_s must be > 0, got 0"),
+        ({"duration_s": -1.0}, r"duration_s must be > 0, got -1.0"),
+        ({"timeout_s": 0.0}, r"timeout_s must be > 0, got 0.0"),
+        ({"concurrency": 0}, "concurrency must be at least 1, got 0"),
+        ({"max_requests": 0}, r"max_requests must be at least 1 \(or None for no bound\), got 0"),
+    ],
+)
+def test_invalid_arguments_name_the_value(kwargs, match):
+    arguments = {"rate_per_s": 10.0, "duration_s": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        run_load("http://127.0.0.1:9/", _instances, **arguments)
+
+
+def test_an_error_in_make_instances_propagates(model_server):
+    def broken(i: int) -> list[dict]:
+        if i == 2:
+            raise KeyError(f"no instance {i}")
+        return _instances(i)
+
+    with pytest.raises(KeyError, match="no instance 2"):
+        run_load(model_server.url, broken, rate_per_s=100, duration_s=1)
+    assert len(model_server.bodies) == 2

@@ -1,0 +1,183 @@
+"""Serving follows a chain of deltas: exactness, corrupt and missing deltas, branches, rollback, hot swaps."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.delta import DELTA_FILE
+from components.model_store import LocalModelStore, rollback
+from serving.model import LoadedModel, StaleModel
+from serving.watcher import ModelWatcher
+from tests.serving.delta_chain import MODEL_NAME, build_chain, load_weights, predictions, raw_rows
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory):
+    model, steps = build_chain(tmp_path_factory.mktemp("chain"), num_deltas=3)
+    columns = raw_rows(steps[-1].state, 200, seed=99)
+    expected = {}
+    for step in steps:  # the trainer's own predictions at each step, from the Keras model
+        load_weights(model, step)
+        expected[step.version] = predictions(model, step.state, columns)
+    return steps, columns, expected
+
+
+def store_with(tmp_path: Path, steps, versions=None) -> LocalModelStore:
+    store = LocalModelStore(tmp_path / "store")
+    for step in steps:
+        if versions is None or step.version in versions:
+            store.publish(MODEL_NAME, step.version, step.directory)
+    return store
+
+
+def watcher_for(store: LocalModelStore, tmp_path: Path) -> ModelWatcher:
+    return ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60)
+
+
+def served(watcher: ModelWatcher, columns) -> np.ndarray:
+    return watcher.current().predict_columns(columns)
+
+
+def test_full_model_plus_deltas_serves_the_trainers_predictions(chain, tmp_path):
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps[:1])
+    watcher = watcher_for(store, tmp_path)
+    assert watcher.poll_once()
+    np.testing.assert_allclose(served(watcher, columns), expected[steps[0].version], rtol=0, atol=1e-6)
+    for step in steps[1:]:  # one delta at a time, as the minutes come
+        store.publish(MODEL_NAME, step.version, step.directory)
+        assert watcher.poll_once()
+        assert watcher.version == step.version
+        assert watcher.current().parent == str(int(step.version) - 1)
+        np.testing.assert_allclose(served(watcher, columns), expected[step.version], rtol=0, atol=1e-6)
+    # The steps really differ, so the equality above says something.
+    assert np.abs(expected[steps[-1].version] - expected[steps[0].version]).max() > 1e-3
+
+
+def test_several_new_deltas_are_applied_in_one_poll_and_the_standby_catches_up(chain, tmp_path):
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps[:2])
+    watcher = watcher_for(store, tmp_path)
+    watcher.poll_once()
+    assert watcher.version == steps[1].version
+    for step in steps[2:]:
+        store.publish(MODEL_NAME, step.version, step.directory)
+    assert watcher.poll_once()
+    np.testing.assert_allclose(served(watcher, columns), expected[steps[3].version], rtol=0, atol=1e-6)
+
+
+def test_a_corrupt_delta_is_rejected_and_serving_stays_on_the_last_good_version(chain, tmp_path):
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps[:2])
+    watcher = watcher_for(store, tmp_path)
+    watcher.poll_once()
+    store.publish(MODEL_NAME, steps[2].version, steps[2].directory)
+    published = store.root / MODEL_NAME / steps[2].version / DELTA_FILE
+    data = bytearray(published.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    published.write_bytes(bytes(data))
+    assert not watcher.poll_once()
+    assert watcher.version == steps[1].version
+    assert "does not match its manifest checksum" in watcher.last_error
+    np.testing.assert_allclose(served(watcher, columns), expected[steps[1].version], rtol=0, atol=1e-6)
+
+
+def test_a_missing_delta_leaves_serving_on_the_last_good_version(chain, tmp_path):
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps, versions={steps[0].version, steps[2].version})  # steps[1] never arrived
+    watcher = watcher_for(store, tmp_path)
+    assert not watcher.poll_once()
+    assert watcher.current() is None
+    assert f"has a gap: version {steps[1].version}" in watcher.last_error
+    shutil.rmtree(store.root / MODEL_NAME / steps[2].version)
+    assert watcher.poll_once()  # once the broken chain is gone, the full model serves
+    np.testing.assert_allclose(served(watcher, columns), expected[steps[0].version], rtol=0, atol=1e-6)
+
+
+def test_a_delta_whose_parent_is_not_the_served_version_reloads_its_chain(chain, tmp_path):
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps[:3])
+    watcher = watcher_for(store, tmp_path)
+    watcher.poll_once()
+    assert watcher.version == steps[2].version
+    rollback(store, MODEL_NAME, steps[1].version, "test")  # serving at steps[2]; the store now ends at steps[1]
+    assert watcher.poll_once()
+    assert watcher.version == steps[1].version
+    np.testing.assert_allclose(served(watcher, columns), expected[steps[1].version], rtol=0, atol=1e-6)
+    # A delta on steps[2] (not the served steps[1]): its chain is reloaded from the full model.
+    shutil.rmtree(store.root / MODEL_NAME / "_retracted")
+    store.publish(MODEL_NAME, steps[3].version, steps[3].directory)
+    assert watcher.poll_once()
+    np.testing.assert_allclose(served(watcher, columns), expected[steps[3].version], rtol=0, atol=1e-6)
+
+
+def test_rollback_retracts_newer_versions_and_refuses_unknown_ones(chain, tmp_path):
+    steps, _, _ = chain
+    store = store_with(tmp_path, steps)
+    assert rollback(store, MODEL_NAME, steps[1].version, "bad minute") == [steps[2].version, steps[3].version]
+    assert store.latest(MODEL_NAME) == steps[1].version
+    assert store.retracted(MODEL_NAME) == {steps[2].version, steps[3].version}
+    with pytest.raises(Exception, match="it was retracted itself"):
+        rollback(store, MODEL_NAME, steps[2].version, "again")
+    with pytest.raises(Exception, match="is not in"):
+        rollback(store, MODEL_NAME, "209901010000", "typo")
+
+
+def test_a_stale_snapshot_refuses_to_predict(chain, tmp_path):
+    steps, columns, _ = chain
+    model = LoadedModel.load(steps[0].directory)
+    from components.delta import read_delta
+
+    newer = model.apply_delta(*read_delta(steps[1].directory))
+    with pytest.raises(StaleModel, match=f"moved from version {steps[0].version} to {steps[1].version}"):
+        model.predict_columns(columns)
+    assert newer.predict_columns(columns).shape == (200,)
+
+
+def test_hot_swaps_under_concurrent_requests_never_fail_or_mix_versions(chain, tmp_path):
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps[:1])
+    watcher = watcher_for(store, tmp_path)
+    watcher.poll_once()
+    stop = threading.Event()
+    answers: list[tuple[str, np.ndarray]] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            for _ in range(3):  # what the HTTP layer does: a stale snapshot is retried on the current one
+                model = watcher.current()
+                try:
+                    answers.append((model.version, model.predict_columns(columns)))
+                    break
+                except StaleModel:
+                    continue
+                except BaseException as err:  # noqa: BLE001 - the test counts every failure
+                    errors.append(err)
+                    break
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for step in steps[1:]:
+            store.publish(MODEL_NAME, step.version, step.directory)
+            assert watcher.poll_once()
+        rollback(store, MODEL_NAME, steps[0].version, "swap back under load")
+        assert watcher.poll_once()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    seen = {version for version, _ in answers}
+    assert len(answers) > 20 and len(seen) >= 2
+    for version, values in answers:  # every answer is exactly one version's predictions
+        np.testing.assert_allclose(values, expected[version], rtol=0, atol=1e-6)
