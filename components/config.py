@@ -96,6 +96,10 @@ class FeatureConfig:
     evict_after_days: int = 7
     # Embedding rows per categorical feature, reserved rows included. Values admitted beyond it stay shared.
     max_rows_per_feature: int = 1_000_000
+    # Rows each table gets beyond its admitted values at the daily run: minute runs admit new values into this
+    # room (a minute's model keeps its daily parent's shape, so its delta only changes rows). Values admitted
+    # once the room is full wait as candidates for the next daily run.
+    growth_rows: int = 1000
     # Rows per TFRecord block (one tf.Example per block).
     block_rows: int = 1024
     num_shards: int = 4
@@ -163,6 +167,26 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class IncrementalConfig:
+    """Minute runs (pipelines/incremental.py, DAG ctr_incremental): train on one minute, ship a delta."""
+
+    # The validate step waits this long for the minute's partition to be complete (_SUCCESS) before failing.
+    wait_for_data_s: float = 30.0
+    # Share of the minute's rows held out (by row position) to score the delta against its parent.
+    holdout_fraction: float = 0.1
+    # Passes over the minute's training rows.
+    epochs: int = 1
+    # Gate on every delta: every value finite, no changed embedding row longer than this (L2 norm), and the
+    # holdout logloss no worse than the parent's by more than this.
+    max_embedding_norm: float = 50.0
+    max_logloss_increase: float = 0.01
+    # After an outage, minutes whose data closed more than this long before their run started are skipped
+    # (logged, no delta) when catch_up is "skip_stale"; with "in_order" every missed minute is trained in order.
+    catch_up: str = "in_order"
+    max_lag_s: float = 600.0
+
+
+@dataclass(frozen=True)
 class TrackingConfig:
     # Empty means sqlite:///<data_root>/mlflow/mlflow.db
     tracking_uri: str = ""
@@ -190,6 +214,7 @@ class PipelineConfig:
     features: FeatureConfig = field(default_factory=FeatureConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
 

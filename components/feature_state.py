@@ -62,8 +62,10 @@ class Vocabulary:
     """The admitted values of one categorical feature and their embedding rows.
 
     An admitted value keeps its row for as long as it stays admitted. Eviction frees its row; freed rows are
-    handed out again (lowest first) before the table grows. `num_rows` is the table size: the reserved rows
-    plus every row ever handed out, freed ones included, so it never shrinks and old checkpoints stay loadable.
+    handed out again (lowest first) before the table grows. `num_rows` counts the reserved rows plus every row
+    ever handed out, freed ones included, so it never shrinks and old checkpoints stay loadable. `capacity`,
+    when above `num_rows`, is the table size: the daily run leaves room there for the values that minute runs
+    admit, because a minute's model must keep its daily parent's shape (its delta only changes rows).
     """
 
     values: tuple[str, ...] = ()
@@ -73,6 +75,11 @@ class Vocabulary:
     last_seen: tuple[int, ...] = ()
     num_rows: int = NUM_RESERVED_ROWS
     free_rows: tuple[int, ...] = ()
+    capacity: int = 0
+
+    @property
+    def table_size(self) -> int:
+        return max(self.num_rows, self.capacity)
 
     @classmethod
     def of(cls, values: Sequence[str], counts: Sequence[int] | None = None, last_seen: int = 0) -> Vocabulary:
@@ -105,7 +112,7 @@ class FeatureState:
     new_rows: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def table_size(self, feature: str) -> int:
-        return self.vocabularies[feature].num_rows
+        return self.vocabularies[feature].table_size
 
     def table_sizes(self) -> dict[str, int]:
         return {name: self.table_size(name) for name in CATEGORICAL_FEATURES}
@@ -145,6 +152,8 @@ def advance_feature_state(
     version: str,
     evict_after_days: int = 0,
     max_rows_per_feature: int = 1 << 62,
+    growth_rows: int = 0,
+    fixed_tables: bool = False,
 ) -> FeatureState:
     """Folds the occurrences counted in new data (`counts`, COUNTS_SCHEMA) into the previous state.
 
@@ -154,7 +163,10 @@ def advance_feature_state(
     - a candidate whose total reaches `min_count` is admitted (highest count first, ties by value), into a
       freed row if there is one, else a new row at the end, while the table stays within
       `max_rows_per_feature`; the rest stay candidates;
-    - an admitted value never moves.
+    - an admitted value never moves;
+    - with `growth_rows`, each table gets room for that many more values (capacity, within
+      `max_rows_per_feature`); with `fixed_tables` (a minute run) no table grows past its previous size: values
+      are admitted into free rows and that room only, and the rest stay candidates for the daily run.
     The result is a function of its inputs only: the same previous state and counts give the same state.
     """
     if min_count < 1:
@@ -193,12 +205,13 @@ def advance_feature_state(
             seen = {v: cl for v, cl in seen.items() if cl[1] > stale_before}
         admissible = sorted(((-c, v) for v, (c, _) in seen.items() if c >= min_count))
         num_rows = old.num_rows
+        limit = old.table_size if fixed_tables and previous is not None else max_rows_per_feature
         free_sorted = sorted(free)
         added = []
         for _, value in admissible:
             if free_sorted:
                 row = free_sorted.pop(0)
-            elif num_rows < max_rows_per_feature:
+            elif num_rows < limit:
                 row, num_rows = num_rows, num_rows + 1
             else:
                 break  # full: the rest stay candidates and keep counting
@@ -210,6 +223,7 @@ def advance_feature_state(
             values=tuple(v for v, _ in ordered), rows=tuple(e[0] for _, e in ordered),
             counts=tuple(e[1] for _, e in ordered), last_seen=tuple(e[2] for _, e in ordered),
             num_rows=num_rows, free_rows=tuple(free_sorted),
+            capacity=old.table_size if fixed_tables else min(max_rows_per_feature, num_rows + growth_rows),
         )
         if evicted:
             evicted_rows[name] = tuple(sorted(evicted))
@@ -270,7 +284,7 @@ def save_feature_state(state: FeatureState, directory: str | Path) -> list[str]:
                 "day": state.day,
                 "dense": [asdict(d) for d in state.dense],
                 "tables": {
-                    name: {"num_rows": v.num_rows, "free_rows": list(v.free_rows),
+                    name: {"num_rows": v.num_rows, "capacity": v.capacity, "free_rows": list(v.free_rows),
                            "evicted_rows": list(state.evicted_rows.get(name, ())),
                            "new_rows": list(state.new_rows.get(name, ()))}
                     for name, v in state.vocabularies.items()
@@ -300,7 +314,7 @@ def load_feature_state(directory: str | Path, verify: bool = True) -> FeatureSta
     for name, (values, rows, counts, last_seen) in by_feature.items():
         table_doc = doc["tables"][name]
         vocabulary = Vocabulary(tuple(values), tuple(rows), tuple(counts), tuple(last_seen),
-                                table_doc["num_rows"], tuple(table_doc["free_rows"]))
+                                table_doc["num_rows"], tuple(table_doc["free_rows"]), table_doc.get("capacity", 0))
         _check_rows(vocabulary, name, directory)
         vocabularies[name] = vocabulary
     dense = tuple(DenseTransform(**d) for d in doc["dense"])
@@ -318,10 +332,10 @@ def _check_rows(vocabulary: Vocabulary, feature: str, directory: Path) -> None:
     used = set(vocabulary.rows)
     if len(used) != len(vocabulary.rows) or used & set(vocabulary.free_rows):
         raise ValueError(f"{directory}: vocabulary of {feature} gives one row to two values, or a free row is in use")
-    if used and (min(used) < NUM_RESERVED_ROWS or max(used) >= vocabulary.num_rows):
+    if used and (min(used) < NUM_RESERVED_ROWS or max(used) >= vocabulary.table_size):
         raise ValueError(
             f"{directory}: vocabulary of {feature} uses rows {min(used)}..{max(used)} outside "
-            f"[{NUM_RESERVED_ROWS}, {vocabulary.num_rows})"
+            f"[{NUM_RESERVED_ROWS}, {vocabulary.table_size})"
         )
 
 

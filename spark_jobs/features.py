@@ -75,14 +75,19 @@ def build_feature_state(
     """The feature state after folding `frame` (parsed rows) into `previous` (None for the first run).
 
     Spark counts the values and computes the dense statistics; the driver merges the counts into the
-    vocabularies (components.feature_state.advance_feature_state: admission, stable rows, eviction when
-    `evict`, the daily run's job). Dense transforms are recomputed from `frame`.
+    vocabularies (components.feature_state.advance_feature_state). `evict` says which run this is:
+    - the daily run (True): eviction, room for `config.growth_rows` more values per table, and dense
+      transforms recomputed from `frame`;
+    - a minute run (False): no table grows past its previous size and the previous dense transforms are kept,
+      so the minute's model has its parent's shape and inputs and its delta only changes rows.
     """
     counts = categorical_counts(frame, day).toArrow()
+    dense = dense_statistics(frame) if evict or previous is None else previous.dense
     return advance_feature_state(
-        previous, counts, day=day, min_count=config.min_count, dense=dense_statistics(frame), version=version,
+        previous, counts, day=day, min_count=config.min_count, dense=dense, version=version,
         evict_after_days=config.evict_after_days if evict else 0,
         max_rows_per_feature=config.max_rows_per_feature,
+        growth_rows=config.growth_rows if evict else 0, fixed_tables=not evict,
     )
 
 

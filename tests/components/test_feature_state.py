@@ -286,3 +286,24 @@ def test_lookup_maps_values_to_their_rows_after_eviction():
     assert _rows(state) == {"c": 2, "b": 3}
     rows = categorical_rows(pa.array(["a", "b", "c", "", None]), *state.lookup("C1"))
     assert rows.tolist() == [RARE_ROW, 3, 2, MISSING_ROW, MISSING_ROW]
+
+
+def test_daily_room_is_filled_by_minute_runs_without_growing_the_table(tmp_path):
+    # Daily: C1 admits a and b (rows 2, 3) and leaves room for 2 more rows: the table has 6 rows.
+    daily = advance_feature_state(None, _counts(10, C1={"a": 5, "b": 4}), day=10, min_count=3, dense=_state().dense,
+                                  version="daily", growth_rows=2)
+    assert (daily.vocabularies["C1"].num_rows, daily.table_size("C1")) == (4, 6)
+    # A minute run admits c and d into the room, e waits for the daily run: the table keeps its 6 rows.
+    minute = advance_feature_state(daily, _counts(10, C1={"c": 9, "d": 8, "e": 7}), day=10, min_count=3,
+                                   dense=_state().dense, version="minute", fixed_tables=True)
+    assert dict(zip(minute.vocabularies["C1"].values, minute.vocabularies["C1"].rows, strict=True)) == {
+        "a": 2, "b": 3, "c": 4, "d": 5}
+    assert minute.table_size("C1") == 6 and minute.table_sizes() == daily.table_sizes()
+    assert minute.candidates.to_pylist() == [{"feature": "C1", "value": "e", "count": 7, "last_seen": 10}]
+    assert minute.new_rows == {"C1": (4, 5)}
+    directory = tmp_path / "state"
+    staging = staging_dir(directory)
+    files = save_feature_state(minute, staging)
+    write_manifest(staging, kind=FEATURE_STATE_KIND, version=minute.version, files=files)
+    commit_dir(staging, directory)
+    assert load_feature_state(directory).table_sizes() == daily.table_sizes()

@@ -55,8 +55,8 @@ def test_extract_parses_missing_negative_and_minute(spark, raw_dir):
 
 
 def build_state(frame, min_count=2, previous=None, day=20454):
-    return build_feature_state(frame, previous, FeatureConfig(min_count=min_count), day=day, version="test",
-                               evict=True)
+    return build_feature_state(frame, previous, FeatureConfig(min_count=min_count, growth_rows=0), day=day,
+                               version="test", evict=True)
 
 
 def test_counts_skip_missing_values(spark, raw_dir):
