@@ -30,6 +30,14 @@ class Interval:
         return cls(start, start + timedelta(days=1))
 
     @classmethod
+    def minute(cls, minute: str) -> Interval:
+        """The minute starting at `minute` (ISO time, UTC unless it says otherwise)."""
+        start = _parse_time(minute)
+        if start.second or start.microsecond:
+            raise ValueError(f"minute {minute!r} must start on a whole minute, e.g. 2026-01-02T00:05")
+        return cls(start, start + timedelta(minutes=1))
+
+    @classmethod
     def parse(cls, start: str, end: str) -> Interval:
         return cls(_parse_time(start), _parse_time(end))
 

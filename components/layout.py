@@ -71,6 +71,15 @@ class Layout:
     def export_dir(self, interval: Interval) -> Path:
         return self.root / "exports" / interval.tag
 
+    def incremental_dir(self, interval: Interval) -> Path:
+        """A minute run's outputs: plan, feature state, samples, checkpoint, evaluation, delta."""
+        return self.root / "incremental" / interval.tag
+
+    @property
+    def freshness_log(self) -> Path:
+        """Published minute versions with their data end and publish time, for the freshness plot."""
+        return self.root / "incremental" / "freshness.json"
+
     @property
     def airflow_home(self) -> Path:
         return self.root / "airflow"

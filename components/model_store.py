@@ -42,6 +42,7 @@ class ModelStore(Protocol):
 
     def latest(self, model_name: str) -> str | None: ...
     def retract(self, model_name: str, version: str, reason: str) -> None: ...
+    def latest_full(self, model_name: str) -> str | None: ...
     def retracted(self, model_name: str) -> set[str]: ...
 
 
@@ -56,6 +57,14 @@ def _check_version(version: str) -> None:
 
 
 RETRACTED_DIR = "_retracted"
+# A marker per full model (the start of a delta chain), written after its manifest: incremental runs find the
+# newest full model without reading every version's manifest.
+FULL_MODELS_DIR = "_full"
+FULL_KIND = "full_model"
+
+
+def _is_full(source: Path) -> bool:
+    return json.loads((source / MANIFEST_NAME).read_text()).get("kind") == FULL_KIND
 
 
 def _latest_standing(versions: list[str], retracted: set[str]) -> str | None:
@@ -83,6 +92,8 @@ class LocalModelStore:
         shutil.rmtree(staging)
         shutil.copytree(source, staging)
         commit_dir(staging, final)
+        if _is_full(Path(source)):
+            write_json_atomic(self.root / model_name / FULL_MODELS_DIR / f"{version}.json", {"version": version})
         return str(final)
 
     def versions(self, model_name: str) -> list[str]:
@@ -102,7 +113,15 @@ class LocalModelStore:
                           {"version": version, "reason": reason})
 
     def retracted(self, model_name: str) -> set[str]:
-        base = self.root / model_name / RETRACTED_DIR
+        return self._markers(model_name, RETRACTED_DIR)
+
+    def latest_full(self, model_name: str) -> str | None:
+        """The newest full model that is not retracted."""
+        full = sorted(self._markers(model_name, FULL_MODELS_DIR), key=int)
+        return _latest_standing(full, self.retracted(model_name))
+
+    def _markers(self, model_name: str, folder: str) -> set[str]:
+        base = self.root / model_name / folder
         return {p.stem for p in base.glob("*.json") if _is_version(p.stem)} if base.is_dir() else set()
 
     def manifest(self, model_name: str, version: str) -> dict[str, Any]:
@@ -147,6 +166,9 @@ class S3ModelStore:
             self.client.upload_file(str(path), self.bucket, key)
         # ... the manifest last: readers ignore a version without one.
         self.client.upload_file(str(source / MANIFEST_NAME), self.bucket, self._key(model_name, version, MANIFEST_NAME))
+        if _is_full(source):
+            self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, FULL_MODELS_DIR, f"{version}.json"),
+                                   Body=json.dumps({"version": version}).encode())
         return f"{self.uri}/{model_name}/{version}"
 
     def versions(self, model_name: str) -> list[str]:
@@ -171,7 +193,15 @@ class S3ModelStore:
                                Body=body)
 
     def retracted(self, model_name: str) -> set[str]:
-        base = self._key(model_name, RETRACTED_DIR) + "/"
+        return self._markers(model_name, RETRACTED_DIR)
+
+    def latest_full(self, model_name: str) -> str | None:
+        """The newest full model that is not retracted."""
+        full = sorted(self._markers(model_name, FULL_MODELS_DIR), key=int)
+        return _latest_standing(full, self.retracted(model_name))
+
+    def _markers(self, model_name: str, folder: str) -> set[str]:
+        base = self._key(model_name, folder) + "/"
         found = set()
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
             for item in page.get("Contents", []):

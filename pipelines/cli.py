@@ -3,6 +3,9 @@
     ctr generate                      write a synthetic click log (minute partitions)
     ctr generate --events             write impression and click streams instead (joined by the pipeline)
     ctr run daily --date 2026-01-01   run the daily pipeline without Airflow
+    ctr run incremental --minute 2026-01-02T00:05   one minute run: delta on the newest model, gated, published
+    ctr trigger incremental [--minute T]   trigger the ctr_incremental DAG through the Airflow REST API
+    ctr rollback VERSION              retract every newer version: serving and minute runs go back to VERSION
     ctr serve                         serve the newest published model (TF-Serving REST API)
     ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
     ctr airflow dags list             the Airflow CLI on the project's embedded settings
@@ -88,7 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.runner import run_steps, select_steps
 
     config = _config(args)
-    if args.date:
+    if args.minute:
+        interval = Interval.minute(args.minute)
+    elif args.date:
         interval = Interval.day(args.date)
     elif args.start and args.end:
         interval = Interval.parse(args.start, args.end)
@@ -97,8 +102,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     steps = select_steps(args.pipeline, args.steps.split(",") if args.steps else None)
     ctx = RunContext(config=config, interval=interval, pipeline=args.pipeline,
                      run_id=args.run_id or f"cli__{interval.tag}__{uuid.uuid4().hex[:8]}")
-    outputs = run_steps(ctx, steps)
+    from pipelines.incremental import NothingToLearn
+
+    try:
+        outputs = run_steps(ctx, steps)
+    except NothingToLearn as err:
+        print(f"nothing to do: {err}")
+        return 0
     print(json.dumps(outputs, indent=2, default=str))
+    return 0
+
+
+def cmd_trigger(args: argparse.Namespace) -> int:
+    from pipelines.trigger import trigger_dag
+
+    config = _config(args)
+    run = trigger_dag(config, f"ctr_{args.pipeline}", api_url=args.api_url, minute=args.minute,
+                      overrides=parse_override_args(args.param or []))
+    print(f"triggered {run['dag_id']} run {run['dag_run_id']} (data interval {run.get('data_interval_start')} - "
+          f"{run.get('data_interval_end')}); state: {run.get('state')}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from components.model_store import open_model_store, rollback
+    from pipelines.daily import MODEL_NAME
+
+    config = _config(args)
+    store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
+    retracted = rollback(store, MODEL_NAME, args.version, args.reason)
+    print(f"retracted {len(retracted)} newer version(s) {retracted}; serving moves back to {args.version} at its next "
+          f"poll and minute runs train on from it")
     return 0
 
 
@@ -174,13 +208,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("run", parents=[common], help="run a pipeline without Airflow")
-    p.add_argument("pipeline", choices=["daily"])
+    p.add_argument("pipeline", choices=["daily", "incremental"])
     p.add_argument("--date", help="the UTC day to process, YYYY-MM-DD")
+    p.add_argument("--minute", help="the UTC minute to process (incremental), e.g. 2026-01-02T00:05")
     p.add_argument("--start")
     p.add_argument("--end")
     p.add_argument("--steps", help="comma-separated subset of steps, e.g. train,evaluate")
     p.add_argument("--run-id")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("trigger", parents=[common], help="trigger a DAG run through the Airflow REST API")
+    p.add_argument("pipeline", choices=["daily", "incremental"])
+    p.add_argument("--minute", help="the minute (incremental) or the day's end (daily) of the run's data interval; "
+                                    "default: the last complete one")
+    p.add_argument("--api-url", default="http://localhost:8080", help="the Airflow API server")
+    p.add_argument("--param", action="append", metavar="SECTION.KEY=VALUE", help="config override for this run")
+    p.set_defaults(func=cmd_trigger)
+
+    p = sub.add_parser("rollback", parents=[common], help="move serving and minute runs back to VERSION")
+    p.add_argument("version")
+    p.add_argument("--reason", default="manual rollback")
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("serve", parents=[common], help="serve the newest published model")
     p.add_argument("--host")

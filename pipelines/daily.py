@@ -393,7 +393,7 @@ def export(ctx: RunContext) -> dict:
     from components.feature_state import load_feature_state
     from components.manifest import commit_dir, read_manifest, staging_dir, write_manifest
     from components.model_store import open_model_store
-    from trainer.export import export_serving_model
+    from trainer.export import export_serving_model, weight_specs
 
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
     state = load_feature_state(state_dir)
@@ -411,8 +411,10 @@ def export(ctx: RunContext) -> dict:
         staging, kind="full_model", version=version, files=files,
         inputs={"interval": ctx.interval.as_dict(), "feature_state": state.version,
                 "samples": {s: str(ctx.layout.samples_dir(ctx.interval, s)) for s in ("train", "eval")}},
-        extra={"parent": None, "model": ctx.config.train.model, "metrics": report["metrics"],
-               "data_end": ctx.interval.end.isoformat(), "run_key": ctx.run_key},
+        extra={"parent": None, "chain_root": version, "model": ctx.config.train.model, "metrics": report["metrics"],
+               "data_end": ctx.interval.end.isoformat(), "run_key": ctx.run_key, "weight_specs": weight_specs(model),
+               # Where minute runs find what they train on from this version (a delta chain starts here).
+               "training_state": {"checkpoint": str(checkpoint), "feature_state": str(state_dir)}},
     )
     commit_dir(staging, directory)
     store = open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)

@@ -14,13 +14,19 @@ from pipelines.context import RunContext, Step
 
 log = logging.getLogger(__name__)
 
+PIPELINES = ("daily", "incremental")
+
 
 def pipeline_steps(pipeline: str) -> tuple[Step, ...]:
     if pipeline == "daily":
         from pipelines.daily import STEPS
 
         return STEPS
-    raise ValueError(f"unknown pipeline {pipeline!r}: expected one of ['daily']")
+    if pipeline == "incremental":
+        from pipelines.incremental import STEPS
+
+        return STEPS
+    raise ValueError(f"unknown pipeline {pipeline!r}: expected one of {list(PIPELINES)}")
 
 
 def select_steps(pipeline: str, names: Sequence[str] | None) -> list[Step]:

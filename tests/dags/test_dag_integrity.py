@@ -11,6 +11,7 @@ import pytest
 from components.config import load_config
 from pipelines.airflow_env import DAGS_FOLDER, airflow_environment
 from pipelines.daily import STEP_NAMES
+from pipelines.incremental import STEP_NAMES as INCREMENTAL_STEP_NAMES
 
 pytestmark = pytest.mark.integration
 
@@ -69,6 +70,17 @@ def test_daily_dag_wires_the_pipeline_steps_in_order(parsed):
     assert dag["timetable"] == "CronDataIntervalTimetable"
     assert dag["max_active_runs"] == 1
     assert "config" in dag["params"]
+
+
+def test_incremental_dag_runs_every_minute_one_at_a_time_over_the_minute_pipeline(parsed):
+    dag = parsed["dags"]["ctr_incremental"]
+    assert dag["tasks"] == list(INCREMENTAL_STEP_NAMES)
+    for before, after in zip(INCREMENTAL_STEP_NAMES, INCREMENTAL_STEP_NAMES[1:], strict=False):
+        assert dag["upstream"][after] == [before]
+    assert dag["timetable"] == "CronDataIntervalTimetable"
+    assert dag["max_active_runs"] == 1
+    assert "config" in dag["params"]
+    assert "incremental" in dag["tags"]
 
 
 def test_every_task_has_retries_and_every_dag_tags(parsed):

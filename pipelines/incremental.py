@@ -1,0 +1,432 @@
+"""The minute pipeline, defined once: the Airflow DAG `ctr_incremental` and `ctr run incremental` run these steps.
+
+validate -> features -> samples -> train -> export_delta -> gate -> publish, on the data interval of one minute.
+
+Each run trains on from the newest standing model in the store (its parent): the delta left by the previous
+minute, or a newer full model from the daily run, which starts a new chain. The parent's data end says what
+the run has to learn: with `incremental.catch_up` = "in_order" every minute since then (after an outage: the
+missed minutes, oldest first, at most `max_catch_up_minutes`), with "latest_only" the run's own minute (the
+skipped span is logged and recorded). A minute whose data the parent already holds is a no-op.
+
+Outputs live under incremental/<interval>/ and are replaced by a re-run; the delta is published only once the
+gate passed, so serving never sees an ungated delta and a failed run leaves it on the last good version.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pipelines.context import RunContext, Step
+from pipelines.daily import MODEL_NAME
+
+PLAN_FILE = "plan.json"
+EVALUATION_FILE = "evaluation.json"
+GATE_FILE = "gate.json"
+CATCH_UP_POLICIES = ("in_order", "latest_only")
+# At most this many minutes are caught up in one run after an outage.
+MAX_CATCH_UP_MINUTES = 60
+
+
+class NothingToLearn(RuntimeError):
+    """The parent model already holds this minute's data: the run has nothing to do (a task skip)."""
+
+
+class DeltaGateError(RuntimeError):
+    """A delta failed its gate: it is not published and serving stays on the last good version."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a minute run learns and from what: written by `validate`, read by every later step."""
+
+    version: str  # the delta's version: the end of the run's minute, YYYYMMDDHHMM
+    parent: str
+    chain_root: str
+    parent_checkpoint: str
+    parent_feature_state: str
+    parent_data_end: str
+    daily_run_key: str  # the MLflow/Airflow run that exported the chain's full model
+    minutes: tuple[str, ...]  # ISO minutes with validated data, oldest first
+    skipped_minutes: tuple[str, ...]  # missed minutes left out by catch_up = "latest_only"
+
+    @property
+    def data_span(self) -> dict[str, str]:
+        return {"start": self.minutes[0], "end": _minute_end(self.minutes[-1]).isoformat()}
+
+
+def _dir(ctx: RunContext) -> Path:
+    return ctx.layout.incremental_dir(ctx.interval)
+
+
+def model_version(ctx: RunContext) -> str:
+    return f"{ctx.interval.end:%Y%m%d%H%M}"
+
+
+def _store(ctx: RunContext):
+    from components.model_store import open_model_store
+
+    return open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)
+
+
+def _minute_end(minute: str) -> datetime:
+    return datetime.fromisoformat(minute) + timedelta(minutes=1)
+
+
+def read_plan(ctx: RunContext) -> Plan:
+    path = _dir(ctx) / PLAN_FILE
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing: run the validate step of {ctx.interval.tag} first")
+    doc = json.loads(path.read_text())
+    return Plan(**{**doc, "minutes": tuple(doc["minutes"]), "skipped_minutes": tuple(doc["skipped_minutes"])})
+
+
+def resolve_parent(ctx: RunContext) -> tuple[str, dict[str, Any]]:
+    """The version to train on from: the newest standing version, unless a newer full model (a daily run)
+    starts a new chain."""
+    store = _store(ctx)
+    latest = store.latest(MODEL_NAME)
+    if latest is None:
+        raise RuntimeError(f"no model in {store.uri} to train on from: run ctr_daily first, which publishes the "
+                           "full model that minute runs build deltas on")
+    manifest = store.manifest(MODEL_NAME, latest)
+    full = store.latest_full(MODEL_NAME)
+    if full is not None and int(full) > int(manifest.get("chain_root") or latest):
+        latest, manifest = full, store.manifest(MODEL_NAME, full)
+    return latest, manifest
+
+
+def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]:
+    state = manifest.get("training_state")
+    if not state:
+        raise RuntimeError(f"version {manifest.get('version')} names no training_state (its checkpoint and feature "
+                           "state): it was exported by an older daily run; run ctr_daily again to start a chain")
+    for key in ("checkpoint", "feature_state"):
+        if not (Path(state[key]) / "manifest.json").is_file():
+            raise RuntimeError(f"the {key} of version {manifest.get('version')} is not on this machine at "
+                               f"{state[key]}: minute runs train where the chain's checkpoints are")
+    return state
+
+
+def validate(ctx: RunContext) -> dict:
+    """Plans the run (parent model, minutes to learn) and validates those minutes' raw slices."""
+    from components.synthetic import SUCCESS_MARKER
+    from components.validation import RAW_FILE, validate_interval
+
+    config = ctx.config.incremental
+    if config.catch_up not in CATCH_UP_POLICIES:
+        from components.config import ConfigError
+
+        raise ConfigError(f"incremental.catch_up={config.catch_up!r}; expected one of {list(CATCH_UP_POLICIES)}")
+    ctx.tracker.log_params(ctx.config.flat())
+    parent, manifest = resolve_parent(ctx)
+    parent_end = datetime.fromisoformat(manifest["data_end"])
+    if parent_end >= ctx.interval.end:
+        raise NothingToLearn(f"version {parent} already holds data up to {parent_end.isoformat()}, past this run's "
+                             f"minute {ctx.interval.tag}: nothing to learn")
+    wanted = [m for m in _minutes_between(max(parent_end, ctx.interval.end - timedelta(minutes=MAX_CATCH_UP_MINUTES)),
+                                          ctx.interval.end)]
+    skipped: list[datetime] = []
+    if config.catch_up == "latest_only":
+        skipped, wanted = [m for m in wanted if m < ctx.interval.start], [m for m in wanted if m >= ctx.interval.start]
+    if skipped:
+        ctx.progress("validate: catch_up=latest_only: skipping %d missed minutes %s..%s", len(skipped),
+                     skipped[0].isoformat(), skipped[-1].isoformat())
+    own = ctx.layout.raw_minute_dir(ctx.interval.start)
+    deadline = time.monotonic() + config.wait_for_data_s
+    while not (own / SUCCESS_MARKER).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the minute's partition is written right after the minute closes
+    present = [m for m in wanted if (ctx.layout.raw_minute_dir(m) / RAW_FILE).exists()]
+    if ctx.interval.start not in present:
+        raise RuntimeError(f"the raw slice of minute {ctx.interval.start.isoformat()} is not at {own} after waiting "
+                           f"{config.wait_for_data_s:.0f} s (incremental.wait_for_data_s); the task retries")
+    report_path = ctx.layout.validation_report(ctx.interval, "report")
+    report = validate_interval(ctx.layout, present, report_path)
+    ctx.tracker.log_artifact(report_path, "validation")
+    passed = [datetime.fromisoformat(p["minute"]) for p in report["passed"]]
+    training_state = _training_state(ctx, manifest)
+    plan = Plan(
+        version=model_version(ctx), parent=parent, chain_root=str(manifest.get("chain_root") or parent),
+        parent_checkpoint=training_state["checkpoint"], parent_feature_state=training_state["feature_state"],
+        parent_data_end=parent_end.isoformat(), daily_run_key=str(_daily_run_key(ctx, manifest)),
+        minutes=tuple(m.isoformat() for m in passed), skipped_minutes=tuple(m.isoformat() for m in skipped),
+    )
+    from components.manifest import write_json_atomic
+
+    write_json_atomic(_dir(ctx) / PLAN_FILE, plan.__dict__)
+    ctx.tracker.set_tags({"ctr.parent_version": parent, "ctr.chain_root": plan.chain_root,
+                          "ctr.daily_run": plan.daily_run_key})
+    ctx.tracker.log_metrics({"validation.rows": report["num_rows"], "incremental.minutes": len(passed),
+                             "incremental.skipped_minutes": len(skipped)})
+    ctx.progress("validate: parent %s (chain %s); learning %d minute(s) %s..%s, %d rows", parent, plan.chain_root,
+                 len(passed), plan.minutes[0], plan.minutes[-1], report["num_rows"])
+    return {"parent": parent, "minutes": list(plan.minutes), "rows": report["num_rows"]}
+
+
+def _minutes_between(start: datetime, end: datetime) -> list[datetime]:
+    minute = start.replace(second=0, microsecond=0)
+    out = []
+    while minute < end:
+        out.append(minute)
+        minute += timedelta(minutes=1)
+    return out
+
+
+def _daily_run_key(ctx: RunContext, manifest: dict[str, Any]) -> str:
+    if manifest.get("parent") is None:
+        return str(manifest.get("run_key", ""))
+    return str(_store(ctx).manifest(MODEL_NAME, str(manifest["chain_root"])).get("run_key", ""))
+
+
+def _split(raw, holdout_fraction: float):
+    """Training rows and held-out rows of the raw (unparsed) rows, by a hash of each row's text: the same on
+    every re-run. Hashing before parsing keeps the plan small (a hash over the parsed expressions, inlined
+    into the vocabulary count, made Spark's optimizer run out of memory)."""
+    from pyspark.sql import functions as F
+
+    bucket = F.pmod(F.xxhash64(*raw.columns), F.lit(1000))
+    cut = int(round(holdout_fraction * 1000))
+    return raw.filter(bucket >= cut), raw.filter(bucket < cut)
+
+
+def _frames(ctx: RunContext, plan: Plan):
+    from components.validation import RAW_FILE
+    from pipelines.daily import _spark
+    from spark_jobs.raw import extract_raw, parse_raw
+
+    spark = _spark(ctx)
+    paths = [str(ctx.layout.raw_minute_dir(datetime.fromisoformat(m)) / RAW_FILE) for m in plan.minutes]
+    train, holdout = _split(extract_raw(spark, paths), ctx.config.incremental.holdout_fraction)
+    return parse_raw(train), parse_raw(holdout)
+
+
+def features(ctx: RunContext) -> dict:
+    """The parent's feature state with the minutes' values folded in: admissions into the room the daily run
+    left, no eviction, the parent's dense transforms (spark_jobs.features.build_feature_state, evict=False)."""
+    from components.feature_state import load_feature_state
+    from components.interval import day_number
+    from spark_jobs.features import build_feature_state, write_feature_state
+
+    plan = read_plan(ctx)
+    started = time.monotonic()
+    parent = load_feature_state(plan.parent_feature_state)
+    train_frame, _ = _frames(ctx, plan)
+    state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
+                                version=f"minute-{ctx.interval.tag}", evict=False)
+    if state.table_sizes() != parent.table_sizes():
+        raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
+    manifest = write_feature_state(state, _dir(ctx) / "feature_state",
+                                   inputs={"parent": parent.version, "minutes": list(plan.minutes)},
+                                   num_rows=train_frame.count())
+    new_rows = manifest["num_new_rows"]
+    ctx.tracker.log_metrics({"features.new_rows": new_rows, "features.candidates": manifest["num_candidates"],
+                             "features.seconds": time.monotonic() - started})
+    ctx.progress("features: %d values admitted into the tables' room, %d candidates waiting, %.1f s", new_rows,
+                 manifest["num_candidates"], time.monotonic() - started)
+    return {"feature_state": str(_dir(ctx) / "feature_state"), "new_rows": new_rows}
+
+
+def samples(ctx: RunContext) -> dict:
+    from components.feature_state import load_feature_state
+    from spark_jobs.samples import write_samples
+
+    plan = read_plan(ctx)
+    state = load_feature_state(_dir(ctx) / "feature_state")
+    started = time.monotonic()
+    out = {}
+    for split, frame in zip(("train", "holdout"), _frames(ctx, plan), strict=True):
+        manifest = write_samples(frame, state, _dir(ctx) / "samples" / split, split=split,
+                                 block_rows=ctx.config.features.block_rows, num_shards=1,
+                                 seed=ctx.config.features.seed,
+                                 inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
+        out[split] = manifest["row_counts"]["rows"]
+    if out["train"] == 0 or out["holdout"] == 0:
+        raise RuntimeError(f"{ctx.interval.tag}: {out['train']} training and {out['holdout']} held-out rows; a minute "
+                           "run needs both (incremental.holdout_fraction)")
+    ctx.tracker.log_metrics({"samples.train_rows": out["train"], "samples.holdout_rows": out["holdout"],
+                             "samples.seconds": time.monotonic() - started})
+    ctx.progress("samples: %d training and %d held-out rows in %.1f s", out["train"], out["holdout"],
+                 time.monotonic() - started)
+    return out
+
+
+def _files(ctx: RunContext, split: str) -> list[str]:
+    from components.manifest import read_manifest
+
+    directory = _dir(ctx) / "samples" / split
+    return [str(directory / shard["file"]) for shard in read_manifest(directory, kind="samples")["shards"]]
+
+
+def train(ctx: RunContext) -> dict:
+    """Trains the parent checkpoint (weights and optimizer state) on the minutes' rows and scores parent and
+    child on the held-out rows for the gate."""
+    from components.feature_state import load_feature_state
+    from components.manifest import write_json_atomic
+    from trainer.incremental import train_increment
+
+    plan = read_plan(ctx)
+    state = load_feature_state(_dir(ctx) / "feature_state")
+    started = time.monotonic()
+    result = train_increment(
+        Path(plan.parent_checkpoint), _files(ctx, "train"), _files(ctx, "holdout"), _dir(ctx) / "checkpoint",
+        new_rows=state.new_rows, batch_size=ctx.config.train.batch_size, epochs=ctx.config.incremental.epochs,
+        seed=ctx.config.train.seed, version=plan.version,
+    )
+    write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
+    ctx.tracker.log_metrics({f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)})
+    ctx.progress("train: %d rows at %.0f ex/s; holdout logloss %.4f (parent %.4f), %.1f s", result["train_rows"],
+                 result["examples_per_second"], result["holdout_logloss"], result["parent_holdout_logloss"],
+                 time.monotonic() - started)
+    return result
+
+
+def export_delta(ctx: RunContext) -> dict:
+    from components.delta import delta_arrays, write_delta
+    from components.feature_state import load_feature_state
+    from components.manifest import read_manifest
+    from trainer.incremental import checkpoint_weights
+
+    plan = read_plan(ctx)
+    started = time.monotonic()
+    parent_specs, parent_weights = checkpoint_weights(Path(plan.parent_checkpoint))
+    specs, weights = checkpoint_weights(_dir(ctx) / "checkpoint")
+    arrays = delta_arrays(parent_weights, weights, load_feature_state(plan.parent_feature_state),
+                          load_feature_state(_dir(ctx) / "feature_state"))
+    evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
+    full_bytes = _full_model_bytes(ctx, plan.chain_root)
+    manifest = write_delta(
+        _dir(ctx) / "delta", arrays, version=plan.version, parent=plan.parent, chain_root=plan.chain_root,
+        weight_specs=specs,
+        extra={"data_span": plan.data_span, "data_end": plan.data_span["end"], "minutes": list(plan.minutes),
+               "skipped_minutes": list(plan.skipped_minutes), "global_step": evaluation["global_step"],
+               "num_rows": evaluation["train_rows"], "run_key": ctx.run_key, "daily_run": plan.daily_run_key,
+               "full_model_bytes": full_bytes,
+               "training_state": {"checkpoint": str(_dir(ctx) / "checkpoint"),
+                                  "feature_state": str(_dir(ctx) / "feature_state")}},
+    )
+    read_manifest(_dir(ctx) / "delta", kind="delta")
+    changed = sum(manifest["rows_changed"].values())
+    ctx.tracker.log_metrics({"delta.bytes": manifest["delta_bytes"], "delta.rows_changed": changed,
+                             "delta.vocabulary_entries": manifest["num_vocabulary_entries"],
+                             "delta.fraction_of_full_model": manifest["delta_bytes"] / full_bytes if full_bytes else 0,
+                             "delta.seconds": time.monotonic() - started})
+    ctx.progress("export_delta: version %s on %s: %d rows changed, %d new vocabulary entries, %.2f MB (%.1f%% of the "
+                 "full model)", plan.version, plan.parent, changed, manifest["num_vocabulary_entries"],
+                 manifest["delta_bytes"] / 1e6, 100 * manifest["delta_bytes"] / max(full_bytes, 1))
+    return {"delta": str(_dir(ctx) / "delta"), "bytes": manifest["delta_bytes"]}
+
+
+def _full_model_bytes(ctx: RunContext, version: str) -> int:
+    manifest = _store(ctx).manifest(MODEL_NAME, version)
+    return int(sum(entry["bytes"] for entry in manifest.get("files", {}).values()))
+
+
+def gate(ctx: RunContext) -> dict:
+    """Every value finite, changed embedding rows within the norm bound, holdout logloss no worse than the
+    parent's by more than the margin. Writes gate.json either way; raises DeltaGateError on failure."""
+    import numpy as np
+
+    from components.delta import read_delta, rows_name, values_name
+    from components.manifest import write_json_atomic
+
+    config = ctx.config.incremental
+    manifest, arrays = read_delta(_dir(ctx) / "delta")
+    evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
+    failures = []
+    non_finite = [spec["path"] for i, spec in enumerate(manifest["weight_specs"])
+                  if not np.isfinite(arrays[values_name(i)]).all()]
+    if non_finite:
+        failures.append(f"non-finite values in {non_finite}")
+    max_norm = 0.0
+    for index, spec in enumerate(manifest["weight_specs"]):
+        values = arrays[values_name(index)]
+        if spec["path"].endswith("embeddings") and len(arrays[rows_name(index)]) and values.ndim == 2:
+            max_norm = max(max_norm, float(np.nanmax(np.linalg.norm(values, axis=1))))
+    if not max_norm <= config.max_embedding_norm:
+        failures.append(f"a changed embedding row has L2 norm {max_norm:.2f} > {config.max_embedding_norm} "
+                        "(incremental.max_embedding_norm)")
+    increase = evaluation["holdout_logloss"] - evaluation["parent_holdout_logloss"]
+    if not increase <= config.max_logloss_increase:
+        failures.append(f"holdout logloss {evaluation['holdout_logloss']:.4f} is {increase:+.4f} over the parent's "
+                        f"{evaluation['parent_holdout_logloss']:.4f}, more than {config.max_logloss_increase} "
+                        "(incremental.max_logloss_increase)")
+    report = {"passed": not failures, "failures": failures, "max_embedding_norm": max_norm,
+              "holdout_logloss": evaluation["holdout_logloss"],
+              "parent_holdout_logloss": evaluation["parent_holdout_logloss"], "logloss_increase": increase}
+    write_json_atomic(_dir(ctx) / GATE_FILE, report)
+    ctx.tracker.log_metrics({"gate.passed": float(not failures), "gate.max_embedding_norm": max_norm,
+                             "gate.logloss_increase": increase})
+    ctx.tracker.log_artifact(_dir(ctx) / GATE_FILE, "gate")
+    if failures:
+        ctx.tracker.set_tags({"gate": "failed"})
+        raise DeltaGateError(f"delta {manifest['version']} failed its gate and is not published; serving stays on "
+                             f"the last good version: " + "; ".join(failures))
+    ctx.tracker.set_tags({"gate": "passed"})
+    ctx.progress("gate: passed (max embedding norm %.2f, logloss %+.4f vs parent)", max_norm, increase)
+    return report
+
+
+def publish(ctx: RunContext) -> dict:
+    from components.delta import read_delta
+    from components.manifest import write_json_atomic
+
+    gate_report = json.loads((_dir(ctx) / GATE_FILE).read_text())
+    if not gate_report["passed"]:
+        raise DeltaGateError("refusing to publish: the gate report says the delta failed")
+    plan = read_plan(ctx)
+    manifest, _ = read_delta(_dir(ctx) / "delta")
+    store = _store(ctx)
+    uri = store.publish(MODEL_NAME, plan.version, _dir(ctx) / "delta")
+    published_at = datetime.now(UTC)  # a measurement for the freshness metric, not an input of any output
+    freshness = (published_at - datetime.fromisoformat(manifest["data_end"])).total_seconds()
+    history = _record_freshness(ctx, plan.version, manifest["data_end"], published_at)
+    write_json_atomic(ctx.layout.freshness_log, history)
+    ctx.tracker.log_metrics({"publish.freshness_s": freshness, "delta.bytes": manifest["delta_bytes"]})
+    ctx.tracker.set_tags({"model.version": plan.version, "model.uri": uri, "model.parent": plan.parent})
+    _log_freshness_plot(ctx, history)
+    ctx.tracker.end("FINISHED")
+    ctx.progress("publish: version %s (parent %s) in %s, %.1f s after its newest minute closed", plan.version,
+                 plan.parent, uri, freshness)
+    return {"version": plan.version, "uri": uri, "freshness_s": freshness}
+
+
+def _record_freshness(ctx: RunContext, version: str, data_end: str, published_at: datetime) -> dict[str, Any]:
+    path = ctx.layout.freshness_log
+    history = json.loads(path.read_text()) if path.is_file() else {}
+    history[version] = {"data_end": data_end, "published_at": published_at.isoformat()}
+    return dict(sorted(history.items())[-1440:])  # a day of minutes
+
+
+def _log_freshness_plot(ctx: RunContext, history: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(datetime.fromisoformat(e["data_end"]), (datetime.fromisoformat(e["published_at"])
+               - datetime.fromisoformat(e["data_end"])).total_seconds()) for e in history.values()][-180:]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+    ax.set_ylabel("seconds from minute close to publish")
+    ax.set_title(f"delta freshness, last {len(points)} minutes")
+    ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    ctx.tracker.log_figure(fig, "plots/freshness.png")
+    plt.close(fig)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("validate", "plan the run (parent model, minutes to learn) and validate those raw slices", validate),
+    Step("features", "Spark: fold the minutes into the parent's vocabularies (no table grows)", features),
+    Step("samples", "Spark: block TFRecords of the minutes, training and held-out rows", samples),
+    Step("train", "warm-start training from the parent checkpoint; holdout logloss of parent and child", train),
+    Step("export_delta", "the rows that changed, new vocabulary entries, dense weights, with a manifest", export_delta),
+    Step("gate", "finite values, embedding norms, holdout logloss vs the parent", gate),
+    Step("publish", "the delta into the model store (objects first, manifest last); freshness", publish),
+)
+STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
