@@ -9,7 +9,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-zoo-jax clean
+	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -68,6 +68,10 @@ bench-quality:
 
 bench-spark:
 	@$(WITH_ENV); $(BENCH) bench/bench_spark.py $(BENCH_SPARK_ARGS)
+
+# Airflow's ctr_incremental, Spark Connect, live traffic and the model server under load, for 12 minutes.
+bench-freshness:
+	@$(WITH_ENV); $(BENCH) bench/bench_freshness.py $(BENCH_FRESHNESS_ARGS)
 
 # For an NVIDIA GPU host with JAX and no TensorFlow. BENCH_GPU_ARGS=--small: tiny sizes (a CPU check);
 # BENCH_GPU_ARGS=--data-only: only the TensorFlow-free write + read path.

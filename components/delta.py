@@ -27,6 +27,10 @@ from components.schema import CATEGORICAL_FEATURES
 DELTA_KIND = "delta"
 FULL_KIND = "full_model"
 DELTA_FILE = "delta.npz"
+# A minute run's checkpoint also holds its weights as plain arrays (w000, w001, ... in weight_specs order),
+# so the delta export reads them without rebuilding a Keras model.
+WEIGHTS_FILE = "weights.npz"
+CHECKPOINT_KIND = "checkpoint"
 # Between feature name and value in the serving lookup keys (trainer.export): one table serves all features,
 # and "C1" + "0" never meets "C10" + "" because the separator sits between them.
 KEY_SEPARATOR = "\x1f"
@@ -132,6 +136,22 @@ def read_delta(directory: Path, weight_specs: Sequence[Mapping[str, Any]] | None
             raise DeltaError(f"delta {manifest['version']}: weight {spec['path']} has rows outside 0.."
                              f"{_first(spec) - 1} or {len(rows)} rows for {len(values)} values")
     return manifest, arrays
+
+
+def save_weights(directory: Path, weights: Sequence[np.ndarray]) -> str:
+    """Writes the weights as WEIGHTS_FILE into `directory` (a checkpoint being written); returns its name."""
+    with open(Path(directory) / WEIGHTS_FILE, "wb") as handle:
+        np.savez(handle, **{f"w{i:03d}": np.asarray(w) for i, w in enumerate(weights)})
+    return WEIGHTS_FILE
+
+
+def saved_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list[np.ndarray]] | None:
+    """(weight_specs, weights) from a checkpoint's WEIGHTS_FILE, or None when it has none (a daily one)."""
+    manifest = read_manifest(checkpoint_dir, kind=CHECKPOINT_KIND)
+    if WEIGHTS_FILE not in manifest["files"] or "weight_specs" not in manifest:
+        return None
+    with np.load(Path(checkpoint_dir) / WEIGHTS_FILE, allow_pickle=False) as data:
+        return manifest["weight_specs"], [data[f"w{i:03d}"] for i in range(len(manifest["weight_specs"]))]
 
 
 def delta_bytes(directory: Path) -> int:

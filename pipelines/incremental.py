@@ -1,6 +1,6 @@
 """The minute pipeline, defined once: the Airflow DAG `ctr_incremental` and `ctr run incremental` run these steps.
 
-validate -> features -> samples -> train -> export_delta -> gate -> publish, on the data interval of one minute.
+validate -> samples -> train -> export_delta -> gate -> publish, on the data interval of one minute.
 
 Each run trains on from the newest standing model in the store (its parent): the delta left by the previous
 minute, or a newer full model from the daily run, which starts a new chain. The parent's data end says what
@@ -204,54 +204,44 @@ def _frames(ctx: RunContext, plan: Plan):
     return parse_raw(train), parse_raw(holdout)
 
 
-def features(ctx: RunContext) -> dict:
-    """The parent's feature state with the minutes' values folded in: admissions into the room the daily run
-    left, no eviction, the parent's dense transforms (spark_jobs.features.build_feature_state, evict=False)."""
+def samples(ctx: RunContext) -> dict:
+    """Spark, in one session: the minutes' values folded into the parent's feature state (admissions into the
+    room the daily run left, no eviction, the parent's dense transforms: build_feature_state with evict=False),
+    then block TFRecords of the training and held-out rows under that state."""
     from components.feature_state import load_feature_state
     from components.interval import day_number
     from spark_jobs.features import build_feature_state, write_feature_state
+    from spark_jobs.samples import write_samples
 
     plan = read_plan(ctx)
     started = time.monotonic()
     parent = load_feature_state(plan.parent_feature_state)
-    train_frame, _ = _frames(ctx, plan)
+    train_frame, holdout_frame = _frames(ctx, plan)
     state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
                                 version=f"minute-{ctx.interval.tag}", evict=False)
     if state.table_sizes() != parent.table_sizes():
         raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
-    manifest = write_feature_state(state, _dir(ctx) / "feature_state",
-                                   inputs={"parent": parent.version, "minutes": list(plan.minutes)},
-                                   num_rows=train_frame.count())
-    new_rows = manifest["num_new_rows"]
-    ctx.tracker.log_metrics({"features.new_rows": new_rows, "features.candidates": manifest["num_candidates"],
-                             "features.seconds": time.monotonic() - started})
-    ctx.progress("features: %d values admitted into the tables' room, %d candidates waiting, %.1f s", new_rows,
-                 manifest["num_candidates"], time.monotonic() - started)
-    return {"feature_state": str(_dir(ctx) / "feature_state"), "new_rows": new_rows}
-
-
-def samples(ctx: RunContext) -> dict:
-    from components.feature_state import load_feature_state
-    from spark_jobs.samples import write_samples
-
-    plan = read_plan(ctx)
-    state = load_feature_state(_dir(ctx) / "feature_state")
-    started = time.monotonic()
-    out = {}
-    for split, frame in zip(("train", "holdout"), _frames(ctx, plan), strict=True):
-        manifest = write_samples(frame, state, _dir(ctx) / "samples" / split, split=split,
-                                 block_rows=ctx.config.features.block_rows, num_shards=1,
-                                 seed=ctx.config.features.seed,
-                                 inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
-        out[split] = manifest["row_counts"]["rows"]
-    if out["train"] == 0 or out["holdout"] == 0:
-        raise RuntimeError(f"{ctx.interval.tag}: {out['train']} training and {out['holdout']} held-out rows; a minute "
-                           "run needs both (incremental.holdout_fraction)")
-    ctx.tracker.log_metrics({"samples.train_rows": out["train"], "samples.holdout_rows": out["holdout"],
+    features_s = time.monotonic() - started
+    rows = {}
+    for split, frame in (("train", train_frame), ("holdout", holdout_frame)):
+        written = write_samples(frame, state, _dir(ctx) / "samples" / split, split=split,
+                                block_rows=ctx.config.features.block_rows, num_shards=1,
+                                seed=ctx.config.features.seed,
+                                inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
+        rows[split] = written["row_counts"]["rows"]
+    if rows["train"] == 0 or rows["holdout"] == 0:
+        raise RuntimeError(f"{ctx.interval.tag}: {rows['train']} training and {rows['holdout']} held-out rows; a "
+                           "minute run needs both (incremental.holdout_fraction)")
+    manifest = write_feature_state(state, _dir(ctx) / "feature_state", num_rows=rows["train"],
+                                   inputs={"parent": parent.version, "minutes": list(plan.minutes)})
+    ctx.tracker.log_metrics({"features.new_rows": manifest["num_new_rows"],
+                             "features.candidates": manifest["num_candidates"], "features.seconds": features_s,
+                             "samples.train_rows": rows["train"], "samples.holdout_rows": rows["holdout"],
                              "samples.seconds": time.monotonic() - started})
-    ctx.progress("samples: %d training and %d held-out rows in %.1f s", out["train"], out["holdout"],
-                 time.monotonic() - started)
-    return out
+    ctx.progress("samples: %d values admitted into the tables' room (%d candidates waiting); %d training and %d "
+                 "held-out rows; %.1f s", manifest["num_new_rows"], manifest["num_candidates"], rows["train"],
+                 rows["holdout"], time.monotonic() - started)
+    return {"feature_state": str(_dir(ctx) / "feature_state"), "new_rows": manifest["num_new_rows"], **rows}
 
 
 def _files(ctx: RunContext, split: str) -> list[str]:
@@ -285,15 +275,22 @@ def train(ctx: RunContext) -> dict:
 
 
 def export_delta(ctx: RunContext) -> dict:
-    from components.delta import delta_arrays, write_delta
+    from components.delta import delta_arrays, saved_weights, write_delta
     from components.feature_state import load_feature_state
     from components.manifest import read_manifest
-    from trainer.incremental import checkpoint_weights
 
     plan = read_plan(ctx)
     started = time.monotonic()
-    parent_specs, parent_weights = checkpoint_weights(Path(plan.parent_checkpoint))
-    specs, weights = checkpoint_weights(_dir(ctx) / "checkpoint")
+    parent = saved_weights(Path(plan.parent_checkpoint))
+    if parent is None:  # a daily checkpoint: its weights are read from the Keras model
+        from trainer.incremental import checkpoint_weights
+
+        parent = checkpoint_weights(Path(plan.parent_checkpoint))
+    _, parent_weights = parent
+    child = saved_weights(_dir(ctx) / "checkpoint")
+    if child is None:
+        raise RuntimeError(f"the checkpoint of {ctx.interval.tag} has no weights file; re-run its train step")
+    specs, weights = child
     arrays = delta_arrays(parent_weights, weights, load_feature_state(plan.parent_feature_state),
                           load_feature_state(_dir(ctx) / "feature_state"))
     evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
@@ -422,8 +419,8 @@ def _log_freshness_plot(ctx: RunContext, history: dict[str, Any]) -> None:
 
 STEPS: tuple[Step, ...] = (
     Step("validate", "plan the run (parent model, minutes to learn) and validate those raw slices", validate),
-    Step("features", "Spark: fold the minutes into the parent's vocabularies (no table grows)", features),
-    Step("samples", "Spark: block TFRecords of the minutes, training and held-out rows", samples),
+    Step("samples", "Spark: the minutes folded into the parent's vocabularies (no table grows), then block "
+                    "TFRecords of training and held-out rows", samples),
     Step("train", "warm-start training from the parent checkpoint; holdout logloss of parent and child", train),
     Step("export_delta", "the rows that changed, new vocabulary entries, dense weights, with a manifest", export_delta),
     Step("gate", "finite values, embedding norms, holdout logloss vs the parent", gate),

@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from components.delta import save_weights, saved_weights
 from components.schema import CATEGORICAL_FEATURES
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -21,7 +22,11 @@ from trainer.train import _save_checkpoint, _ThroughputMeter, load_checkpoint
 
 
 def checkpoint_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
-    """The weight list of a checkpoint (trainer.export.weight_specs) and the weights as numpy arrays."""
+    """The weight list of a checkpoint (trainer.export.weight_specs) and the weights as numpy arrays: from the
+    plain weights.npz that minute runs write beside model.keras (no model to rebuild), else from model.keras."""
+    saved = saved_weights(checkpoint_dir)
+    if saved is not None:
+        return saved
     model = load_checkpoint(checkpoint_dir)
     return weight_specs(model), [np.array(v) for v in model.weights]
 
@@ -68,11 +73,14 @@ def train_increment(
     global_step = int(model.optimizer.iterations.numpy())
     train_rows = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     holdout_rows = int(sum(int(label.shape[0]) for _, label in holdout))
-    _save_checkpoint(model, Path(checkpoint_dir), version=version,
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
+    _save_checkpoint(model, checkpoint_dir, version=version, extra_files=[weights_file],
                      inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
                              "holdout_files": list(holdout_files)},
                      row_counts={"train": train_rows, "holdout": holdout_rows},
-                     extra={"global_step": global_step, "rows_reset": num_reset})
+                     extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model)})
     return {"train_rows": train_rows, "holdout_rows": holdout_rows, "rows_reset": num_reset,
             "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
             "parent_holdout_logloss": parent_logloss, "global_step": global_step}

@@ -223,10 +223,16 @@ def train_model(
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     speed_flags = _speed_flags(config, strategy.num_replicas_in_sync)
 
+    from components.delta import save_weights
+    from trainer.export import weight_specs
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for delta exports
     _save_checkpoint(
         model,
         checkpoint_dir,
         version=version or identity,
+        extra_files=[weights_file],
         inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
                 "warm_start": str(warm_start.checkpoint_dir) if warm_start_summary is not None else None},
         row_counts={"train": num_train_examples, "eval": len(eval_labels)},
@@ -239,6 +245,7 @@ def train_model(
             "resumed_from_step": resumed.global_step if resumed else None,
             "warm_start": warm_start_summary,
             "calibration": calibration,
+            "weight_specs": weight_specs(model),
         },
     )
     clear_progress(progress_dir)  # the checkpoint supersedes it
@@ -315,13 +322,15 @@ def _speed_flags(config: TrainConfig, num_replicas: int) -> dict[str, Any]:
     }
 
 
-def _save_checkpoint(model: keras.Model, directory: Path, *, version: str, **manifest: Any) -> None:
+def _save_checkpoint(model: keras.Model, directory: Path, *, version: str, extra_files: Sequence[str] = (),
+                     **manifest: Any) -> None:
+    """model.keras (and `extra_files`, already written into `directory`) with the manifest written last."""
     directory.mkdir(parents=True, exist_ok=True)
     # Written under a temporary name first: a crash never leaves a truncated model.keras behind.
     partial = directory / f".{uuid.uuid4().hex}.partial.keras"
     model.save(partial)
     os.replace(partial, directory / MODEL_FILE)
-    write_manifest(directory, kind=CHECKPOINT_KIND, version=version, files=[MODEL_FILE], **manifest)
+    write_manifest(directory, kind=CHECKPOINT_KIND, version=version, files=[MODEL_FILE, *extra_files], **manifest)
 
 
 def _input_hash(

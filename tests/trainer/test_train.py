@@ -65,7 +65,7 @@ def test_learns_the_planted_signal_and_writes_a_checkpoint(planted, tmp_path):
     assert {"loss", "auc"} <= set(logged[0][1]) and "val_auc" in logged[2][1]
 
     manifest = read_manifest(tmp_path / "checkpoint", kind="checkpoint")
-    assert list(manifest["files"]) == [MODEL_FILE]
+    assert list(manifest["files"]) == [MODEL_FILE, "weights.npz"]  # weights.npz: for delta exports
     assert manifest["row_counts"] == {"train": 6000, "eval": 2000}
     assert manifest["inputs"]["train_files"] == planted["train_files"]
     assert manifest["train_config"]["mlp_units"] == [32, 16]

@@ -1,0 +1,258 @@
+"""Freshness: how long after a minute closes serving answers with a model that learned from it.
+
+Runs the real stack on loopback for `--minutes` wall-clock minutes and writes bench/results/freshness.json:
+- a live traffic writer delivers each minute's click log right after the minute closes;
+- a daily full model is trained first on the `--history-minutes` before the start (`ctr run daily`);
+- a Spark Connect server, and Airflow (api-server, scheduler, dag-processor; LocalExecutor, SQLite) with
+  ctr_incremental unpaused: every minute validate -> features -> samples -> train -> delta -> gate -> publish;
+- the model server (`ctr serve`, polling the store every second) under a bounded load of prediction requests.
+
+For every minute that closed while the load ran, freshness is the time from the minute's close to the first
+request answered by a version whose data reaches the minute's end (the answering version comes back in the
+X-Model-Version header; each version's data end is in its manifest). p50_s / p95_s are over those minutes;
+minutes that no answered request covered by the end are counted in `minutes_not_served`.
+
+    make bench-freshness                                   # 12 minutes, 60 K rows a minute (1,000 per second)
+    make bench-freshness BENCH_FRESHNESS_ARGS="--minutes 4 --rows-per-minute 5000"   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.loadgen import run_load
+from components.config import load_config
+from components.layout import Layout
+from components.live_traffic import write_live_minute, write_live_minutes
+from components.model_store import open_model_store
+from pipelines.airflow_env import airflow_environment
+
+RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
+DAG_ID = "ctr_incremental"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def minute_floor(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(int(epoch_s // 60) * 60, UTC)
+
+
+class Processes:
+    """Child processes in their own sessions, each logging to a file, all stopped at the end."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.children.append((name, process))
+        return process
+
+    def stop(self) -> None:
+        for _, process in reversed(self.children):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for name, process in reversed(self.children):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                print(f"  {name} did not stop in 30 s; killing it", flush=True)
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_until(what: str, condition, timeout_s: float, poll_s: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def freshness_by_minute(versions: list[tuple[float, str | None]], data_ends: dict[str, float],
+                        minute_closes: list[float]) -> dict[float, float | None]:
+    """For each minute close: seconds until the first answered request whose version's data reaches it."""
+    out: dict[float, float | None] = {}
+    for close in minute_closes:
+        first = next((sent for sent, version in versions
+                      if version is not None and data_ends.get(version, 0.0) >= close and sent >= close), None)
+        out[close] = None if first is None else first - close
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=int, default=12, help="wall-clock minutes of live traffic and load")
+    parser.add_argument("--rows-per-minute", type=int, default=60_000)
+    parser.add_argument("--history-minutes", type=int, default=8, help="minutes the daily full model learns")
+    parser.add_argument("--rate", type=float, default=20.0, help="prediction requests per second")
+    parser.add_argument("--instances", type=int, default=8, help="instances per request")
+    parser.add_argument("--root", default="var/bench-freshness")
+    args = parser.parse_args(argv)
+
+    root = Path(args.root).absolute()
+    if root.exists():
+        shutil.rmtree(root)
+    logs = root / "logs"
+    logs.mkdir(parents=True)
+    spark_port, api_port, serving_port = free_port(), free_port(), free_port()
+    overrides = {"paths.data_root": str(root), "generate.rows_per_minute": args.rows_per_minute,
+                 "spark.remote": f"sc://127.0.0.1:{spark_port}", "serving.port": serving_port,
+                 "serving.poll_seconds": 1.0}
+    config = load_config(overrides=overrides, environ={})
+    layout = Layout(config.paths.root)
+    env = airflow_environment(config, api_port=api_port)
+    env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+    env["AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL"] = "3600"
+    processes = Processes(logs)
+    started = time.time()
+    first_live = minute_floor(started)
+    history = [first_live - timedelta(minutes=m) for m in range(args.history_minutes, 0, -1)]
+    print(f"[bench-freshness] writing {len(history)} history minutes of {args.rows_per_minute} rows", flush=True)
+    for minute in history:
+        write_live_minute(config.generate, layout, minute)
+    written: list[tuple[datetime, float]] = []
+    # The live writer starts now, so no minute goes missing while the daily model trains.
+    traffic = threading.Thread(
+        target=lambda: write_live_minutes(config.generate, layout, num_minutes=args.minutes + 2,
+                                          on_minute=lambda m, lag: written.append((m, lag))),
+        daemon=True, name="live-traffic")
+    traffic.start()
+    result: dict[str, Any] = {}
+    try:
+        from spark_jobs.connect import start_connect_server
+
+        print(f"[bench-freshness] Spark Connect on {spark_port}", flush=True)
+        connect = start_connect_server(config.spark, spark_port, log_dir=logs)
+        python = sys.executable
+        print(f"[bench-freshness] daily full model on {history[0]:%H:%M}-{first_live:%H:%M}", flush=True)
+        daily = subprocess.run(
+            [python, "-m", "pipelines.cli", "run", "daily", "--start", history[0].isoformat(), "--end",
+             first_live.isoformat(), "--set", "train.epochs=1", "--set", "gate.min_auc=0.55",
+             *[item for key, value in overrides.items() for item in ("--set", f"{key}={value}")]],
+            env={**os.environ, **env}, stdout=open(logs / "daily.log", "wb"), stderr=subprocess.STDOUT)
+        if daily.returncode:
+            raise RuntimeError(f"the daily run failed; see {logs / 'daily.log'}")
+        print("[bench-freshness] model server and Airflow (api-server, scheduler, dag-processor)", flush=True)
+        processes.start("serving", [python, "-m", "pipelines.cli", "serve", "--port", str(serving_port)],
+                        {**os.environ, **env})
+        airflow = [python, "-m", "airflow"]
+        subprocess.run([*airflow, "db", "migrate"], env=env, stdout=open(logs / "airflow-db.log", "wb"),
+                       stderr=subprocess.STDOUT, check=True)
+        for component in (["api-server", "--port", str(api_port)], ["scheduler"], ["dag-processor"]):
+            processes.start(f"airflow-{component[0]}", [*airflow, *component], env)
+        wait_until("the model server", lambda: answers(f"http://127.0.0.1:{serving_port}/healthz"), 300)
+        wait_until("the DAG to be parsed", lambda: subprocess.run(
+            [*airflow, "dags", "unpause", DAG_ID], env=env, capture_output=True).returncode == 0, 300, 5)
+        print(f"[bench-freshness] {DAG_ID} unpaused; load for {args.minutes} minutes at {args.rate}/s", flush=True)
+        sample = layout.raw_minute_dir(history[-1]) / "part-00000.tsv"
+        instances = instances_from(sample, args.instances)
+        load_started = time.time()
+        load = run_load(f"http://127.0.0.1:{serving_port}/v1/models/ctr:predict", lambda i: instances,
+                        rate_per_s=args.rate, duration_s=args.minutes * 60, concurrency=8)
+        load_ended = time.time()
+        (logs / "load.json").write_text(json.dumps(load.to_json(include_records=True)))
+        connect.stop()
+        result = summarize(config, layout, load, load_started, load_ended, written, args)
+    finally:
+        processes.stop()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_minute",)}, indent=2))
+    print(f"[bench-freshness] wrote {RESULTS} in {time.time() - started:.0f} s")
+    return 0
+
+
+def instances_from(path: Path, count: int) -> list[dict[str, Any]]:
+    from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+    from components.validation import read_raw_slice
+
+    frame = read_raw_slice(path).head(count)
+    rows = []
+    for _, row in frame.iterrows():
+        instance: dict[str, Any] = {n: (None if row[n] is None or row[n] != row[n] else float(row[n]))
+                                    for n in DENSE_FEATURES}
+        instance.update({n: row[n] if isinstance(row[n], str) else None for n in CATEGORICAL_FEATURES})
+        rows.append(instance)
+    return rows
+
+
+def summarize(config, layout: Layout, load, load_started: float, load_ended: float,
+              written: list[tuple[datetime, float]], args: argparse.Namespace) -> dict[str, Any]:
+    store = open_model_store(config.paths.model_store_uri)
+    data_ends, kinds = {}, {}
+    for version in store.versions("ctr"):
+        manifest = store.manifest("ctr", version)
+        data_ends[version] = datetime.fromisoformat(manifest["data_end"]).timestamp()
+        kinds[version] = manifest["kind"]
+    # Minutes that closed while the load ran, leaving the last 90 s for the pipeline to catch up.
+    closes = [m.timestamp() + 60 for m, _ in written if load_started <= m.timestamp() + 60 <= load_ended - 90]
+    by_minute = freshness_by_minute(load.versions, data_ends, closes)
+    served = [v for v in by_minute.values() if v is not None]
+    gates = sorted(layout.root.glob("incremental/*/gate.json"))
+    failed_gates = [p.parent.name for p in gates if not json.loads(p.read_text())["passed"]]
+    deltas = [v for v, kind in kinds.items() if kind == "delta"]
+    publish_lags = [entry for entry in json.loads(layout.freshness_log.read_text()).values()] \
+        if layout.freshness_log.is_file() else []
+    return {
+        "benchmark": "freshness",
+        "command": "make bench-freshness" + (f" BENCH_FRESHNESS_ARGS='--minutes {args.minutes} --rows-per-minute "
+                                             f"{args.rows_per_minute}'"),
+        "machine": f"{platform.node()} ({os.cpu_count()} cores), no GPU",
+        "minutes": len(closes),
+        "p50_s": statistics.median(served) if served else None,
+        "p95_s": percentile(served, 0.95) if served else None,
+        "minutes_not_served": sum(v is None for v in by_minute.values()),
+        "failed_requests": load.failed_requests,
+        "p99_ms": load.latency_p99_ms,
+        "p50_ms": load.latency_p50_ms,
+        "requests": load.num_requests,
+        "status_counts": load.status_counts,
+        "skipped_requests": load.skipped,
+        "deltas_published": len(deltas),
+        "gate_failures": failed_gates,
+        "publish_lag_s": [round(datetime.fromisoformat(e["published_at"]).timestamp()
+                                - datetime.fromisoformat(e["data_end"]).timestamp(), 1) for e in publish_lags],
+        "rows_per_minute": args.rows_per_minute,
+        "request_rate_per_s": args.rate,
+        "live_writer_lag_s": [round(lag, 2) for _, lag in written],
+        "per_minute": {datetime.fromtimestamp(c, UTC).isoformat(): (None if v is None else round(v, 2))
+                       for c, v in by_minute.items()},
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
