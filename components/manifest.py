@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,10 @@ def write_manifest(
     extra: Mapping[str, Any] | None = None,
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """Checksums `files` (paths relative to `directory`) and writes the manifest atomically, last."""
+    """Checksums `files` (paths relative to `directory`) and writes the manifest atomically, last.
+
+    The manifest is a function of what it describes: no write time is recorded unless `created_at` is given
+    (from the run's data interval, never the clock), so re-running a step writes byte-identical manifests."""
     directory = Path(directory)
     entries = {}
     for name in sorted(files):
@@ -77,7 +80,7 @@ def write_manifest(
         "version": version,
         "schema_hash": schema_hash(),
         "code_version": code_version(),
-        "created_at": (created_at or datetime.now(UTC)).isoformat(),
+        **({"created_at": created_at.isoformat()} if created_at is not None else {}),
         "inputs": dict(inputs or {}),
         "row_counts": dict(row_counts or {}),
         "files": entries,

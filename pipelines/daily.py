@@ -222,7 +222,8 @@ def samples(ctx: RunContext) -> dict:
             seed=ctx.config.features.seed,
             inputs={"interval": ctx.interval.tag, "raw_slices": num_slices, "source": _source(ctx),
                     "feature_state": {"version": state.version, "path": str(state_dir),
-                                      "manifest_created_at": state_manifest["created_at"]}},
+                                      "files": {name: entry["sha256"] for name, entry in
+                                                state_manifest["files"].items()}}},
         )
         seconds = time.monotonic() - started
         rows = manifest["row_counts"]["rows"]

@@ -141,10 +141,22 @@ def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
     state = build_state(frame)
     first = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
                           inputs={})
+    first_manifest = (tmp_path / "a" / "manifest.json").read_bytes()
     second = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
                            inputs={})
-    assert first["files"] == second["files"]
+    assert first["files"] == second["files"] and len(first["files"]) == 3  # two shards and the schema
+    assert (tmp_path / "a" / "manifest.json").read_bytes() == first_manifest  # byte-identical manifest too
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_rebuilding_a_feature_state_writes_identical_bytes(spark, raw_dir, tmp_path):
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    written = []
+    for _ in range(2):  # a re-run of the same interval from the same parent
+        write_feature_state(build_state(frame), tmp_path / "state", inputs={"interval": "x"}, num_rows=9)
+        written.append({p.name: p.read_bytes() for p in sorted((tmp_path / "state").iterdir())})
+    assert written[0] == written[1]
+    assert sorted(written[0]) == ["candidates.parquet", "dense.json", "manifest.json", "vocabulary.parquet"]
 
 
 def test_dense_feature_names_cover_schema():
