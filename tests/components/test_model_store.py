@@ -12,6 +12,7 @@ from components.model_store import (
     ModelStoreError,
     S3ModelStore,
     open_model_store,
+    rollback,
 )
 
 MODEL = "ctr"
@@ -284,3 +285,30 @@ def test_s3_fetch_of_a_tampered_version_raises(tmp_path, s3_client):
         store.fetch(MODEL, "4", cache)
     # Nothing half-downloaded is left to be mistaken for the version.
     assert list((cache / MODEL).iterdir()) == []
+
+
+def _export_kind(directory: Path, kind: str) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "payload.bin").write_bytes(kind.encode())
+    write_manifest(directory, kind=kind, version="1", files=["payload.bin"])
+    return directory
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_rollback_retracts_newer_versions_and_full_models_start_chains(tmp_path, backend, request):
+    if backend == "s3":
+        store = S3ModelStore(f"s3://{BUCKET}/chains", client=request.getfixturevalue("s3_client"))
+    else:
+        store = LocalModelStore(tmp_path / "store")
+    for version, kind in (("100", "full_model"), ("101", "delta"), ("102", "delta"), ("200", "full_model"),
+                          ("201", "delta")):
+        store.publish(MODEL, version, _export_kind(tmp_path / version, kind))
+    assert (store.latest(MODEL), store.latest_full(MODEL)) == ("201", "200")
+    assert rollback(store, MODEL, "101", "bad minutes") == ["102", "200", "201"]
+    assert store.retracted(MODEL) == {"102", "200", "201"}
+    assert (store.latest(MODEL), store.latest_full(MODEL)) == ("101", "100")
+    assert store.versions(MODEL) == ["100", "101", "102", "200", "201"]  # kept for inspection
+    with pytest.raises(ModelStoreError, match="cannot roll back to version 102 of 'ctr': it was retracted itself"):
+        rollback(store, MODEL, "102", "again")
+    with pytest.raises(ModelStoreError, match=r"version 7 of 'ctr': it is not in .*the newest versions there are"):
+        rollback(store, MODEL, "7", "typo")
