@@ -141,6 +141,13 @@ def validate(ctx: RunContext) -> dict:
     while not (own / SUCCESS_MARKER).exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # the minute's partition is written right after the minute closes
     present = [m for m in wanted if (ctx.layout.raw_minute_dir(m) / RAW_FILE).exists()]
+    if ctx.interval.start not in present and ctx.layout.quarantine_minute_dir(ctx.interval.start).exists():
+        from components.validation import DataValidationError
+
+        raise DataValidationError(
+            f"the raw slice of minute {ctx.interval.start.isoformat()} failed validation earlier and is in "
+            f"{ctx.layout.quarantine_minute_dir(ctx.interval.start)} with its report; nothing trains on it. The "
+            "next minute's run learns the minutes around it")
     if ctx.interval.start not in present:
         raise RuntimeError(f"the raw slice of minute {ctx.interval.start.isoformat()} is not at {own} after waiting "
                            f"{config.wait_for_data_s:.0f} s (incremental.wait_for_data_s); the task retries")
