@@ -67,6 +67,28 @@ def _is_full(source: Path) -> bool:
     return json.loads((source / MANIFEST_NAME).read_text()).get("kind") == FULL_KIND
 
 
+class _Standing:
+    """What both stores derive from their version list and their marker folders (`_markers`)."""
+
+    def versions(self, model_name: str) -> list[str]:
+        raise NotImplementedError
+
+    def _markers(self, model_name: str, folder: str) -> set[str]:
+        raise NotImplementedError
+
+    def retracted(self, model_name: str) -> set[str]:
+        return self._markers(model_name, RETRACTED_DIR)
+
+    def latest(self, model_name: str) -> str | None:
+        """The newest version that is not retracted."""
+        return _latest_standing(self.versions(model_name), self.retracted(model_name))
+
+    def latest_full(self, model_name: str) -> str | None:
+        """The newest full model that is not retracted."""
+        return _latest_standing(sorted(self._markers(model_name, FULL_MODELS_DIR), key=int),
+                                self.retracted(model_name))
+
+
 def _latest_standing(versions: list[str], retracted: set[str]) -> str | None:
     standing = [v for v in versions if v not in retracted]
     return standing[-1] if standing else None
@@ -78,7 +100,7 @@ def _check_source(source: Path) -> None:
     read_manifest(source)
 
 
-class LocalModelStore:
+class LocalModelStore(_Standing):
     def __init__(self, root: str | Path):
         self.root = Path(root).absolute()
         self.uri = str(self.root)
@@ -103,22 +125,10 @@ class LocalModelStore:
         found = [p.name for p in base.iterdir() if _is_version(p.name) and (p / MANIFEST_NAME).is_file()]
         return sorted(found, key=int)
 
-    def latest(self, model_name: str) -> str | None:
-        """The newest version that is not retracted."""
-        return _latest_standing(self.versions(model_name), self.retracted(model_name))
-
     def retract(self, model_name: str, version: str, reason: str) -> None:
         _check_version(version)
         write_json_atomic(self.root / model_name / RETRACTED_DIR / f"{version}.json",
                           {"version": version, "reason": reason})
-
-    def retracted(self, model_name: str) -> set[str]:
-        return self._markers(model_name, RETRACTED_DIR)
-
-    def latest_full(self, model_name: str) -> str | None:
-        """The newest full model that is not retracted."""
-        full = sorted(self._markers(model_name, FULL_MODELS_DIR), key=int)
-        return _latest_standing(full, self.retracted(model_name))
 
     def _markers(self, model_name: str, folder: str) -> set[str]:
         base = self.root / model_name / folder
@@ -140,7 +150,7 @@ class LocalModelStore:
         return directory
 
 
-class S3ModelStore:
+class S3ModelStore(_Standing):
     def __init__(self, uri: str, endpoint_url: str = "", client: Any = None):
         if not uri.startswith("s3://"):
             raise ModelStoreError(f"S3 model store URI must start with s3://, got {uri!r}")
@@ -182,23 +192,11 @@ class S3ModelStore:
                     found.add(version)
         return sorted(found, key=int)
 
-    def latest(self, model_name: str) -> str | None:
-        """The newest version that is not retracted."""
-        return _latest_standing(self.versions(model_name), self.retracted(model_name))
-
     def retract(self, model_name: str, version: str, reason: str) -> None:
         _check_version(version)
         body = json.dumps({"version": version, "reason": reason}).encode()
         self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, RETRACTED_DIR, f"{version}.json"),
                                Body=body)
-
-    def retracted(self, model_name: str) -> set[str]:
-        return self._markers(model_name, RETRACTED_DIR)
-
-    def latest_full(self, model_name: str) -> str | None:
-        """The newest full model that is not retracted."""
-        full = sorted(self._markers(model_name, FULL_MODELS_DIR), key=int)
-        return _latest_standing(full, self.retracted(model_name))
 
     def _markers(self, model_name: str, folder: str) -> set[str]:
         base = self._key(model_name, folder) + "/"

@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
+from pipelines.airflow_tasks import chain_step_tasks
 from pipelines.daily import STEPS
 
 with DAG(
@@ -27,23 +28,4 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
-    previous = None
-    for step in STEPS:
-
-        @task(task_id=step.name, doc=step.description)
-        def run_step(step_name: str = step.name, **context) -> None:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            from components.evaluation import QualityGateError
-            from components.validation import DataValidationError
-            from pipelines.runner import run_airflow_step
-
-            try:
-                run_airflow_step("daily", step_name, context)
-            except (DataValidationError, QualityGateError) as err:  # retrying cannot fix bad data or a bad model
-                raise AirflowFailException(str(err)) from err
-
-        current = run_step()
-        if previous is not None:
-            previous >> current
-        previous = current
+    chain_step_tasks("daily", STEPS)

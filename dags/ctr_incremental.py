@@ -14,8 +14,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
+from pipelines.airflow_tasks import chain_step_tasks
 from pipelines.incremental import STEPS
 
 with DAG(
@@ -33,25 +34,4 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
-    previous = None
-    for step in STEPS:
-
-        @task(task_id=step.name, doc=step.description)
-        def run_step(step_name: str = step.name, **context) -> None:
-            from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
-            from components.validation import DataValidationError
-            from pipelines.incremental import DeltaGateError, NothingToLearn
-            from pipelines.runner import run_airflow_step
-
-            try:
-                run_airflow_step("incremental", step_name, context)
-            except NothingToLearn as err:  # the parent already holds this minute: the rest of the run is skipped
-                raise AirflowSkipException(str(err)) from err
-            except (DataValidationError, DeltaGateError) as err:  # retrying cannot fix bad data or a bad delta
-                raise AirflowFailException(str(err)) from err
-
-        current = run_step()
-        if previous is not None:
-            previous >> current
-        previous = current
+    chain_step_tasks("incremental", STEPS)

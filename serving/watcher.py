@@ -54,7 +54,8 @@ class ModelWatcher:
         # The second replica of the served chain, and the deltas it lacks to reach the active version.
         self._standby: LoadedModel | None = None
         self._pending: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = []
-        self._manifests: dict[str, dict[str, Any]] = {}  # published manifests never change
+        # Published manifests never change; kept for the served chain (a day of minutes: 1440 small entries).
+        self._manifests: dict[str, dict[str, Any]] = {}
         self.last_error: str | None = None
         # version -> (number of failures, monotonic time before which it is not tried again)
         self._failures: dict[str, tuple[int, float]] = {}
@@ -174,6 +175,7 @@ class ModelWatcher:
             replicas.append(model)
         self._standby = replicas[1] if len(replicas) > 1 else None
         self._pending = []
+        self._manifests = dict(chain)  # a new chain: older chains' manifests are not needed again
         if active is not None and deltas:
             logger.info("version %s: loaded its full model %s and %d deltas (served version %s is not its ancestor)",
                         version, first_version, len(deltas), active.version)

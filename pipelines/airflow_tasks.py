@@ -1,0 +1,45 @@
+"""The Airflow side of a pipeline, shared by the DAG files: one task per step, chained in order.
+
+A task body imports only inside (DAG files parse fast) and maps the pipeline's outcomes to Airflow's: data or
+models that fail their checks fail the task without retries (retrying cannot fix them), and a minute run that
+has nothing to learn is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from airflow.sdk import task
+
+from pipelines.context import Step
+
+
+def run_step_task(pipeline: str, step_name: str, context: dict) -> None:
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from components.evaluation import QualityGateError
+    from components.validation import DataValidationError
+    from pipelines.incremental import DeltaGateError, NothingToLearn
+    from pipelines.runner import run_airflow_step
+
+    try:
+        run_airflow_step(pipeline, step_name, context)
+    except NothingToLearn as err:  # the parent already holds this minute: the rest of the run is skipped
+        raise AirflowSkipException(str(err)) from err
+    except (DataValidationError, QualityGateError, DeltaGateError) as err:  # bad data or a bad model
+        raise AirflowFailException(str(err)) from err
+
+
+def chain_step_tasks(pipeline: str, steps: Sequence[Step]) -> None:
+    """Inside a `with DAG(...)` block: a task per step, each downstream of the one before."""
+    previous = None
+    for step in steps:
+
+        @task(task_id=step.name, doc=step.description)
+        def run_step(step_name: str = step.name, **context) -> None:
+            run_step_task(pipeline, step_name, context)
+
+        current = run_step()
+        if previous is not None:
+            previous >> current
+        previous = current
