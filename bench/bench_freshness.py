@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     for minute in history:
         write_live_minute(config.generate, layout, minute)
     written: list[tuple[datetime, float]] = []
-    # The live writer starts now, so no minute goes missing while the daily model trains.
+    # The live writer starts now, so no minute goes missing while the daily model trains, and writes until the
+    # process ends (a daemon thread): the load starts only after the daily run and Airflow are up.
     traffic = threading.Thread(
-        target=lambda: write_live_minutes(config.generate, layout, num_minutes=args.minutes + 2,
+        target=lambda: write_live_minutes(config.generate, layout, num_minutes=args.minutes + 60,
                                           on_minute=lambda m, lag: written.append((m, lag))),
         daemon=True, name="live-traffic")
     traffic.start()
@@ -175,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         for component in (["api-server", "--port", str(api_port)], ["scheduler"], ["dag-processor"]):
             processes.start(f"airflow-{component[0]}", [*airflow, *component], env)
         wait_until("the model server", lambda: answers(f"http://127.0.0.1:{serving_port}/healthz"), 300)
-        wait_until("the DAG to be parsed", lambda: subprocess.run(
-            [*airflow, "dags", "unpause", DAG_ID], env=env, capture_output=True).returncode == 0, 300, 5)
+        # `dags unpause` exits 0 even before the DAG is parsed, so the DB says when it took.
+        airflow_db = layout.root / "airflow" / "airflow.db"
+        wait_until("the DAG to be parsed and unpaused", lambda: subprocess.run(
+            [*airflow, "dags", "unpause", DAG_ID], env=env, capture_output=True).returncode == 0
+            and dag_unpaused(airflow_db, DAG_ID), 300, 5)
         print(f"[bench-freshness] {DAG_ID} unpaused; load for {args.minutes} minutes at {args.rate}/s", flush=True)
         sample = layout.raw_minute_dir(history[-1]) / "part-00000.tsv"
         instances = instances_from(sample, args.instances)
@@ -196,6 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def dag_unpaused(db: Path, dag_id: str) -> bool:
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT is_paused FROM dag WHERE dag_id = ?", (dag_id,)).fetchone()
+    return row is not None and not row[0]
+
+
 def instances_from(path: Path, count: int) -> list[dict[str, Any]]:
     from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
     from components.validation import read_raw_slice
@@ -208,6 +220,50 @@ def instances_from(path: Path, count: int) -> list[dict[str, Any]]:
         instance.update({n: row[n] if isinstance(row[n], str) else None for n in CATEGORICAL_FEATURES})
         rows.append(instance)
     return rows
+
+
+def airflow_timeline(db: Path) -> dict[str, Any]:
+    """Where a minute run's time goes, from Airflow's metadata DB (SQLite): per task, the median of its run
+    time and of the wait before it starts (queued after the upstream task ended -> running), and the delay
+    from the minute's close to the run's first task starting."""
+    import sqlite3
+
+    def ts(value: str | None) -> float | None:
+        return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC).timestamp()
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        runs = {run_id: ts(end) for run_id, end in conn.execute(
+            "SELECT run_id, data_interval_end FROM dag_run WHERE dag_id = ?", (DAG_ID,))}
+        rows = conn.execute("SELECT run_id, task_id, start_date, end_date, state FROM task_instance "
+                            "WHERE dag_id = ? ORDER BY run_id, start_date", (DAG_ID,)).fetchall()
+    run_s: dict[str, list[float]] = {}
+    wait_s: dict[str, list[float]] = {}
+    start_delay, total = [], []
+    by_run: dict[str, list[tuple]] = {}
+    for run_id, task_id, start, end, state in rows:
+        if state == "success" and start and end:
+            by_run.setdefault(run_id, []).append((task_id, ts(start), ts(end)))
+    for run_id, tasks in by_run.items():
+        previous_end = None
+        for task_id, start, end in tasks:
+            run_s.setdefault(task_id, []).append(end - start)
+            if previous_end is not None:
+                wait_s.setdefault(task_id, []).append(start - previous_end)
+            previous_end = end
+        if runs.get(run_id) and len(tasks) > 1:
+            start_delay.append(tasks[0][1] - runs[run_id])
+            total.append(tasks[-1][2] - runs[run_id])
+    median = lambda values: round(statistics.median(values), 1) if values else None  # noqa: E731
+    states: dict[str, int] = {}
+    for (state,) in sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
+            "SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)):
+        states[state] = states.get(state, 0) + 1
+    return {"dag_runs": states,
+            "task_run_s": {task: median(v) for task, v in run_s.items()},
+            "task_wait_s": {task: median(v) for task, v in wait_s.items()},
+            "first_task_start_after_close_s": median(start_delay),
+            "last_task_end_after_close_s": median(total),
+            "runs": len(by_run)}
 
 
 def summarize(config, layout: Layout, load, load_started: float, load_ended: float,
@@ -249,6 +305,7 @@ def summarize(config, layout: Layout, load, load_started: float, load_ended: flo
         "rows_per_minute": args.rows_per_minute,
         "request_rate_per_s": args.rate,
         "live_writer_lag_s": [round(lag, 2) for _, lag in written],
+        "airflow_timeline": airflow_timeline(layout.root / "airflow" / "airflow.db"),
         "per_minute": {datetime.fromtimestamp(c, UTC).isoformat(): (None if v is None else round(v, 2))
                        for c, v in by_minute.items()},
     }

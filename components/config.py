@@ -100,6 +100,10 @@ class FeatureConfig:
     # room (a minute's model keeps its daily parent's shape, so its delta only changes rows). Values admitted
     # once the room is full wait as candidates for the next daily run.
     growth_rows: int = 1000
+    # Layout of the sample TFRecords: "block" (one tf.Example per block_rows rows; what the trainer reads
+    # fastest) or "row" (one tf.Example per row, one feature per column: label, I1..I13, C1..C26, the layout
+    # TFX tools such as TFDV read; ~10x slower to train from, see bench-input).
+    samples_layout: str = "block"
     # Rows per TFRecord block (one tf.Example per block).
     block_rows: int = 1024
     num_shards: int = 4

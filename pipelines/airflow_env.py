@@ -10,6 +10,8 @@ from components.config import PipelineConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DAGS_FOLDER = REPO_ROOT / "dags"
+# airflow_local_settings.py: warm task processes (the scheduler preloads the steps' libraries before forking).
+SETTINGS_FOLDER = REPO_ROOT / "pipelines" / "airflow_settings"
 
 
 def airflow_environment(config: PipelineConfig, base: dict[str, str] | None = None, api_port: int = 8080) -> dict:
@@ -28,7 +30,8 @@ def airflow_environment(config: PipelineConfig, base: dict[str, str] | None = No
         # Tasks find the data, MLflow and the model store through the same config.
         "CTR_HOME": str(config.paths.root),
         "MLFLOW_TRACKING_URI": config.tracking_uri,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), str(SETTINGS_FOLDER), env.get("PYTHONPATH", ""))
+                                      if p),
     })
     if config.paths.model_store:
         env["CTR_MODEL_STORE"] = config.paths.model_store

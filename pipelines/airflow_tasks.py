@@ -31,7 +31,9 @@ def run_step_task(pipeline: str, step_name: str, context: dict) -> None:
 
 
 def chain_step_tasks(pipeline: str, steps: Sequence[Step]) -> None:
-    """Inside a `with DAG(...)` block: a task per step, each downstream of the one before."""
+    """Inside a `with DAG(...)` block: a task per step, downstream of the steps it names in `upstream`, or
+    else of the one before it."""
+    tasks: dict[str, object] = {}
     previous = None
     for step in steps:
 
@@ -40,6 +42,11 @@ def chain_step_tasks(pipeline: str, steps: Sequence[Step]) -> None:
             run_step_task(pipeline, step_name, context)
 
         current = run_step()
-        if previous is not None:
-            previous >> current
-        previous = current
+        upstream = step.upstream if step.upstream is not None else ((previous,) if previous else ())
+        unknown = [name for name in upstream if name not in tasks]
+        if unknown:
+            raise ValueError(f"{pipeline} step {step.name!r} needs {unknown}, which are not steps before it")
+        for name in upstream:
+            tasks[name] >> current
+        tasks[step.name] = current
+        previous = step.name

@@ -18,6 +18,9 @@ class Step:
     name: str
     description: str
     run: object  # Callable[[RunContext], dict]
+    # The steps this one needs, by name; None: the step before it. Steps that need the same steps and not each
+    # other run side by side in Airflow; the CLI runs every step in order.
+    upstream: tuple[str, ...] | None = None
 
 
 @dataclass

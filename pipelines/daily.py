@@ -219,7 +219,7 @@ def samples(ctx: RunContext) -> dict:
         manifest = write_samples(
             frame, state, directory, split=split,
             block_rows=ctx.config.features.block_rows, num_shards=ctx.config.features.num_shards,
-            seed=ctx.config.features.seed,
+            seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
             inputs={"interval": ctx.interval.tag, "raw_slices": num_slices, "source": _source(ctx),
                     "feature_state": {"version": state.version, "path": str(state_dir),
                                       "files": {name: entry["sha256"] for name, entry in
@@ -229,7 +229,7 @@ def samples(ctx: RunContext) -> dict:
         rows = manifest["row_counts"]["rows"]
         ctx.tracker.log_artifact(directory / "manifest.json", f"manifests/samples_{split}")
         ctx.tracker.log_metrics({f"samples.{split}_rows": rows, f"samples.{split}_seconds": seconds})
-        ctx.progress("samples: %s split, %d rows in %d block TFRecord shards, %.0f s", split, rows,
+        ctx.progress("samples: %s split, %d rows in %d TFRecord shards, %.0f s", split, rows,
                      len(manifest["shards"]), seconds)
         out[split] = str(directory)
     return out
@@ -268,7 +268,8 @@ def train(ctx: RunContext) -> dict:
     warm_start = _warm_start(ctx, state)
     result = train_model(config, state.table_sizes(), train_files, eval_files,
                          ctx.layout.checkpoint_dir(ctx.interval),
-                         callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start)
+                         callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start,
+                         layout=train_manifest["layout"])
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})

@@ -1,6 +1,9 @@
 """The minute pipeline, defined once: the Airflow DAG `ctr_incremental` and `ctr run incremental` run these steps.
 
-validate -> samples -> train -> export_delta -> gate -> publish, on the data interval of one minute.
+plan -> (validate | samples) -> train -> export_delta -> gate -> publish, on the data interval of one minute.
+Validation of the raw slices and the Spark samples job run side by side (each needs only the plan); training
+needs both, so a minute that fails validation is quarantined and nothing trains on it: the run fails, and the
+next minute's run plans without it.
 
 Each run trains on from the newest standing model in the store (its parent): the delta left by the previous
 minute, or a newer full model from the daily run, which starts a new chain. The parent's data end says what
@@ -112,10 +115,10 @@ def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]
     return state
 
 
-def validate(ctx: RunContext) -> dict:
-    """Plans the run (parent model, minutes to learn) and validates those minutes' raw slices."""
+def plan(ctx: RunContext) -> dict:
+    """Plans the run: its parent model and the minutes to learn (those whose raw slices are there)."""
     from components.synthetic import SUCCESS_MARKER
-    from components.validation import RAW_FILE, validate_interval
+    from components.validation import RAW_FILE
 
     config = ctx.config.incremental
     if config.catch_up not in CATCH_UP_POLICIES:
@@ -134,7 +137,7 @@ def validate(ctx: RunContext) -> dict:
     if config.catch_up == "latest_only":
         skipped, wanted = [m for m in wanted if m < ctx.interval.start], [m for m in wanted if m >= ctx.interval.start]
     if skipped:
-        ctx.progress("validate: catch_up=latest_only: skipping %d missed minutes %s..%s", len(skipped),
+        ctx.progress("plan: catch_up=latest_only: skipping %d missed minutes %s..%s", len(skipped),
                      skipped[0].isoformat(), skipped[-1].isoformat())
     own = ctx.layout.raw_minute_dir(ctx.interval.start)
     deadline = time.monotonic() + config.wait_for_data_s
@@ -151,27 +154,42 @@ def validate(ctx: RunContext) -> dict:
     if ctx.interval.start not in present:
         raise RuntimeError(f"the raw slice of minute {ctx.interval.start.isoformat()} is not at {own} after waiting "
                            f"{config.wait_for_data_s:.0f} s (incremental.wait_for_data_s); the task retries")
-    report_path = ctx.layout.validation_report(ctx.interval, "report")
-    report = validate_interval(ctx.layout, present, report_path)
-    ctx.tracker.log_artifact(report_path, "validation")
-    passed = [datetime.fromisoformat(p["minute"]) for p in report["passed"]]
     training_state = _training_state(ctx, manifest)
     plan = Plan(
         version=model_version(ctx), parent=parent, chain_root=str(manifest.get("chain_root") or parent),
         parent_checkpoint=training_state["checkpoint"], parent_feature_state=training_state["feature_state"],
         parent_data_end=parent_end.isoformat(), daily_run_key=str(_daily_run_key(ctx, manifest)),
-        minutes=tuple(m.isoformat() for m in passed), skipped_minutes=tuple(m.isoformat() for m in skipped),
+        minutes=tuple(m.isoformat() for m in present), skipped_minutes=tuple(m.isoformat() for m in skipped),
     )
     from components.manifest import write_json_atomic
 
     write_json_atomic(_dir(ctx) / PLAN_FILE, plan.__dict__)
     ctx.tracker.set_tags({"ctr.parent_version": parent, "ctr.chain_root": plan.chain_root,
                           "ctr.daily_run": plan.daily_run_key})
-    ctx.tracker.log_metrics({"validation.rows": report["num_rows"], "incremental.minutes": len(passed),
-                             "incremental.skipped_minutes": len(skipped)})
-    ctx.progress("validate: parent %s (chain %s); learning %d minute(s) %s..%s, %d rows", parent, plan.chain_root,
-                 len(passed), plan.minutes[0], plan.minutes[-1], report["num_rows"])
-    return {"parent": parent, "minutes": list(plan.minutes), "rows": report["num_rows"]}
+    ctx.tracker.log_metrics({"incremental.minutes": len(present), "incremental.skipped_minutes": len(skipped)})
+    ctx.progress("plan: parent %s (chain %s); learning %d minute(s) %s..%s", parent, plan.chain_root,
+                 len(present), plan.minutes[0], plan.minutes[-1])
+    return {"parent": parent, "minutes": list(plan.minutes)}
+
+
+def validate(ctx: RunContext) -> dict:
+    """Validates the planned minutes' raw slices. One that fails is quarantined (raw data kept, with its
+    report) and fails the run: training waits for this step, so nothing trains on it."""
+    from components.validation import validate_interval
+
+    plan = read_plan(ctx)
+    report_path = ctx.layout.validation_report(ctx.interval, "report")
+    report = validate_interval(ctx.layout, [datetime.fromisoformat(m) for m in plan.minutes], report_path)
+    ctx.tracker.log_artifact(report_path, "validation")
+    missing = [m for m in plan.minutes if m not in {p["minute"] for p in report["passed"]}]
+    if missing:  # moved away between planning and now (quarantined by another run, or deleted)
+        from components.validation import DataValidationError
+
+        raise DataValidationError(f"planned minute(s) {missing} are no longer in the raw data (see {report_path}); "
+                                  "nothing trains on this plan. The next minute's run plans again")
+    ctx.tracker.log_metrics({"validation.rows": report["num_rows"]})
+    ctx.progress("validate: %d minute(s) passed, %d rows", len(report["passed"]), report["num_rows"])
+    return {"minutes": list(plan.minutes), "rows": report["num_rows"]}
 
 
 def _minutes_between(start: datetime, end: datetime) -> list[datetime]:
@@ -222,40 +240,53 @@ def samples(ctx: RunContext) -> dict:
 
     plan = read_plan(ctx)
     started = time.monotonic()
+    seconds: dict[str, float] = {}
+
+    def lap(name: str) -> None:  # where the step's time goes, logged with its metrics
+        seconds[name] = round(time.monotonic() - started - sum(seconds.values()), 2)
+
     parent = load_feature_state(plan.parent_feature_state)
+    lap("load_parent_state")
     train_frame, holdout_frame = _frames(ctx, plan)
+    lap("spark_session")
     state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
                                 version=f"minute-{ctx.interval.tag}", evict=False)
     if state.table_sizes() != parent.table_sizes():
         raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
+    lap("fold_counts")
     features_s = time.monotonic() - started
     rows = {}
     for split, frame in (("train", train_frame), ("holdout", holdout_frame)):
         written = write_samples(frame, state, _dir(ctx) / "samples" / split, split=split,
                                 block_rows=ctx.config.features.block_rows, num_shards=1,
-                                seed=ctx.config.features.seed,
+                                seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
                                 inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
         rows[split] = written["row_counts"]["rows"]
+        lap(f"write_{split}")
     if rows["train"] == 0 or rows["holdout"] == 0:
         raise RuntimeError(f"{ctx.interval.tag}: {rows['train']} training and {rows['holdout']} held-out rows; a "
                            "minute run needs both (incremental.holdout_fraction)")
     manifest = write_feature_state(state, _dir(ctx) / "feature_state", num_rows=rows["train"],
                                    inputs={"parent": parent.version, "minutes": list(plan.minutes)})
-    ctx.tracker.log_metrics({"features.new_rows": manifest["num_new_rows"],
+    lap("save_state")
+    ctx.tracker.log_metrics({**{f"samples.seconds.{name}": value for name, value in seconds.items()},
+                             "features.new_rows": manifest["num_new_rows"],
                              "features.candidates": manifest["num_candidates"], "features.seconds": features_s,
                              "samples.train_rows": rows["train"], "samples.holdout_rows": rows["holdout"],
                              "samples.seconds": time.monotonic() - started})
     ctx.progress("samples: %d values admitted into the tables' room (%d candidates waiting); %d training and %d "
-                 "held-out rows; %.1f s", manifest["num_new_rows"], manifest["num_candidates"], rows["train"],
-                 rows["holdout"], time.monotonic() - started)
+                 "held-out rows; %.1f s (%s)", manifest["num_new_rows"], manifest["num_candidates"], rows["train"],
+                 rows["holdout"], time.monotonic() - started, ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     return {"feature_state": str(_dir(ctx) / "feature_state"), "new_rows": manifest["num_new_rows"], **rows}
 
 
-def _files(ctx: RunContext, split: str) -> list[str]:
+def _files(ctx: RunContext, split: str) -> tuple[list[str], str]:
+    """The split's sample files and their layout."""
     from components.manifest import read_manifest
 
     directory = _dir(ctx) / "samples" / split
-    return [str(directory / shard["file"]) for shard in read_manifest(directory, kind="samples")["shards"]]
+    manifest = read_manifest(directory, kind="samples")
+    return [str(directory / shard["file"]) for shard in manifest["shards"]], manifest["layout"]
 
 
 def train(ctx: RunContext) -> dict:
@@ -268,10 +299,11 @@ def train(ctx: RunContext) -> dict:
     plan = read_plan(ctx)
     state = load_feature_state(_dir(ctx) / "feature_state")
     started = time.monotonic()
+    (train_files, layout), (holdout_files, _) = _files(ctx, "train"), _files(ctx, "holdout")
     result = train_increment(
-        Path(plan.parent_checkpoint), _files(ctx, "train"), _files(ctx, "holdout"), _dir(ctx) / "checkpoint",
+        Path(plan.parent_checkpoint), train_files, holdout_files, _dir(ctx) / "checkpoint",
         new_rows=state.new_rows, batch_size=ctx.config.train.batch_size, epochs=ctx.config.incremental.epochs,
-        seed=ctx.config.train.seed, version=plan.version,
+        seed=ctx.config.train.seed, version=plan.version, layout=layout,
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
     ctx.tracker.log_metrics({f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)})
@@ -425,10 +457,13 @@ def _log_freshness_plot(ctx: RunContext, history: dict[str, Any]) -> None:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("validate", "plan the run (parent model, minutes to learn) and validate those raw slices", validate),
+    Step("plan", "the parent model and the minutes to learn (waits for this minute's raw slice)", plan),
+    Step("validate", "great-expectations on the planned raw slices; a failing one is quarantined", validate,
+         upstream=("plan",)),
     Step("samples", "Spark: the minutes folded into the parent's vocabularies (no table grows), then block "
-                    "TFRecords of training and held-out rows", samples),
-    Step("train", "warm-start training from the parent checkpoint; holdout logloss of parent and child", train),
+                    "TFRecords of training and held-out rows", samples, upstream=("plan",)),
+    Step("train", "warm-start training from the parent checkpoint; holdout logloss of parent and child", train,
+         upstream=("validate", "samples")),
     Step("export_delta", "the rows that changed, new vocabulary entries, dense weights, with a manifest", export_delta),
     Step("gate", "finite values, embedding norms, holdout logloss vs the parent", gate),
     Step("publish", "the delta into the model store (objects first, manifest last); freshness", publish),

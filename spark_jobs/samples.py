@@ -1,13 +1,17 @@
-"""Sample generation: parsed rows + feature state -> block TFRecords, committed atomically with a manifest.
+"""Sample generation: parsed rows + feature state -> TFRecords, committed atomically with a manifest.
 
 Rows are mapped to embedding rows and transformed inside `mapInArrow` on whole Arrow batches (no per-row
-Python), packed into blocks (one tf.Example per `block_rows` rows) with the tfx-bsl encoder, framed as
-TFRecords and written by each Spark task to its own shard under a staging directory. The driver then writes
-the manifest and renames the directory into place, so readers never see a partial dataset.
+Python) and encoded with tfx-bsl's Arrow -> tf.Example encoder, in one of two layouts:
+- "block" (default): one tf.Example per `block_rows` rows (components.block_codec);
+- "row": one tf.Example per row, one feature per column (components.row_codec, PER_COLUMN), for TFX tools.
+Each Spark task frames its records as TFRecords into its own shard under a staging directory. The driver then
+writes the TensorFlow Metadata schema and the manifest and renames the directory into place, so readers never
+see a partial dataset.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Iterator
@@ -22,6 +26,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from components.block_codec import encode_blocks, frame_records
 from components.feature_state import FeatureState, categorical_rows, transform_dense
 from components.manifest import commit_dir, staging_dir, write_manifest
+from components.row_codec import PER_COLUMN, ROW_LAYOUT, encode_rows
 from components.schema import (
     BLOCK_CATEGORICAL_KEY,
     BLOCK_DENSE_KEY,
@@ -36,6 +41,8 @@ from components.schema import (
 )
 
 SAMPLES_KIND = "samples"
+# features.samples_layout -> the layout name the manifest records.
+LAYOUTS = {"block": BLOCK_LAYOUT, "row": ROW_LAYOUT}
 SHARD_SCHEMA = StructType([
     StructField("file", StringType()), StructField("rows", LongType()),
     StructField("positives", LongType()), StructField("blocks", LongType()),
@@ -48,9 +55,22 @@ def shuffle_deterministically(frame: DataFrame, num_shards: int, seed: int) -> D
     return frame.withColumn("_key", key).repartition(num_shards, "_key").sortWithinPartitions("_key").drop("_key")
 
 
-def make_block_writer(state: FeatureState, output_dir: str, block_rows: int):
-    """The mapInArrow function: Arrow batches of parsed rows -> one shard file per Spark partition."""
+def check_samples_layout(layout: str) -> str:
+    """features.samples_layout -> the manifest's layout name, or a clear error."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"features.samples_layout={layout!r} is not a sample layout; expected one of "
+                         f"{sorted(LAYOUTS)} (block: one tf.Example per block of rows; row: one per row, for TFX)")
+    return LAYOUTS[layout]
+
+
+def make_block_writer(state: FeatureState, output_dir: str, block_rows: int, layout: str = "block"):
+    """The mapInArrow function: Arrow batches of parsed rows -> one shard file per Spark partition, in `layout`
+    ("block", or "row": one per-column tf.Example per row; rows are still encoded `block_rows` at a time)."""
+    check_samples_layout(layout)
     lookups = {name: state.lookup(name) for name in CATEGORICAL_FEATURES}
+    # The function is pickled into every task: it carries the vocabularies but not the candidates (values
+    # below min_count; hundreds of thousands after a few days), which writing samples never reads.
+    state = dataclasses.replace(state, candidates=state.candidates.schema.empty_table())
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -71,7 +91,10 @@ def make_block_writer(state: FeatureState, output_dir: str, block_rows: int):
                     [categorical_rows(table.column(n).combine_chunks(), *lookups[n]) for n in CATEGORICAL_FEATURES],
                     axis=1,
                 )
-                records = encode_blocks(labels, dense, categorical, block_rows)
+                if layout == "block":
+                    records = encode_blocks(labels, dense, categorical, block_rows)
+                else:
+                    records = encode_rows(labels, dense.astype(np.float32), categorical, PER_COLUMN)
                 handle.write(frame_records(records))
                 rows += len(labels)
                 positives += int(labels.sum())
@@ -136,24 +159,51 @@ def block_schema(state: FeatureState) -> str:
     return text_format.MessageToString(schema)
 
 
+def row_schema(state: FeatureState) -> str:
+    """The TensorFlow Metadata schema of the row layout: label, I1..I13 (standardized; absent when the field
+    was missing) and C1..C26 (embedding row ids within each feature's table), one value each."""
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    schema = schema_pb2.Schema()
+    sizes = state.table_sizes()
+    label = schema.feature.add(name=LABEL, type=schema_pb2.FLOAT)
+    label.presence.min_fraction = 1.0
+    label.shape.dim.add(size=1)
+    label.float_domain.min, label.float_domain.max = 0.0, 1.0
+    for name in DENSE_FEATURES:
+        feature = schema.feature.add(name=name, type=schema_pb2.FLOAT)
+        feature.value_count.min, feature.value_count.max = 0, 1
+        feature.annotation.comment.append("standardized value; no value when the raw field was missing")
+    for name in CATEGORICAL_FEATURES:
+        feature = schema.feature.add(name=name, type=schema_pb2.INT)
+        feature.presence.min_fraction = 1.0
+        feature.shape.dim.add(size=1)
+        feature.int_domain.min, feature.int_domain.max = 0, sizes[name] - 1
+        feature.annotation.comment.append("embedding row id (0 rare or unseen, 1 missing)")
+    for feature in schema.feature:
+        feature.annotation.tag.append(ROW_LAYOUT)
+    return text_format.MessageToString(schema)
+
+
 def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, split: str, block_rows: int,
-                  num_shards: int, seed: int, inputs: dict) -> dict:
-    """Writes the split's block TFRecords to `directory` (replacing an older copy), with their TensorFlow
-    Metadata schema (schema.pbtxt), and returns the manifest."""
+                  num_shards: int, seed: int, inputs: dict, layout: str = "block") -> dict:
+    """Writes the split's TFRecords in `layout` ("block" or "row") to `directory` (replacing an older copy),
+    with their TensorFlow Metadata schema (schema.pbtxt), and returns the manifest."""
+    layout_name = check_samples_layout(layout)
     staging = staging_dir(directory)
     shuffled = shuffle_deterministically(frame, num_shards, seed)
-    shards = sorted(
-        (r.asDict() for r in shuffled.mapInArrow(make_block_writer(state, str(staging), block_rows), SHARD_SCHEMA)
-         .collect()),
-        key=lambda r: r["file"],
-    )
+    writer = make_block_writer(state, str(staging), block_rows, layout)
+    shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),
+                    key=lambda r: r["file"])
     num_rows = sum(s["rows"] for s in shards)
-    (staging / SCHEMA_FILE).write_text(block_schema(state))
+    (staging / SCHEMA_FILE).write_text(block_schema(state) if layout == "block" else row_schema(state))
     manifest = write_manifest(
         staging, kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{split}",
         files=[*(s["file"] for s in shards), SCHEMA_FILE], inputs=inputs,
         row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in shards)},
-        extra={"split": split, "layout": BLOCK_LAYOUT, "block_rows": block_rows, "shards": shards,
+        extra={"split": split, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
+               "shards": shards,
                "compression": "none", "feature_state_version": state.version},
     )
     commit_dir(staging, directory)

@@ -53,10 +53,14 @@ def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]]) -> int
 def train_increment(
     parent_checkpoint: Path, train_files: Sequence[str], holdout_files: Sequence[str], checkpoint_dir: Path, *,
     new_rows: Mapping[str, Sequence[int]], batch_size: int, epochs: int, seed: int, version: str,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """Trains the parent checkpoint on `train_files` and writes `checkpoint_dir`. Returns the numbers the gate
     and the run's log need: rows, speed, holdout logloss of parent and child, the global step."""
-    from trainer.input import block_dataset
+    from trainer.input import samples_dataset
+
+    def block_dataset(files, batch_size, shuffle, seed):  # in the samples' layout (manifest), blocks if None
+        return samples_dataset(files, batch_size, shuffle, seed, **({"layout": layout} if layout else {}))
 
     keras.utils.set_random_seed(seed)
     model = load_checkpoint(parent_checkpoint)

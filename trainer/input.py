@@ -17,6 +17,7 @@ from components.schema import (
     BLOCK_CATEGORICAL_KEY,
     BLOCK_DENSE_KEY,
     BLOCK_LABEL_KEY,
+    BLOCK_LAYOUT,
     BLOCK_NUM_ROWS_KEY,
     CATEGORICAL_FEATURES,
     DENSE_FEATURES,
@@ -181,3 +182,22 @@ def row_dataset(
     parse = parse_packed_rows if layout == row_layout.PACKED else parse_per_column_rows
     batches = records.batch(batch_size).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def samples_dataset(
+    files: Sequence[str],
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    layout: str = BLOCK_LAYOUT,
+    shuffle_buffer_blocks: int = 64,
+) -> tf.data.Dataset:
+    """Batches from the sample job's files in the layout their manifest records (its "layout"): blocks
+    (BLOCK_LAYOUT) or one per-column Example per row (row_layout.ROW_LAYOUT). Same structure either way."""
+    if layout == BLOCK_LAYOUT:
+        return block_dataset(files, batch_size, shuffle, seed, shuffle_buffer_blocks=shuffle_buffer_blocks)
+    if layout == row_layout.ROW_LAYOUT:
+        return row_dataset(files, batch_size, shuffle, seed, layout=row_layout.PER_COLUMN,
+                           shuffle_buffer_rows=shuffle_buffer_blocks * 1024)
+    raise ValueError(f"samples in layout {layout!r} cannot be read; this trainer reads {BLOCK_LAYOUT!r} and "
+                     f"{row_layout.ROW_LAYOUT!r} (the manifest's 'layout')")

@@ -144,6 +144,7 @@ def train_model(
     *,
     version: str | None = None,
     warm_start: WarmStart | None = None,
+    layout: str | None = None,
 ) -> TrainResult:
     """Trains `config.model` on `train_files`, validates on `eval_files` after each epoch, and writes
     `checkpoint_dir/model.keras` and its manifest (kind "checkpoint", `version` or else a hash of the inputs).
@@ -160,7 +161,10 @@ def train_model(
     """
     # Imported here: the input pipeline is tf.data, and the rest of this module (compile_model,
     # load_checkpoint, StepMetricsLogger) must import on JAX hosts without TensorFlow.
-    from trainer.input import block_dataset
+    from trainer.input import samples_dataset
+
+    def block_dataset(files, batch_size, shuffle, seed, **kwargs):  # the samples' layout (manifest), blocks if None
+        return samples_dataset(files, batch_size, shuffle, seed, **({"layout": layout} if layout else {}), **kwargs)
 
     micro_batch_size = _micro_batch_size(config)
     checkpoint_dir = Path(checkpoint_dir)

@@ -339,3 +339,48 @@ def test_incomplete_or_malformed_partitions_are_refused(generated, tmp_path):
         event_files(layout, IMPRESSIONS, [minute])
     # A generated partition passes.
     assert len(event_files(generated[0], IMPRESSIONS, [minute])) == 1
+
+
+def test_a_partition_delivered_twice_changes_no_sample_and_is_counted(spark, generated, tmp_path):
+    """A shipper that delivers a whole minute of both streams again (a second file beside the first) must not
+    double any sample or label: every redelivered event is counted as a duplicate, and the raw files stay."""
+    import shutil
+
+    layout, generate, events, _, _ = generated
+    window_s = events.attribution_window_s
+    span = Interval(START + timedelta(minutes=4), START + timedelta(minutes=5))
+    once = run(spark, layout, span, tmp_path / "once", window_s=window_s, sequence_length=4, lookback_s=7200)
+
+    twice = Layout(tmp_path / "twice")
+    shutil.copytree(layout.root / "raw", twice.root / "raw")
+    redelivered = START + timedelta(minutes=4)
+    for stream in (IMPRESSIONS, CLICKS):
+        directory = twice.raw_events_minute_dir(stream, redelivered)
+        shutil.copy(directory / "part-00000.parquet", directory / "part-00001.parquet")
+    again = run(spark, twice, span, tmp_path / "again", window_s=window_s, sequence_length=4, lookback_s=7200)
+
+    def copies_counted_in_span(stream: str) -> int:
+        """Rows of the redelivered file whose event is counted in the span: duplicates are counted in the minute
+        of the event's earliest delivery, which may lie in another minute."""
+        every = pa.concat_tables(pq.read_table(path, columns=["request_id", "ts"])
+                                 for path in sorted((layout.root / "raw" / stream).rglob("part-*.parquet")))
+        earliest: dict[str, int] = {}
+        for request, ts in zip(every.column("request_id").to_pylist(), every.column("ts").to_pylist(), strict=True):
+            earliest[request] = min(ts, earliest.get(request, ts))
+        copy = pq.read_table(layout.raw_events_minute_dir(stream, redelivered) / "part-00000.parquet")
+        start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
+        return sum(start <= earliest[r] < end for r in copy.column("request_id").to_pylist())
+
+    assert again["impressions"] == once["impressions"] > 0
+    assert again["positives"] == once["positives"] > 0
+    assert again["clicks"] == once["clicks"] > 0
+    assert again["duplicate_impressions"] == once["duplicate_impressions"] + copies_counted_in_span(IMPRESSIONS)
+    assert again["duplicate_clicks"] == once["duplicate_clicks"] + copies_counted_in_span(CLICKS)
+    assert copies_counted_in_span(IMPRESSIONS) >= 0.9 * once["impressions"]  # nearly every impression doubled
+
+    columns = ["request_id", "ts", "label", "history"]
+    first = spark.read.parquet(str(tmp_path / "once" / "samples")).select(*columns)
+    second = spark.read.parquet(str(tmp_path / "again" / "samples")).select(*columns)
+    assertDataFrameEqual(second, first)
+    for stream in (IMPRESSIONS, CLICKS):  # the raw deliveries are kept as they came
+        assert len(list(twice.raw_events_minute_dir(stream, redelivered).glob("part-*.parquet"))) == 2

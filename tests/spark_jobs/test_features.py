@@ -192,3 +192,50 @@ def test_a_writer_killed_half_way_leaves_nothing_a_reader_accepts(spark, tmp_pat
     manifest = write_samples(frame, state, output, split="train", block_rows=256, num_shards=2, seed=1, inputs={})
     assert read_manifest(output)["row_counts"]["rows"] == manifest["row_counts"]["rows"] == 8000
     assert sorted(p.name for p in output.parent.iterdir()) == ["train"]
+
+
+def test_row_layout_holds_the_block_layouts_rows_one_example_per_row(spark, raw_dir, tmp_path):
+    """features.samples_layout="row": one tf.Example per row, one feature per column (TFX tools' layout), with
+    a schema beside it; the trainer reads it into the same batches as the blocks of the same rows."""
+    import tensorflow as tf
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    from components.row_codec import ROW_LAYOUT
+    from components.schema import BLOCK_LAYOUT
+    from trainer.input import samples_dataset
+
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    state = build_state(frame)
+    blocks = write_samples(frame, state, tmp_path / "blocks", split="train", block_rows=4, num_shards=2, seed=1,
+                           inputs={})
+    rows = write_samples(frame, state, tmp_path / "rows", split="train", block_rows=4, num_shards=2, seed=1,
+                         inputs={}, layout="row")
+    assert (blocks["layout"], rows["layout"]) == (BLOCK_LAYOUT, ROW_LAYOUT)
+    assert rows["row_counts"] == blocks["row_counts"] == {"rows": 9, "positives": 4}
+    assert [s["rows"] for s in rows["shards"]] == [s["rows"] for s in blocks["shards"]]
+
+    records = [record for shard in rows["shards"]
+               for record in read_framed_records((tmp_path / "rows" / shard["file"]).read_bytes())]
+    assert len(records) == 9  # one Example per row
+    example = tf.train.Example.FromString(records[0]).features.feature
+    assert sorted(example) == sorted(["label", *DENSE_FEATURES, *CATEGORICAL_FEATURES])
+
+    schema = text_format.Parse((tmp_path / "rows" / "schema.pbtxt").read_text(), schema_pb2.Schema())
+    domains = {f.name: (f.int_domain.min, f.int_domain.max) for f in schema.feature if f.type == schema_pb2.INT}
+    assert domains["C1"] == (0, 3) and domains["C2"] == (0, 2)  # 2 reserved rows + the admitted values
+
+    def batches(directory, manifest):
+        files = [str(directory / s["file"]) for s in manifest["shards"]]
+        (features, label), = samples_dataset(files, 16, shuffle=False, seed=0, layout=manifest["layout"])
+        return np.concatenate([features["dense"].numpy(), features["categorical"].numpy(),
+                               label.numpy()[:, None]], axis=1)
+
+    from_blocks, from_rows = batches(tmp_path / "blocks", blocks), batches(tmp_path / "rows", rows)
+    np.testing.assert_allclose(from_rows, from_blocks, rtol=1e-6)  # same shuffle, same rows, same order
+
+    with pytest.raises(ValueError, match="samples_layout='rows'"):
+        write_samples(frame, state, tmp_path / "bad", split="train", block_rows=4, num_shards=2, seed=1,
+                      inputs={}, layout="rows")
+    with pytest.raises(ValueError, match="cannot be read"):
+        samples_dataset(["x"], 16, shuffle=False, seed=0, layout="columnar")
