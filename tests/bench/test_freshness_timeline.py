@@ -1,0 +1,36 @@
+"""bench-freshness's account of where a minute run's time goes, read from an Airflow metadata DB (SQLite)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from bench.bench_freshness import airflow_timeline
+
+
+def test_timeline_waits_follow_each_tasks_upstream(tmp_path):
+    db = tmp_path / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE dag_run (dag_id TEXT, run_id TEXT, data_interval_end TEXT, state TEXT)")
+        conn.execute("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, start_date TEXT, "
+                     "end_date TEXT, state TEXT)")
+        conn.executemany("INSERT INTO dag_run VALUES ('ctr_incremental', ?, ?, ?)", [
+            ("r1", "2026-01-01 00:01:00.000000", "success"), ("r2", "2026-01-01 00:02:00.000000", "failed")])
+        tasks = [  # r1: plan, then validate and samples side by side, then train
+            ("r1", "plan", "00:01:02", "00:01:03", "success"),
+            ("r1", "validate", "00:01:04", "00:01:14", "success"),
+            ("r1", "samples", "00:01:04", "00:01:20", "success"),
+            ("r1", "train", "00:01:21", "00:01:31", "success"),
+            ("r2", "plan", "00:02:04", "00:02:05", "success"),
+            ("r2", "validate", "00:02:07", "00:02:08", "failed"),
+        ]
+        conn.executemany("INSERT INTO task_instance VALUES ('ctr_incremental', ?, ?, ?, ?, ?)", [
+            (run, task, f"2026-01-01 {start}.000000", f"2026-01-01 {end}.000000", state)
+            for run, task, start, end, state in tasks])
+    timeline = airflow_timeline(db)
+    assert timeline["dag_runs"] == {"success": 1, "failed": 1}
+    assert timeline["task_run_s"] == {"plan": 1.0, "validate": 10.0, "samples": 16.0, "train": 10.0}
+    # train waited from samples' end (its last upstream), not from validate's
+    assert timeline["task_wait_s"] == {"validate": 1.0, "samples": 1.0, "train": 1.0}
+    assert timeline["first_task_start_after_close_s"] == 2.0  # plan of r1; r2 has one successful task only
+    assert timeline["last_task_end_after_close_s"] == 31.0
+    assert timeline["runs"] == 2
