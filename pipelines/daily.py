@@ -269,7 +269,7 @@ def train(ctx: RunContext) -> dict:
     result = train_model(config, state.table_sizes(), train_files, eval_files,
                          ctx.layout.checkpoint_dir(ctx.interval),
                          callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start,
-                         layout=train_manifest["layout"])
+                         layout=train_manifest["layout"], num_rows=train_manifest["row_counts"]["rows"])
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})

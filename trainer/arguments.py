@@ -1,4 +1,4 @@
-"""Constructor-argument checks shared by layers, models, optimizers and callbacks.
+"""Constructor-argument checks shared by layers, models, optimizers and callbacks, and the batch cut.
 
 Messages name the argument and echo the value, Keras-style: "`units` must be ... Received: units=0".
 """
@@ -38,3 +38,18 @@ def require_integer_list(name: str, value: Any) -> None:
 def require_positive_number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float | np.floating) or not value > 0:
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
+
+
+def even_batch_size(num_rows: int, batch_size: int) -> int:
+    """The batch size at most `batch_size` that cuts `num_rows` into equal batches but for the last, which is at
+    most one row per batch shorter.
+
+    A minute run (trainer.incremental) trains once over a few minutes of rows, so its last batch is also its
+    last update, as is the last batch of a daily run's last epoch. Cut at `batch_size`, that batch can hold a
+    few dozen rows, and one such step moved a model from holdout logloss 0.2913 to 0.3430 (prediction mean
+    0.125 -> 0.222; 161,861 rows at 2048 leave 69), failing the gate; cut evenly (2024) the same run ends at
+    0.2914."""
+    if num_rows <= 0 or batch_size <= 0:
+        raise ValueError(f"even_batch_size needs positive rows and batch size, got {num_rows} and {batch_size}")
+    num_batches = -(-num_rows // batch_size)
+    return -(-num_rows // num_batches)

@@ -16,6 +16,7 @@ import numpy as np
 
 from components.delta import save_weights, saved_weights
 from components.schema import CATEGORICAL_FEATURES
+from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.train import _save_checkpoint, _ThroughputMeter, load_checkpoint
@@ -48,20 +49,6 @@ def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]]) -> int
             num_reset += len(global_rows)
         layer.embeddings.assign(table)
     return num_reset
-
-
-def even_batch_size(num_rows: int, batch_size: int) -> int:
-    """The batch size at most `batch_size` that cuts `num_rows` into equal batches but for the last, which is at
-    most one row per batch shorter.
-
-    A minute run trains once over a few minutes of rows, so its last batch is also its last update. Cut at
-    `batch_size`, that batch can hold a few dozen rows, and one such step moved a model from holdout logloss
-    0.2913 to 0.3430 (prediction mean 0.125 -> 0.222; 161,861 rows at 2048 leave 69), failing the gate; cut
-    evenly (2024) the same run ends at 0.2914."""
-    if num_rows <= 0 or batch_size <= 0:
-        raise ValueError(f"even_batch_size needs positive rows and batch size, got {num_rows} and {batch_size}")
-    num_batches = -(-num_rows // batch_size)
-    return -(-num_rows // num_batches)
 
 
 def train_increment(

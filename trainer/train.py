@@ -19,7 +19,7 @@ import numpy as np
 
 from components.config import TrainConfig
 from components.manifest import read_manifest, write_manifest
-from trainer.arguments import require_integer
+from trainer.arguments import even_batch_size, require_integer
 from trainer.calibration import calibrate_level
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
@@ -145,6 +145,7 @@ def train_model(
     version: str | None = None,
     warm_start: WarmStart | None = None,
     layout: str | None = None,
+    num_rows: int | None = None,
 ) -> TrainResult:
     """Trains `config.model` on `train_files`, validates on `eval_files` after each epoch, and writes
     `checkpoint_dir/model.keras` and its manifest (kind "checkpoint", `version` or else a hash of the inputs).
@@ -167,6 +168,9 @@ def train_model(
         return samples_dataset(files, batch_size, shuffle, seed, **({"layout": layout} if layout else {}), **kwargs)
 
     micro_batch_size = _micro_batch_size(config)
+    if num_rows and config.micro_batches == 1:
+        # Equal batches: an epoch's last step is not taken on a handful of rows.
+        micro_batch_size = even_batch_size(num_rows, micro_batch_size)
     checkpoint_dir = Path(checkpoint_dir)
     progress_dir = checkpoint_dir / PROGRESS_DIR
     identity = _input_hash(config, table_sizes, train_files, eval_files)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainer.incremental import even_batch_size
+from trainer.arguments import even_batch_size
 
 
 @pytest.mark.parametrize("rows, batch", [(161_861, 2048), (54_000, 2048), (4096, 2048), (100, 2048), (2049, 2048),
