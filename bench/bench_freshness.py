@@ -239,6 +239,9 @@ def airflow_timeline(db: Path) -> dict[str, Any]:
             "SELECT run_id, data_interval_end FROM dag_run WHERE dag_id = ?", (DAG_ID,))}
         rows = conn.execute("SELECT run_id, task_id, start_date, end_date, state FROM task_instance "
                             "WHERE dag_id = ? ORDER BY run_id, start_date", (DAG_ID,)).fetchall()
+        states: dict[str, int] = {}
+        for (state,) in conn.execute("SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)):
+            states[state] = states.get(state, 0) + 1
     run_s: dict[str, list[float]] = {}
     wait_s: dict[str, list[float]] = {}
     start_delay, total = [], []
@@ -257,10 +260,6 @@ def airflow_timeline(db: Path) -> dict[str, Any]:
             start_delay.append(tasks[0][1] - runs[run_id])
             total.append(tasks[-1][2] - runs[run_id])
     median = lambda values: round(statistics.median(values), 1) if values else None  # noqa: E731
-    states: dict[str, int] = {}
-    for (state,) in sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
-            "SELECT state FROM dag_run WHERE dag_id = ?", (DAG_ID,)):
-        states[state] = states.get(state, 0) + 1
     return {"dag_runs": states,
             "task_run_s": {task: median(v) for task, v in run_s.items()},
             "task_wait_s": {task: median(v) for task, v in wait_s.items()},

@@ -15,6 +15,7 @@ import json
 import math
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from pipelines.context import RunContext, Step
 
@@ -235,12 +236,16 @@ def samples(ctx: RunContext) -> dict:
     return out
 
 
-def _sample_files(ctx: RunContext, split: str) -> tuple[list[str], dict]:
+def sample_files(directory: Path) -> tuple[list[str], dict]:
+    """The shard files of a committed samples directory, and its manifest (layout, row counts)."""
     from components.manifest import read_manifest
 
-    directory = ctx.layout.samples_dir(ctx.interval, split)
     manifest = read_manifest(directory, kind="samples")
     return [str(directory / shard["file"]) for shard in manifest["shards"]], manifest
+
+
+def _sample_files(ctx: RunContext, split: str) -> tuple[list[str], dict]:
+    return sample_files(ctx.layout.samples_dir(ctx.interval, split))
 
 
 def train(ctx: RunContext) -> dict:

@@ -280,14 +280,6 @@ def samples(ctx: RunContext) -> dict:
     return {"feature_state": str(_dir(ctx) / "feature_state"), "new_rows": manifest["num_new_rows"], **rows}
 
 
-def _files(ctx: RunContext, split: str) -> tuple[list[str], str, int]:
-    """The split's sample files, their layout and their number of rows."""
-    from components.manifest import read_manifest
-
-    directory = _dir(ctx) / "samples" / split
-    manifest = read_manifest(directory, kind="samples")
-    files = [str(directory / shard["file"]) for shard in manifest["shards"]]
-    return files, manifest["layout"], int(manifest["row_counts"]["rows"])
 
 
 def train(ctx: RunContext) -> dict:
@@ -300,11 +292,15 @@ def train(ctx: RunContext) -> dict:
     plan = read_plan(ctx)
     state = load_feature_state(_dir(ctx) / "feature_state")
     started = time.monotonic()
-    (train_files, layout, train_rows), (holdout_files, _, _) = _files(ctx, "train"), _files(ctx, "holdout")
+    from pipelines.daily import sample_files
+
+    (train_files, manifest), (holdout_files, _) = (sample_files(_dir(ctx) / "samples" / split)
+                                                   for split in ("train", "holdout"))
     result = train_increment(
         Path(plan.parent_checkpoint), train_files, holdout_files, _dir(ctx) / "checkpoint",
         new_rows=state.new_rows, batch_size=ctx.config.train.batch_size, epochs=ctx.config.incremental.epochs,
-        seed=ctx.config.train.seed, version=plan.version, layout=layout, num_rows=train_rows,
+        seed=ctx.config.train.seed, version=plan.version, layout=manifest["layout"],
+        num_rows=manifest["row_counts"]["rows"],
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
     ctx.tracker.log_metrics({f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)})

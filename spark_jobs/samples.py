@@ -63,7 +63,7 @@ def check_samples_layout(layout: str) -> str:
     return LAYOUTS[layout]
 
 
-def make_block_writer(state: FeatureState, output_dir: str, block_rows: int, layout: str = "block"):
+def make_shard_writer(state: FeatureState, output_dir: str, block_rows: int, layout: str = "block"):
     """The mapInArrow function: Arrow batches of parsed rows -> one shard file per Spark partition, in `layout`
     ("block", or "row": one per-column tf.Example per row; rows are still encoded `block_rows` at a time)."""
     check_samples_layout(layout)
@@ -94,7 +94,7 @@ def make_block_writer(state: FeatureState, output_dir: str, block_rows: int, lay
                 if layout == "block":
                     records = encode_blocks(labels, dense, categorical, block_rows)
                 else:
-                    records = encode_rows(labels, dense.astype(np.float32), categorical, PER_COLUMN)
+                    records = encode_rows(labels, dense, categorical, PER_COLUMN)
                 handle.write(frame_records(records))
                 rows += len(labels)
                 positives += int(labels.sum())
@@ -193,7 +193,7 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spl
     layout_name = check_samples_layout(layout)
     staging = staging_dir(directory)
     shuffled = shuffle_deterministically(frame, num_shards, seed)
-    writer = make_block_writer(state, str(staging), block_rows, layout)
+    writer = make_shard_writer(state, str(staging), block_rows, layout)
     shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),
                     key=lambda r: r["file"])
     num_rows = sum(s["rows"] for s in shards)
@@ -203,8 +203,7 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spl
         files=[*(s["file"] for s in shards), SCHEMA_FILE], inputs=inputs,
         row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in shards)},
         extra={"split": split, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
-               "shards": shards,
-               "compression": "none", "feature_state_version": state.version},
+               "shards": shards, "compression": "none", "feature_state_version": state.version},
     )
     commit_dir(staging, directory)
     return manifest

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from components.delta import save_weights, saved_weights
-from components.schema import CATEGORICAL_FEATURES
+from components.schema import BLOCK_LAYOUT, CATEGORICAL_FEATURES
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -54,14 +54,11 @@ def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]]) -> int
 def train_increment(
     parent_checkpoint: Path, train_files: Sequence[str], holdout_files: Sequence[str], checkpoint_dir: Path, *,
     new_rows: Mapping[str, Sequence[int]], batch_size: int, epochs: int, seed: int, version: str,
-    layout: str | None = None, num_rows: int | None = None,
+    layout: str = BLOCK_LAYOUT, num_rows: int | None = None,
 ) -> dict[str, Any]:
     """Trains the parent checkpoint on `train_files` and writes `checkpoint_dir`. Returns the numbers the gate
     and the run's log need: rows, speed, holdout logloss of parent and child, the global step."""
     from trainer.input import samples_dataset
-
-    def block_dataset(files, batch_size, shuffle, seed):  # in the samples' layout (manifest), blocks if None
-        return samples_dataset(files, batch_size, shuffle, seed, **({"layout": layout} if layout else {}))
 
     keras.utils.set_random_seed(seed)
     train_batch_size = even_batch_size(num_rows, batch_size) if num_rows else batch_size
@@ -69,11 +66,11 @@ def train_increment(
     if model.optimizer is None:
         raise ValueError(f"the checkpoint in {parent_checkpoint} has no optimizer state; it cannot be trained on")
     num_reset = reset_rows(model, new_rows)
-    holdout = block_dataset(holdout_files, batch_size, shuffle=False, seed=seed)
+    holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout)
     parent_logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
     meter = _ThroughputMeter()
     for epoch in range(epochs):
-        data = block_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch)
+        data = samples_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch, layout=layout)
         model.fit(data, epochs=1, callbacks=[meter], shuffle=False, verbose=0)
     logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
     global_step = int(model.optimizer.iterations.numpy())

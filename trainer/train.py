@@ -19,6 +19,7 @@ import numpy as np
 
 from components.config import TrainConfig
 from components.manifest import read_manifest, write_manifest
+from components.schema import BLOCK_LAYOUT
 from trainer.arguments import even_batch_size, require_integer
 from trainer.calibration import calibrate_level
 from trainer.metrics import ctr_metrics
@@ -144,7 +145,7 @@ def train_model(
     *,
     version: str | None = None,
     warm_start: WarmStart | None = None,
-    layout: str | None = None,
+    layout: str = BLOCK_LAYOUT,
     num_rows: int | None = None,
 ) -> TrainResult:
     """Trains `config.model` on `train_files`, validates on `eval_files` after each epoch, and writes
@@ -163,9 +164,6 @@ def train_model(
     # Imported here: the input pipeline is tf.data, and the rest of this module (compile_model,
     # load_checkpoint, StepMetricsLogger) must import on JAX hosts without TensorFlow.
     from trainer.input import samples_dataset
-
-    def block_dataset(files, batch_size, shuffle, seed, **kwargs):  # the samples' layout (manifest), blocks if None
-        return samples_dataset(files, batch_size, shuffle, seed, **({"layout": layout} if layout else {}), **kwargs)
 
     micro_batch_size = _micro_batch_size(config)
     if num_rows and config.micro_batches == 1:
@@ -191,7 +189,7 @@ def train_model(
             elif warm_start is not None:
                 previous = load_checkpoint(warm_start.checkpoint_dir)
                 warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
-        eval_data = block_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed)
+        eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout)
         meter = _ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
         for callback in callbacks:
@@ -203,8 +201,8 @@ def train_model(
             # Keras warns whenever a dataset of unknown length ends, which ours do at every epoch's end.
             warnings.filterwarnings("ignore", message="Your input ran out of data")
             for epoch in range(first_epoch, config.epochs):
-                train_data = block_dataset(
-                    train_files, micro_batch_size, shuffle=True, seed=config.seed + epoch,
+                train_data = samples_dataset(
+                    train_files, micro_batch_size, shuffle=True, seed=config.seed + epoch, layout=layout,
                     shuffle_buffer_blocks=config.shuffle_buffer_blocks,
                 )
                 if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
@@ -222,7 +220,7 @@ def train_model(
                     history.setdefault(name, []).extend(float(v) for v in values)
             calibration = None
             if config.calibrate:
-                rows = block_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed)
+                rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout)
                 calibration = calibrate_level(model, rows.take(-(-config.calibration_rows // config.batch_size)))
             eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
     finally:
