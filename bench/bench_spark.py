@@ -67,7 +67,8 @@ def data_path(spark, root: Path, span: Interval, features: FeatureConfig, previo
         evict=previous is None))
     manifest, samples_s = timed(lambda: write_samples(
         joined_rows(spark, joined, minutes), state, root / "samples" / span.tag, split="train",
-        block_rows=features.block_rows, num_shards=features.num_shards, seed=features.seed, inputs={}))
+        block_rows=features.block_rows, num_shards=features.num_shards, seed=features.seed, inputs={},
+        shuffle=False))  # as the daily pipeline writes the join's samples
     return {"join_s": join_s, "features_s": features_s, "samples_s": samples_s,
             "seconds": join_s + features_s + samples_s, "rows": manifest["row_counts"]["rows"], "state": state}
 

@@ -221,6 +221,7 @@ def samples(ctx: RunContext) -> dict:
             frame, state, directory, split=split,
             block_rows=ctx.config.features.block_rows, num_shards=ctx.config.features.num_shards,
             seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
+            shuffle=_source(ctx) != "events",  # the join's samples come shuffled (joined_rows)
             inputs={"interval": ctx.interval.tag, "raw_slices": num_slices, "source": _source(ctx),
                     "feature_state": {"version": state.version, "path": str(state_dir),
                                       "files": {name: entry["sha256"] for name, entry in

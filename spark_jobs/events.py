@@ -198,27 +198,35 @@ def join_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> tup
     samples: label, the payload columns, request_id, ts, click_ts. metrics: one row per minute, METRIC_COLUMNS.
     The inputs are the whole world: a click whose impression is not in `impressions` is an orphan.
     """
-    joined = classify_events(impressions, clicks, window_s)
-    return joined_samples(joined), joined_metrics(joined)
+    classified = classify_events(impressions, clicks, window_s)
+    samples = attach_payload(impressions, joined_samples(classified))
+    return samples.select(LABEL, *_payload(impressions), REQUEST_ID, TS, CLICK_TS), joined_metrics(classified)
+
+
+def _keys(impressions: DataFrame) -> list[str]:
+    """The impression columns the narrow join carries: the user and item, when present (behaviour sequences)."""
+    return [name for name in (USER_ID, ITEM_ID) if name in impressions.columns]
 
 
 def classify_events(impressions: DataFrame, clicks: DataFrame, window_s: int) -> DataFrame:
     """Distinct impressions full-outer-joined with distinct clicks, each row with its click `_status`
     (attributed, late, early, orphan, or null without a click): what join_events' samples and metrics are
-    both read from (a job that needs both can persist it once)."""
+    both read from (a job that needs both can persist it once).
+
+    Narrow: only request_id, ts and the user and item of each impression take part, so the shuffles move
+    keys, not the wide payload (attach_payload joins that back once). Deliveries of one impression are copies;
+    the earliest is kept, ties broken by user and item, so a re-run picks the same one even if a redelivery
+    differs (attach_payload breaks any remaining tie by a hash of the whole row).
+    """
     if window_s < 0:
         raise ValueError(f"attribution window must be >= 0 seconds, got {window_s!r}")
     window_ms = int(round(window_s * 1000))
-    payload = _payload(impressions)
-    # Deliveries of one impression are copies; keep the earliest, ties broken by the whole row, so a re-run
-    # picks the same one even if a redelivery differs.
-    first = Window.partitionBy(REQUEST_ID).orderBy(TS, *payload)
+    keys = _keys(impressions)
     distinct_impressions = (
-        impressions.withColumn("_delivery", F.row_number().over(first))
-        .withColumn("_impression_deliveries", F.count(F.lit(1)).over(Window.partitionBy(REQUEST_ID)))
-        .where(F.col("_delivery") == 1)
-        .drop("_delivery")
-        .withColumn("_impression", F.lit(True))
+        impressions.groupBy(REQUEST_ID)
+        .agg(F.min(F.struct(TS, *keys)).alias("_first"), F.count(F.lit(1)).alias("_impression_deliveries"))
+        .select(REQUEST_ID, *[F.col(f"_first.{name}").alias(name) for name in (TS, *keys)],
+                "_impression_deliveries", F.lit(True).alias("_impression"))
     )
     distinct_clicks = clicks.groupBy(REQUEST_ID).agg(
         F.min(TS).alias("_click_ts"), F.count(F.lit(1)).alias("_click_deliveries")
@@ -245,12 +253,43 @@ def _attributed() -> Column:
     return F.coalesce(F.col("_status") == "attributed", F.lit(False))  # no click: status is null
 
 
-def joined_samples(joined: DataFrame) -> DataFrame:
-    """classify_events' rows with an impression: label, the payload, request_id, ts, click_ts."""
+def joined_samples(classified: DataFrame) -> DataFrame:
+    """classify_events' rows with an impression, narrow: label, user and item (when known), request_id, ts,
+    click_ts. attach_payload adds the impression's other columns."""
     attributed = _attributed()
-    return joined.where(F.col("_impression")).select(
-        attributed.cast("int").alias(LABEL), *_payload(joined), REQUEST_ID, TS,
+    return classified.where(F.col("_impression")).select(
+        attributed.cast("int").alias(LABEL), *_payload(classified), REQUEST_ID, TS,
         F.when(attributed, F.col("_click_ts")).alias(CLICK_TS),
+    )
+
+
+def attach_payload(impressions: DataFrame, labelled: DataFrame) -> DataFrame:
+    """`labelled` (one narrow row per distinct impression, as joined_samples gives them, with any further
+    columns such as `history`) with the payload of the delivery classify_events kept: the earliest, ties
+    broken by user and item (as classify_events breaks them), then by a hash of the whole row. Impressions
+    absent from `labelled` are dropped.
+
+    The only shuffle of the wide rows: a hash join on (request_id, ts) into spark.sql.shuffle.partitions
+    partitions (fewer where adaptive execution merges small ones), which a writer keeps. Each partition
+    comes sorted by a hash of the request id, then request id and time: an order unrelated to time, user or
+    label that a re-run reproduces, which the sample writer keeps instead of shuffling the rows again.
+    """
+    keys = [REQUEST_ID, TS]
+    carried = _keys(impressions)  # the wide rows bring their own user and item
+    wide = impressions.withColumn("_row", F.xxhash64(*impressions.columns))
+    narrow = labelled.select(*[F.col(name).alias(f"_k_{name}") for name in keys],
+                             *[name for name in labelled.columns if name not in (*keys, *carried)])
+    # A hash join: the wide rows are not sorted for the join, only once below.
+    joined = wide.join(narrow.hint("shuffle_hash"), [wide[name] == narrow[f"_k_{name}"] for name in keys])
+    # Deliveries at the kept time share the keys, so they sit in one partition: this adds no shuffle, only
+    # the sort that also puts each partition in hash order. Struct minimum (classify_events) and this
+    # ordering both put nulls first.
+    first = (Window.partitionBy(F.xxhash64(REQUEST_ID), *keys)
+             .orderBy(*[F.col(name).asc_nulls_first() for name in carried], "_row"))
+    return (
+        joined.withColumn("_delivery", F.row_number().over(first))
+        .where(F.col("_delivery") == 1)
+        .drop("_delivery", "_row", *[f"_k_{name}" for name in keys])
     )
 
 
@@ -328,21 +367,28 @@ def behaviour_sequences(samples: DataFrame, clicks: DataFrame, k: int) -> DataFr
     )
 
 
-def within_span(samples: DataFrame, metrics: DataFrame, span: Interval) -> tuple[DataFrame, DataFrame]:
+def _in_span(frame: DataFrame, column: str, span: Interval) -> DataFrame:
     start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
-    return (samples.where((F.col(TS) >= start) & (F.col(TS) < end)),
-            metrics.where((F.col(MINUTE) >= start) & (F.col(MINUTE) < end)))
+    return frame.where((F.col(column) >= start) & (F.col(column) < end))
+
+
+def within_span(samples: DataFrame, metrics: DataFrame, span: Interval) -> tuple[DataFrame, DataFrame]:
+    return _in_span(samples, TS, span), _in_span(metrics, MINUTE, span)
 
 
 def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, sequence_length: int,
                   span: Interval, classified: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
     """The run's samples (SAMPLE_COLUMNS, ts in `span`) and metrics (minutes in `span`), from inputs read
     according to `plan_join`. Metrics carry the minute as 'YYYY-MM-DD HH:MM'. `classified`: classify_events
-    of the same inputs, already computed (persisted), to read instead of joining again."""
+    of the same inputs, already computed (persisted), to read instead of joining again.
+
+    Labels and behaviour sequences are computed on narrow rows; the span's wide impressions are shuffled
+    once, to meet them."""
     classified = classified if classified is not None else classify_events(impressions, clicks, window_s)
-    joined, metrics = joined_samples(classified), joined_metrics(classified)
-    samples, metrics = within_span(joined, metrics, span)
-    samples = behaviour_sequences(samples, attributed_clicks(joined), sequence_length)
+    labelled, metrics = joined_samples(classified), joined_metrics(classified)
+    in_span, metrics = within_span(labelled, metrics, span)
+    with_history = behaviour_sequences(in_span, attributed_clicks(labelled), sequence_length)
+    samples = attach_payload(_in_span(impressions, TS, span), with_history)
     metrics = metrics.withColumn(MINUTE, minute_label(F.col(MINUTE)))
     return samples.select(*SAMPLE_COLUMNS), metrics
 
@@ -359,11 +405,11 @@ def collect_metrics(metrics: DataFrame) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- load
 
 
-def write_joined(samples: DataFrame, metrics: dict[str, Any], directory: Path, *, inputs: dict,
-                 num_files: int = 4) -> dict:
-    """Writes samples as Parquet and the metrics as JSON, then the manifest, and renames into place."""
+def write_joined(samples: DataFrame, metrics: dict[str, Any], directory: Path, *, inputs: dict) -> dict:
+    """Writes samples as Parquet (a file per partition) and the metrics as JSON, then the manifest, and
+    renames into place."""
     staging = staging_dir(directory)
-    samples.repartition(num_files, REQUEST_ID).write.parquet(str(staging / "samples"))
+    samples.write.parquet(str(staging / "samples"))
     (staging / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     files = sorted(str(path.relative_to(staging)) for path in (staging / "samples").glob("part-*.parquet"))
     manifest = write_manifest(
@@ -396,7 +442,8 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
         allowMissingColumns=True,
     )
     clicks = extract_events(spark, layout, CLICKS, [m for m in plan.click_minutes() if m >= first])
-    # The metrics, the samples and their behaviour sequences all read the classified join: computed once.
+    # The metrics, the samples and their behaviour sequences all read the classified join (narrow rows):
+    # computed once.
     classified = classify_events(impressions, clicks, window_s).persist()
     try:
         samples, metrics = build_samples(impressions, clicks, window_s=window_s, sequence_length=sequence_length,
@@ -416,10 +463,13 @@ def _joined_table(directory: Path, columns: list[str]) -> pa.Table:
 
 def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime]) -> DataFrame:
     """The join's samples of `minutes` as the feature and sample jobs read rows: label int, dense doubles,
-    categorical strings and the minute ('YYYY-MM-DD HH:MM'), like spark_jobs.raw.parse_raw gives them."""
+    categorical strings and the minute ('YYYY-MM-DD HH:MM'), like spark_jobs.raw.parse_raw gives them, in a
+    fixed pseudo-random order (write_samples(..., shuffle=False))."""
     start = int(min(minutes).timestamp() * 1000)
     end = int(max(minutes).timestamp() * 1000) + 60_000
-    frame = spark.read.parquet(str(directory / "samples"))
+    # Each file keeps its written order (attach_payload's) and the same files make the same Spark partitions:
+    # rows come in the same, already shuffled, order on every read, so the sample writer keeps it.
+    frame = spark.read.parquet(*sorted(str(path) for path in (directory / "samples").glob("part-*.parquet")))
     return frame.where((F.col(TS) >= start) & (F.col(TS) < end)).select(
         F.col(LABEL).cast("int").alias(LABEL),
         *[F.col(name).cast("double").alias(name) for name in DENSE_FEATURES],

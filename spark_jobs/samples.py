@@ -187,12 +187,16 @@ def row_schema(state: FeatureState) -> str:
 
 
 def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, split: str, block_rows: int,
-                  num_shards: int, seed: int, inputs: dict, layout: str = "block") -> dict:
+                  num_shards: int, seed: int, inputs: dict, layout: str = "block", shuffle: bool = True) -> dict:
     """Writes the split's TFRecords in `layout` ("block" or "row") to `directory` (replacing an older copy),
-    with their TensorFlow Metadata schema (schema.pbtxt), and returns the manifest."""
+    with their TensorFlow Metadata schema (schema.pbtxt), and returns the manifest.
+
+    `shuffle`: spread and order the rows pseudo-randomly (shuffle_deterministically). False for rows that
+    come already shuffled in an order every read repeats (the join's samples, spark_jobs.events.joined_rows):
+    their partitions are kept, merged down to `num_shards`, which saves a shuffle of the wide rows."""
     layout_name = check_samples_layout(layout)
     staging = staging_dir(directory)
-    shuffled = shuffle_deterministically(frame, num_shards, seed)
+    shuffled = shuffle_deterministically(frame, num_shards, seed) if shuffle else frame.coalesce(num_shards)
     writer = make_shard_writer(state, str(staging), block_rows, layout)
     shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),
                     key=lambda r: r["file"])
