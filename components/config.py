@@ -106,6 +106,9 @@ class FeatureConfig:
     samples_layout: str = "block"
     # Rows per TFRecord block (one tf.Example per block).
     block_rows: int = 1024
+    # TFRecord shards per split, and the seed of the order rows are shuffled into. The join's samples
+    # (source "events") come already shuffled in the join's hash order and are not shuffled again: they keep
+    # the join's partitions, merged down to num_shards (a small day can have fewer), and the seed is unused.
     num_shards: int = 4
     seed: int = 7
 

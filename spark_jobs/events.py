@@ -372,10 +372,6 @@ def _in_span(frame: DataFrame, column: str, span: Interval) -> DataFrame:
     return frame.where((F.col(column) >= start) & (F.col(column) < end))
 
 
-def within_span(samples: DataFrame, metrics: DataFrame, span: Interval) -> tuple[DataFrame, DataFrame]:
-    return _in_span(samples, TS, span), _in_span(metrics, MINUTE, span)
-
-
 def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, sequence_length: int,
                   span: Interval, classified: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
     """The run's samples (SAMPLE_COLUMNS, ts in `span`) and metrics (minutes in `span`), from inputs read
@@ -385,11 +381,10 @@ def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, s
     Labels and behaviour sequences are computed on narrow rows; the span's wide impressions are shuffled
     once, to meet them."""
     classified = classified if classified is not None else classify_events(impressions, clicks, window_s)
-    labelled, metrics = joined_samples(classified), joined_metrics(classified)
-    in_span, metrics = within_span(labelled, metrics, span)
-    with_history = behaviour_sequences(in_span, attributed_clicks(labelled), sequence_length)
+    labelled = joined_samples(classified)
+    with_history = behaviour_sequences(_in_span(labelled, TS, span), attributed_clicks(labelled), sequence_length)
     samples = attach_payload(_in_span(impressions, TS, span), with_history)
-    metrics = metrics.withColumn(MINUTE, minute_label(F.col(MINUTE)))
+    metrics = _in_span(joined_metrics(classified), MINUTE, span).withColumn(MINUTE, minute_label(F.col(MINUTE)))
     return samples.select(*SAMPLE_COLUMNS), metrics
 
 
