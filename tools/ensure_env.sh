@@ -25,6 +25,16 @@ if ! command -v java >/dev/null 2>&1; then
     exit 1
   fi
 fi
+# The compose-file tests validate docker-compose.yml with Debian's docker-compose 1.29.2 (no engine needed).
+if ! command -v docker-compose >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    log "docker-compose is missing (the compose-file tests validate docker-compose.yml with it): installing it with apt-get"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) >&2 \
+      || log "warning: could not install docker-compose; the compose-file tests will fail and say how to install it"
+  else
+    log "warning: docker-compose is not on PATH and cannot be installed here (not root): the compose-file tests will fail; install Debian's docker-compose"
+  fi
+fi
 if ! command -v "$python_bin" >/dev/null 2>&1; then
   log "$python_bin was not found on PATH. Install Python 3.11 or set CTR_PYTHON to its path."
   exit 1
