@@ -84,6 +84,10 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class FeatureConfig:
+    # The feature spec (components/feature_spec.py): a preset name (criteo, avazu, taobao, events) or a YAML
+    # file. The per-feature settings it leaves unset come from min_count, evict_after_days,
+    # max_rows_per_feature below and train.embedding_dim.
+    spec: str = "criteo"
     # What the daily pipeline reads: "click_log" (labelled Criteo-layout minute slices, raw/click_log) or
     # "events" (impression and click streams, raw/impressions and raw/clicks, labelled by the join step).
     source: str = "click_log"
@@ -224,6 +228,16 @@ class PipelineConfig:
     incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
+
+    @property
+    def feature_spec(self):  # -> components.feature_spec.FeatureSpec
+        """The feature spec named by features.spec, its unset settings filled from this config."""
+        from components.feature_spec import FeatureDefaults, load_spec
+
+        return load_spec(self.features.spec).with_defaults(FeatureDefaults(
+            min_count=self.features.min_count, evict_after_days=self.features.evict_after_days,
+            max_rows=self.features.max_rows_per_feature, embedding_dim=self.train.embedding_dim,
+        ))
 
     @property
     def tracking_uri(self) -> str:

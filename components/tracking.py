@@ -7,6 +7,7 @@ is logged and the pipeline goes on, unless `tracking.strict` is set (tests set i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -77,6 +78,15 @@ class Tracker:
 
         if self.run_id:
             self._guard("log_params", do)
+
+    def log_run_config(self, config: PipelineConfig) -> None:
+        """Every config value as a param, and the feature spec it names: its hash as a param, the whole spec
+        (declared features and their tables' resolved settings) as feature_spec.json."""
+        spec = config.feature_spec
+        self.log_params({**config.flat(), "features.spec_name": spec.name, "features.spec_hash": spec.hash()})
+        self.log_dict({**spec.as_dict(), "hash": spec.hash(),
+                       "tables": {name: dataclasses.asdict(table) for name, table in spec.tables().items()}},
+                      "feature_spec.json")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         def do() -> None:

@@ -90,7 +90,7 @@ def validate(ctx: RunContext) -> dict:
     minutes = list(ctx.interval.minutes())
     ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
     tracker = ctx.tracker
-    tracker.log_params(ctx.config.flat())
+    tracker.log_run_config(ctx.config)
     if _source(ctx) == "events":
         from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
 

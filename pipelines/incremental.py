@@ -125,7 +125,7 @@ def plan(ctx: RunContext) -> dict:
         from components.config import ConfigError
 
         raise ConfigError(f"incremental.catch_up={config.catch_up!r}; expected one of {list(CATCH_UP_POLICIES)}")
-    ctx.tracker.log_params(ctx.config.flat())
+    ctx.tracker.log_run_config(ctx.config)
     parent, manifest = resolve_parent(ctx)
     parent_end = datetime.fromisoformat(manifest["data_end"])
     if parent_end >= ctx.interval.end:

@@ -109,6 +109,22 @@ def test_params_metrics_tags_and_artifacts_land(data_root, client, tmp_path):
     assert json.loads(open(summary).read()) == {"auc": 0.8}
 
 
+def test_the_run_config_logs_the_feature_spec_it_names(data_root, client, tmp_path):
+    config = _config(data_root).with_overrides({"features.spec": "taobao", "features.min_count": "3"})
+    tracker = Tracker(config, "spec-run", "spec", {})
+    run_id = tracker.start()
+    tracker.log_run_config(config)
+    run = client.get_run(run_id)
+    assert run.data.params["features.spec"] == "taobao"
+    assert run.data.params["features.spec_name"] == "taobao"
+    assert run.data.params["features.spec_hash"] == config.feature_spec.hash()
+    logged = json.loads(open(client.download_artifacts(run_id, "feature_spec.json", str(tmp_path))).read())
+    assert logged["hash"] == config.feature_spec.hash()
+    assert logged["label"] == {"column": "clk"}
+    assert logged["tables"]["userid"]["min_count"] == 3
+    assert logged["tables"]["adgroup_id"]["features"] == ["adgroup_id", "click_sequence"]
+
+
 def _unwritable_sqlite(tmp_path) -> str:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the database's directory should be")

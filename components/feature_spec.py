@@ -1,0 +1,590 @@
+"""The feature spec: every column a pipeline reads, its kind and its per-feature settings, as data.
+
+A spec is a YAML file (or a preset name: components/feature_specs/<name>.yaml), read once at the edge with
+`load_spec`, checked, frozen and passed down. Validation suites, the Spark features and samples, the TFRecord
+layout, the model's inputs, the export signature, serving's checks and deltas derive from it; its `hash` goes
+into every manifest. No module outside this one names a column.
+
+    name: avazu                          # what manifests and MLflow call it
+    source:                              # the raw minute partitions' layout
+      format: csv                        # tsv | csv | parquet
+      header: true                       # tsv/csv: a header line names the columns
+      columns: [id, click, hour, ...]    # file columns in order (required without a header)
+    label: {column: click}               # binary 0/1
+    features:
+      - {name: hour, kind: timestamp, format: "%y%m%d%H", derive: [hour_of_day, day_of_week]}
+      - {names: [C1, banner_pos, site_id], kind: categorical, dtype: string}
+      - {name: price, kind: dense}
+      - {name: tags, kind: multi_categorical, separator: "|", max_length: 10, pooling: mean}
+      - {name: clicked_items, kind: sequence, separator: "^", max_length: 20, shares: item_id}
+
+Kinds and their keys (every key but `name`/`names` and `kind` is optional):
+
+- dense: `transform` log_standardize (signed log1p, clipped at the `clip_quantile` and 1 - `clip_quantile`
+  quantiles, standardized; the default) or standardize (the same without log1p) or buckets (`num_buckets`
+  quantile buckets into an embedding of `embedding_dim`); `missing_indicator` (default true).
+- categorical (one value a row, string or integer id): `dtype` string | int, `min_count` (admission),
+  `evict_after_days`, `max_rows`, `embedding_dim`, `hashing` ({functions, buckets, combiner}: the admitted
+  rows are compressed into `functions` small tables, for very-high-cardinality features), `table` (share
+  the vocabulary and embedding table of another categorical feature).
+- multi_categorical (several values a row, e.g. tags): `separator` (or a list column), `max_length`,
+  `pooling` sum | mean, and the table keys of a categorical feature (`table` to share one).
+- sequence (ordered ids, newest last): `separator` (or a list column), `max_length`, `shares` (required: the
+  categorical feature whose vocabulary and embedding table the ids use, e.g. history items use the item
+  table; that feature is the target of DIN's and DIEN's attention).
+- timestamp (at most one): `format` unix_seconds | unix_millis | a strptime pattern ("%Y-%m-%d %H:%M:%S",
+  "%y%m%d%H"), `derive` [hour_of_day, day_of_week]: each a categorical feature named <name>_<derived>.
+
+Settings a spec leaves unset (min_count, evict_after_days, max_rows, embedding_dim) come from the pipeline
+config (features.min_count, features.evict_after_days, features.max_rows_per_feature, train.embedding_dim),
+so `--set features.min_count=2` still applies to every feature that does not pin its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+PRESET_DIR = Path(__file__).with_name("feature_specs")
+
+# Reserved rows of every vocabulary (table): admitted values start at NUM_RESERVED_ROWS.
+RARE_ROW = 0  # values seen fewer than min_count times, and values never seen (out of vocabulary)
+MISSING_ROW = 1  # empty field; also the padding of multi-valued and sequence features
+NUM_RESERVED_ROWS = 2
+
+Kind = Literal["dense", "categorical", "multi_categorical", "sequence", "timestamp"]
+SourceFormat = Literal["tsv", "csv", "parquet"]
+DenseTransformKind = Literal["log_standardize", "standardize", "buckets"]
+CategoricalDtype = Literal["string", "int"]
+Pooling = Literal["sum", "mean"]
+HashCombiner = Literal["sum", "concat"]
+Derived = Literal["hour_of_day", "day_of_week"]
+TimestampFormat = str  # unix_seconds | unix_millis | a strptime pattern
+
+KINDS: tuple[str, ...] = get_args(Kind)
+DERIVED_VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "hour_of_day": tuple(str(h) for h in range(24)),
+    "day_of_week": tuple(str(d) for d in range(7)),  # 0 = Monday
+}
+
+
+class FeatureSpecError(ValueError):
+    """A feature spec is malformed: the message names the key and the value."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    format: SourceFormat = "tsv"
+    header: bool = False
+    columns: tuple[str, ...] = ()
+    # Text formats: the field separator (tab for tsv, comma for csv unless set).
+    delimiter: str = ""
+
+    @property
+    def field_delimiter(self) -> str:
+        return self.delimiter or ("\t" if self.format == "tsv" else ",")
+
+    @property
+    def file_name(self) -> str:
+        return f"part-00000.{self.format}"
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    column: str
+
+
+@dataclass(frozen=True)
+class HashingSpec:
+    functions: int = 2
+    buckets: int = 16_384
+    combiner: HashCombiner = "sum"
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    name: str
+    column: str
+    transform: DenseTransformKind = "log_standardize"
+    clip_quantile: float = 0.001
+    missing_indicator: bool = True
+    num_buckets: int = 16  # transform: buckets
+    embedding_dim: int | None = None  # transform: buckets
+    kind: str = field(default="dense", init=False)
+
+
+@dataclass(frozen=True)
+class CategoricalFeature:
+    name: str
+    column: str
+    dtype: CategoricalDtype = "string"
+    table: str = ""  # the table (vocabulary and embedding) it reads; its own name unless shared
+    min_count: int | None = None
+    evict_after_days: int | None = None
+    max_rows: int | None = None
+    embedding_dim: int | None = None
+    hashing: HashingSpec | None = None
+    # Set for features computed from the timestamp (hour_of_day, day_of_week): their fixed values.
+    derived_from: str = ""
+    derivation: str = ""
+    kind: str = field(default="categorical", init=False)
+
+
+@dataclass(frozen=True)
+class MultiCategoricalFeature:
+    name: str
+    column: str
+    max_length: int
+    separator: str = ""  # empty: the column holds a list
+    pooling: Pooling = "mean"
+    dtype: CategoricalDtype = "string"
+    table: str = ""
+    min_count: int | None = None
+    evict_after_days: int | None = None
+    max_rows: int | None = None
+    embedding_dim: int | None = None
+    hashing: HashingSpec | None = None
+    kind: str = field(default="multi_categorical", init=False)
+
+
+@dataclass(frozen=True)
+class SequenceFeature:
+    name: str
+    column: str
+    max_length: int
+    shares: str  # the categorical feature whose table the ids use (the attention target)
+    separator: str = ""
+    kind: str = field(default="sequence", init=False)
+
+    @property
+    def table(self) -> str:
+        return self.shares
+
+
+@dataclass(frozen=True)
+class TimestampFeature:
+    name: str
+    column: str
+    format: TimestampFormat = "unix_seconds"
+    derive: tuple[Derived, ...] = ()
+    kind: str = field(default="timestamp", init=False)
+
+
+Feature = DenseFeature | CategoricalFeature | MultiCategoricalFeature | SequenceFeature | TimestampFeature
+TableFeature = CategoricalFeature | MultiCategoricalFeature
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One vocabulary and its embedding table, read by every feature listed in `features`."""
+
+    name: str
+    features: tuple[str, ...]
+    min_count: int
+    evict_after_days: int
+    max_rows: int
+    embedding_dim: int
+    hashing: HashingSpec | None = None
+    # Fixed values (derived features): admitted from their first occurrence, never evicted.
+    fixed_values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FeatureDefaults:
+    """What the pipeline config supplies for settings a spec leaves unset."""
+
+    min_count: int = 20
+    evict_after_days: int = 7
+    max_rows: int = 1_000_000
+    embedding_dim: int = 16
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    source: SourceSpec
+    label: LabelSpec
+    features: tuple[Feature, ...]
+    description: str = ""
+    # Settings the spec leaves unset; `with_defaults` fills them from the pipeline config.
+    defaults: FeatureDefaults = field(default_factory=lambda: FeatureDefaults())
+
+    def with_defaults(self, defaults: FeatureDefaults) -> FeatureSpec:
+        return dataclasses.replace(self, defaults=defaults)
+
+    # --- selections by kind (declaration order; derived timestamp features after the declared ones) ---
+    @property
+    def dense(self) -> tuple[DenseFeature, ...]:
+        return tuple(f for f in self.features if isinstance(f, DenseFeature))
+
+    @property
+    def categorical(self) -> tuple[CategoricalFeature, ...]:
+        """Single-valued categorical features, derived ones included."""
+        return tuple(f for f in self.features if isinstance(f, CategoricalFeature))
+
+    @property
+    def multi_categorical(self) -> tuple[MultiCategoricalFeature, ...]:
+        return tuple(f for f in self.features if isinstance(f, MultiCategoricalFeature))
+
+    @property
+    def sequences(self) -> tuple[SequenceFeature, ...]:
+        return tuple(f for f in self.features if isinstance(f, SequenceFeature))
+
+    @property
+    def timestamp(self) -> TimestampFeature | None:
+        found = [f for f in self.features if isinstance(f, TimestampFeature)]
+        return found[0] if found else None
+
+    @property
+    def dense_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.dense)
+
+    @property
+    def categorical_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.categorical)
+
+    def feature(self, name: str) -> Feature:
+        for candidate in self.features:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(f"feature spec {self.name!r} has no feature {name!r}; it has {list(self.names)}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.features)
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """The raw columns the spec reads (label first), each once, in first-use order."""
+        out = [self.label.column]
+        for feature in self.features:
+            if not getattr(feature, "derived_from", "") and feature.column not in out:
+                out.append(feature.column)
+        return tuple(out)
+
+    def tables(self) -> dict[str, TableSpec]:
+        """Every vocabulary/embedding table, by name, in first-declaration order, defaults filled in."""
+        defaults = self.defaults
+        owners: dict[str, TableFeature] = {}
+        readers: dict[str, list[str]] = {}
+        for feature in self.features:
+            if isinstance(feature, CategoricalFeature | MultiCategoricalFeature):
+                table = feature.table or feature.name
+                if table == feature.name:
+                    owners[table] = feature
+                readers.setdefault(table, []).append(feature.name)
+            elif isinstance(feature, SequenceFeature):
+                readers.setdefault(feature.shares, []).append(feature.name)
+        out = {}
+        for table, owner in owners.items():
+            fixed = DERIVED_VOCABULARIES[owner.derivation] if getattr(owner, "derivation", "") else ()
+            out[table] = TableSpec(
+                name=table, features=tuple(readers[table]),
+                min_count=1 if fixed else _or(owner.min_count, defaults.min_count),
+                evict_after_days=0 if fixed else _or(owner.evict_after_days, defaults.evict_after_days),
+                max_rows=_or(owner.max_rows, defaults.max_rows),
+                embedding_dim=_or(owner.embedding_dim, defaults.embedding_dim),
+                hashing=owner.hashing, fixed_values=fixed,
+            )
+        return out
+
+    def table_of(self, feature_name: str) -> str:
+        feature = self.feature(feature_name)
+        if isinstance(feature, SequenceFeature):
+            return feature.shares
+        if isinstance(feature, CategoricalFeature | MultiCategoricalFeature):
+            return feature.table or feature.name
+        raise KeyError(f"feature {feature_name!r} is {feature.kind}, which has no table")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The spec as plain data (what `hash` and MLflow's spec.json hold); declared features only."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": dataclasses.asdict(self.source),
+            "label": dataclasses.asdict(self.label),
+            "features": [_feature_dict(f) for f in self.features if not getattr(f, "derived_from", "")],
+        }
+
+    def hash(self) -> str:
+        """A short hash of everything a reader must agree on: the spec, its tables' resolved settings and the
+        reserved rows. Two specs with the same hash read and write the same files."""
+        description = {
+            "spec": self.as_dict(),
+            "tables": {name: dataclasses.asdict(t) for name, t in sorted(self.tables().items())},
+            "reserved_rows": {"rare": RARE_ROW, "missing": MISSING_ROW},
+        }
+        return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _feature_dict(feature: Feature) -> dict[str, Any]:
+    out = dataclasses.asdict(feature)
+    for key in ("derived_from", "derivation"):
+        out.pop(key, None)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading
+
+def preset_names() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+
+
+def load_spec(name_or_path: str) -> FeatureSpec:
+    """A preset by name (criteo, avazu, taobao, events) or a YAML file by path, checked and frozen."""
+    import yaml
+
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        if not path.exists():
+            raise FeatureSpecError(f"features.spec={name_or_path!r}: the file {str(path)!r} does not exist")
+    else:
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise FeatureSpecError(
+                f"features.spec={name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor a "
+                "YAML file (give a path ending in .yaml)"
+            )
+    try:
+        data = yaml.safe_load(path.read_text())  # safe: plain data only, no tags that build objects
+    except yaml.YAMLError as err:
+        raise FeatureSpecError(f"feature spec {str(path)!r} is not valid YAML: {err}") from err
+    return spec_from_dict(data, origin=str(path))
+
+
+_TOP_KEYS = {"name", "description", "source", "label", "features"}
+_SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
+_LABEL_KEYS = {"column"}
+_HASHING_KEYS = {f.name for f in dataclasses.fields(HashingSpec)}
+_KIND_CLASSES: dict[str, type] = {
+    "dense": DenseFeature, "categorical": CategoricalFeature, "multi_categorical": MultiCategoricalFeature,
+    "sequence": SequenceFeature, "timestamp": TimestampFeature,
+}
+_INTERNAL_KEYS = {"kind", "derived_from", "derivation"}
+
+
+def spec_from_dict(data: Any, origin: str = "<dict>") -> FeatureSpec:
+    """Builds and checks a spec from plain data (a parsed YAML mapping)."""
+    where = f"feature spec {origin}"
+    if not isinstance(data, Mapping):
+        raise FeatureSpecError(f"{where}: expected a mapping with keys {sorted(_TOP_KEYS)}, got {data!r}")
+    _no_unknown(data, _TOP_KEYS, where)
+    for key in ("name", "label", "features"):
+        if key not in data:
+            raise FeatureSpecError(f"{where}: the key {key!r} is required")
+    name = data["name"]
+    if not isinstance(name, str) or not name:
+        raise FeatureSpecError(f"{where}: name must be a non-empty string, got {name!r}")
+    source = _source(data.get("source") or {}, where)
+    label = _label(data["label"], where)
+    raw_features = data["features"]
+    if not isinstance(raw_features, list) or not raw_features:
+        raise FeatureSpecError(f"{where}: features must be a non-empty list, got {raw_features!r}")
+    features: list[Feature] = []
+    for index, entry in enumerate(raw_features):
+        features.extend(_features(entry, f"{where}: features[{index}]"))
+    features.extend(_derived(features))
+    spec = FeatureSpec(name=name, source=source, label=label, features=tuple(features),
+                       description=str(data.get("description") or ""))
+    _check(spec, where)
+    return spec
+
+
+def _no_unknown(entry: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    for key in entry:
+        if key not in allowed:
+            raise FeatureSpecError(f"{where}: unknown key {key!r} (value {entry[key]!r}); allowed: {sorted(allowed)}")
+
+
+def _source(entry: Any, where: str) -> SourceSpec:
+    if not isinstance(entry, Mapping):
+        raise FeatureSpecError(f"{where}: source must be a mapping, got {entry!r}")
+    _no_unknown(entry, _SOURCE_KEYS, f"{where}: source")
+    values = dict(entry)
+    if "columns" in values:
+        values["columns"] = _names(values["columns"], f"{where}: source.columns")
+    source = SourceSpec(**values)
+    _literal(source.format, SourceFormat, f"{where}: source.format")
+    if not isinstance(source.header, bool):
+        raise FeatureSpecError(f"{where}: source.header must be true or false, got {source.header!r}")
+    if source.format != "parquet" and not source.header and not source.columns:
+        raise FeatureSpecError(
+            f"{where}: source.format={source.format!r} without a header needs source.columns (the file's "
+            "columns in order)"
+        )
+    return source
+
+
+def _label(entry: Any, where: str) -> LabelSpec:
+    if isinstance(entry, str):
+        entry = {"column": entry}
+    if not isinstance(entry, Mapping):
+        raise FeatureSpecError(f"{where}: label must be a column name or {{column: NAME}}, got {entry!r}")
+    _no_unknown(entry, _LABEL_KEYS, f"{where}: label")
+    column = entry.get("column")
+    if not isinstance(column, str) or not column:
+        raise FeatureSpecError(f"{where}: label.column must name a column, got {column!r}")
+    return LabelSpec(column=column)
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise FeatureSpecError(f"{where}: expected a list of names, got {value!r}")
+    return tuple(value)
+
+
+def _features(entry: Any, where: str) -> list[Feature]:
+    if not isinstance(entry, Mapping):
+        raise FeatureSpecError(f"{where}: expected a mapping with name and kind, got {entry!r}")
+    kind = entry.get("kind")
+    if kind not in _KIND_CLASSES:
+        raise FeatureSpecError(f"{where}: unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
+    cls = _KIND_CLASSES[kind]
+    allowed = {f.name for f in dataclasses.fields(cls)} - _INTERNAL_KEYS | {"kind", "names"}
+    _no_unknown(entry, allowed, where)
+    if ("name" in entry) == ("names" in entry):
+        raise FeatureSpecError(f"{where}: give exactly one of name (one feature) or names (several alike), got "
+                               f"{ {k: entry.get(k) for k in ('name', 'names')} }")
+    names = (entry["name"],) if "name" in entry else _names(entry["names"], f"{where}: names")
+    settings = {k: v for k, v in entry.items() if k not in {"kind", "name", "names"}}
+    if "column" in settings and len(names) > 1:
+        raise FeatureSpecError(f"{where}: column={settings['column']!r} cannot be shared by names {list(names)}")
+    if "hashing" in settings:
+        hashing = settings["hashing"]
+        if not isinstance(hashing, Mapping):
+            raise FeatureSpecError(f"{where}: hashing must be a mapping {sorted(_HASHING_KEYS)}, got {hashing!r}")
+        _no_unknown(hashing, _HASHING_KEYS, f"{where}: hashing")
+        settings["hashing"] = HashingSpec(**hashing)
+    if "derive" in settings:
+        settings["derive"] = _names(settings["derive"], f"{where}: derive")
+    out = []
+    for name in names:
+        if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
+            raise FeatureSpecError(f"{where}: name must be letters, digits and _, got {name!r}")
+        values = {"name": name, "column": settings.get("column", name), **settings}
+        try:
+            feature = cls(**values)
+        except TypeError as err:  # a required key is missing
+            missing = sorted({f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                              and f.default_factory is dataclasses.MISSING} - set(values))
+            raise FeatureSpecError(f"{where} ({name!r}, kind {kind}): missing required key(s) {missing}") from err
+        _check_feature(feature, f"{where} ({name!r})")
+        out.append(feature)
+    return out
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "min_count": int, "evict_after_days": int, "max_rows": int, "embedding_dim": int, "max_length": int,
+    "num_buckets": int, "clip_quantile": (int, float), "missing_indicator": bool, "separator": str, "table": str,
+    "shares": str, "column": str, "format": str,
+}
+
+
+def _check_feature(feature: Feature, where: str) -> None:
+    for item in dataclasses.fields(feature):
+        value = getattr(feature, item.name)
+        expected = _TYPES.get(item.name)
+        if expected and value is not None and (not isinstance(value, expected) or isinstance(value, bool)
+                                               and expected is not bool):
+            raise FeatureSpecError(f"{where}: {item.name} must be {getattr(expected, '__name__', 'a number')}, "
+                                   f"got {value!r}")
+    for key in ("min_count", "max_rows", "embedding_dim", "max_length", "num_buckets"):
+        value = getattr(feature, key, None)
+        if value is not None and value < 1:
+            raise FeatureSpecError(f"{where}: {key} must be at least 1, got {value!r}")
+    if getattr(feature, "evict_after_days", None) is not None and feature.evict_after_days < 0:  # type: ignore[union-attr]
+        raise FeatureSpecError(f"{where}: evict_after_days must be 0 (never) or more, got {feature.evict_after_days!r}")  # type: ignore[union-attr]
+    if isinstance(feature, DenseFeature):
+        _literal(feature.transform, DenseTransformKind, f"{where}: transform")
+        if not 0 <= feature.clip_quantile < 0.5:
+            raise FeatureSpecError(f"{where}: clip_quantile must be in [0, 0.5), got {feature.clip_quantile!r}")
+    if isinstance(feature, CategoricalFeature | MultiCategoricalFeature):
+        _literal(feature.dtype, CategoricalDtype, f"{where}: dtype")
+        if feature.hashing is not None:
+            _literal(feature.hashing.combiner, HashCombiner, f"{where}: hashing.combiner")
+            if feature.hashing.functions < 1 or feature.hashing.buckets < 1:
+                raise FeatureSpecError(f"{where}: hashing needs functions >= 1 and buckets >= 1, got "
+                                       f"{feature.hashing!r}")
+    if isinstance(feature, MultiCategoricalFeature):
+        _literal(feature.pooling, Pooling, f"{where}: pooling")
+    if isinstance(feature, TimestampFeature):
+        for derived in feature.derive:
+            _literal(derived, Derived, f"{where}: derive")
+
+
+def _literal(value: Any, literal: Any, where: str) -> None:
+    allowed = get_args(literal)
+    if value not in allowed:
+        raise FeatureSpecError(f"{where}: unknown value {value!r}; expected one of {', '.join(map(str, allowed))}")
+
+
+def _derived(features: list[Feature]) -> list[Feature]:
+    out: list[Feature] = []
+    for feature in features:
+        if isinstance(feature, TimestampFeature):
+            for derived in feature.derive:
+                name = f"{feature.name}_{derived}"
+                out.append(CategoricalFeature(name=name, column=feature.column, derived_from=feature.name,
+                                              derivation=derived))
+    return out
+
+
+_TABLE_KEYS = ("min_count", "evict_after_days", "max_rows", "embedding_dim", "hashing")
+
+
+def _check(spec: FeatureSpec, where: str) -> None:
+    seen: set[str] = set()
+    for feature in spec.features:
+        if feature.name in seen or feature.name == spec.label.column:
+            raise FeatureSpecError(f"{where}: duplicate feature name {feature.name!r}")
+        seen.add(feature.name)
+    timestamps = [f.name for f in spec.features if isinstance(f, TimestampFeature)]
+    if len(timestamps) > 1:
+        raise FeatureSpecError(f"{where}: at most one timestamp feature, got {timestamps}")
+    if not any(isinstance(f, DenseFeature | CategoricalFeature | MultiCategoricalFeature) for f in spec.features):
+        raise FeatureSpecError(f"{where}: no model input: declare at least one dense or categorical feature")
+    by_name = {f.name: f for f in spec.features}
+    for feature in spec.features:
+        if isinstance(feature, CategoricalFeature | MultiCategoricalFeature) and feature.table \
+                and feature.table != feature.name:
+            owner = by_name.get(feature.table)
+            if not isinstance(owner, CategoricalFeature | MultiCategoricalFeature) or (owner.table or owner.name) \
+                    != owner.name:
+                raise FeatureSpecError(
+                    f"{where}: feature {feature.name!r} has table={feature.table!r}, which is not a categorical "
+                    "feature that owns its table"
+                )
+            pinned = [k for k in _TABLE_KEYS if getattr(feature, k) is not None]
+            if pinned:
+                raise FeatureSpecError(
+                    f"{where}: feature {feature.name!r} shares the table of {feature.table!r}, so it cannot set "
+                    f"{pinned}: set them on {feature.table!r}"
+                )
+            if owner.dtype != feature.dtype:
+                raise FeatureSpecError(f"{where}: feature {feature.name!r} (dtype {feature.dtype}) shares the table "
+                                       f"of {feature.table!r} (dtype {owner.dtype})")
+        if isinstance(feature, SequenceFeature):
+            owner = by_name.get(feature.shares)
+            if not isinstance(owner, CategoricalFeature) or owner.derived_from:
+                raise FeatureSpecError(
+                    f"{where}: sequence {feature.name!r} has shares={feature.shares!r}, which names no "
+                    f"categorical feature; categorical features: {list(spec.categorical_names)}"
+                )
+            if (owner.table or owner.name) != owner.name:
+                raise FeatureSpecError(f"{where}: sequence {feature.name!r} shares {feature.shares!r}, which "
+                                       f"itself reads the table of {owner.table!r}: name {owner.table!r} instead")
+    if spec.source.columns:
+        missing = [c for c in spec.input_columns if c not in spec.source.columns]
+        if missing:
+            raise FeatureSpecError(f"{where}: columns {missing} are read by the spec but not in source.columns "
+                                   f"{list(spec.source.columns)}")

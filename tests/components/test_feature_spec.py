@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from components.config import PipelineConfig
+from components.feature_spec import (
+    CategoricalFeature,
+    FeatureDefaults,
+    FeatureSpecError,
+    SequenceFeature,
+    load_spec,
+    preset_names,
+    spec_from_dict,
+)
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, RAW_COLUMNS
+
+pytestmark = pytest.mark.unit
+
+
+def _minimal(**extra):
+    spec = {
+        "name": "team",
+        "source": {"format": "csv", "header": True},
+        "label": {"column": "clicked"},
+        "features": [
+            {"name": "user", "kind": "categorical"},
+            {"name": "item", "kind": "categorical", "min_count": 3, "embedding_dim": 8},
+            {"name": "price", "kind": "dense"},
+        ],
+    }
+    spec.update(extra)
+    return spec
+
+
+def test_the_presets_are_shipped_and_load():
+    assert preset_names() == ("avazu", "criteo", "events", "taobao")
+    for name in preset_names():
+        assert load_spec(name).name == name
+
+
+def test_the_criteo_preset_is_todays_fixed_layout():
+    spec = load_spec("criteo")
+    assert spec.source.format == "tsv" and spec.source.header is False
+    assert spec.source.columns == RAW_COLUMNS
+    assert spec.input_columns == RAW_COLUMNS
+    assert spec.dense_names == DENSE_FEATURES
+    assert spec.categorical_names == CATEGORICAL_FEATURES
+    assert list(spec.tables()) == list(CATEGORICAL_FEATURES)
+    assert spec.timestamp is None and spec.sequences == ()
+
+
+def test_avazu_derives_time_features_and_hashes_the_per_user_ids():
+    spec = load_spec("avazu")
+    assert spec.label.column == "click"
+    assert spec.timestamp.format == "%y%m%d%H"
+    derived = [f for f in spec.categorical if f.derived_from]
+    assert [(f.name, f.derivation) for f in derived] == [("hour_hour_of_day", "hour_of_day"),
+                                                         ("hour_day_of_week", "day_of_week")]
+    tables = spec.tables()
+    assert tables["hour_hour_of_day"].fixed_values == tuple(str(h) for h in range(24))
+    assert tables["hour_hour_of_day"].min_count == 1 and tables["hour_hour_of_day"].evict_after_days == 0
+    assert tables["device_ip"].hashing.buckets == 65536
+    assert tables["site_id"].hashing is None
+    # "id" is in the files but not a feature: it is not read.
+    assert "id" not in spec.input_columns
+
+
+def test_a_sequence_reads_the_table_of_the_feature_it_shares():
+    spec = load_spec("taobao")
+    (sequence,) = spec.sequences
+    assert (sequence.name, sequence.separator, sequence.max_length) == ("click_sequence", "^", 20)
+    assert spec.table_of("click_sequence") == "adgroup_id"
+    assert spec.tables()["adgroup_id"].features == ("adgroup_id", "click_sequence")
+    events = load_spec("events")
+    assert events.table_of("history") == "item_id" and events.sequences[0].separator == ""
+
+
+def test_unset_settings_come_from_the_pipeline_config():
+    spec = spec_from_dict(_minimal()).with_defaults(FeatureDefaults(min_count=2, embedding_dim=32))
+    tables = spec.tables()
+    assert (tables["user"].min_count, tables["user"].embedding_dim) == (2, 32)
+    assert (tables["item"].min_count, tables["item"].embedding_dim) == (3, 8)  # pinned in the spec
+    config = PipelineConfig().with_overrides({"features.min_count": "5", "features.spec": "avazu"})
+    assert config.feature_spec.name == "avazu"
+    assert config.feature_spec.tables()["site_id"].min_count == 5
+
+
+def test_the_hash_changes_with_any_setting_a_reader_depends_on():
+    base = spec_from_dict(_minimal())
+    assert base.hash() == spec_from_dict(_minimal()).hash()
+    assert base.hash() != base.with_defaults(FeatureDefaults(min_count=2)).hash()
+    changed = _minimal()
+    changed["features"][2]["transform"] = "standardize"
+    assert base.hash() != spec_from_dict(changed).hash()
+
+
+def test_names_expands_to_one_feature_per_name_with_the_same_settings():
+    spec = spec_from_dict(_minimal(features=[{"names": ["a", "b"], "kind": "categorical", "min_count": 4}]))
+    assert spec.categorical == (CategoricalFeature(name="a", column="a", min_count=4),
+                                CategoricalFeature(name="b", column="b", min_count=4))
+
+
+def test_a_shared_table_is_declared_once_and_read_by_both_features():
+    spec = spec_from_dict(_minimal(features=[
+        {"name": "item", "kind": "categorical", "min_count": 3},
+        {"name": "last_item", "kind": "categorical", "table": "item"},
+        {"name": "items_seen", "kind": "multi_categorical", "separator": "|", "max_length": 5, "table": "item"},
+    ]))
+    assert list(spec.tables()) == ["item"]
+    assert spec.tables()["item"].features == ("item", "last_item", "items_seen")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"colour": "red"}, r"unknown key 'colour' \(value 'red'\)"),
+        ({"features": [{"name": "x", "kind": "fancy"}]}, r"features\[0\]: unknown kind 'fancy'"),
+        ({"features": [{"name": "x", "kind": "categorical", "min_cnt": 3}]},
+         r"features\[0\]: unknown key 'min_cnt' \(value 3\)"),
+        ({"features": [{"name": "x", "kind": "categorical"}, {"name": "x", "kind": "dense"}]},
+         r"duplicate feature name 'x'"),
+        ({"features": [{"name": "clicked", "kind": "dense"}]}, r"duplicate feature name 'clicked'"),
+        ({"features": [{"name": "x", "kind": "categorical"},
+                       {"name": "hist", "kind": "sequence", "max_length": 5, "shares": "item"}]},
+         r"sequence 'hist' has shares='item', which names no categorical feature"),
+        ({"features": [{"name": "hist", "kind": "sequence", "max_length": 5}]},
+         r"'hist', kind sequence\): missing required key\(s\) \['shares'\]"),
+        ({"features": [{"name": "x", "kind": "categorical", "min_count": 0}]}, r"min_count must be at least 1, got 0"),
+        ({"features": [{"name": "x", "kind": "categorical", "min_count": "many"}]},
+         r"min_count must be int, got 'many'"),
+        ({"features": [{"name": "x", "kind": "dense", "transform": "sqrt"}]}, r"transform: unknown value 'sqrt'"),
+        ({"features": [{"name": "x", "kind": "categorical"}, {"name": "y", "kind": "categorical", "table": "x",
+                                                              "min_count": 2}]},
+         r"'y' shares the table of 'x', so it cannot set \['min_count'\]"),
+        ({"features": [{"name": "y", "kind": "categorical", "table": "nope"}]},
+         r"'y' has table='nope', which is not a categorical feature"),
+        ({"features": [{"name": "t", "kind": "timestamp", "derive": ["minute_of_hour"]}, {"name": "x",
+                                                                                         "kind": "dense"}]},
+         r"derive: unknown value 'minute_of_hour'"),
+        ({"source": {"format": "tsv"}}, r"source.format='tsv' without a header needs source.columns"),
+        ({"source": {"format": "xlsx", "header": True}}, r"source.format: unknown value 'xlsx'"),
+        ({"source": {"format": "tsv", "columns": ["clicked", "user"]}},
+         r"columns \['item', 'price'\] are read by the spec but not in source.columns"),
+        ({"features": [{"name": "bad name", "kind": "dense"}]}, r"name must be letters, digits and _"),
+        ({"features": []}, r"features must be a non-empty list"),
+    ],
+)
+def test_a_malformed_spec_is_refused_naming_the_key_and_the_value(change, message):
+    with pytest.raises(FeatureSpecError, match=message):
+        spec_from_dict(_minimal(**change))
+
+
+def test_a_spec_file_is_read_as_safe_yaml_and_never_runs_code(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("name: !!python/object/apply:os.system ['touch " + str(tmp_path / "ran") + "']\n")
+    with pytest.raises(FeatureSpecError, match="is not valid YAML"):
+        load_spec(str(path))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_spec_is_loaded_from_a_yaml_file(tmp_path):
+    path = tmp_path / "team.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: team
+        source: {format: parquet}
+        label: clicked
+        features:
+          - {name: item, kind: categorical, dtype: int}
+          - {name: viewed, kind: sequence, shares: item, max_length: 3}
+    """))
+    spec = load_spec(str(path))
+    assert spec.label.column == "clicked"
+    assert spec.sequences == (SequenceFeature(name="viewed", column="viewed", max_length=3, shares="item"),)
+
+
+def test_an_unknown_preset_or_missing_file_says_what_exists():
+    with pytest.raises(FeatureSpecError, match=r"features.spec='kriteo' is neither a preset \(avazu, criteo"):
+        load_spec("kriteo")
+    with pytest.raises(FeatureSpecError, match=r"the file 'nope.yaml' does not exist"):
+        load_spec("nope.yaml")
