@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from components.config import ConfigError
+
 PRESET_DIR = Path(__file__).with_name("feature_specs")
 
 # Reserved rows of every vocabulary (table): admitted values start at NUM_RESERVED_ROWS.
@@ -73,7 +75,7 @@ DERIVED_VOCABULARIES: dict[str, tuple[str, ...]] = {
 }
 
 
-class FeatureSpecError(ValueError):
+class FeatureSpecError(ConfigError):
     """A feature spec is malformed: the message names the key and the value."""
 
 
@@ -588,3 +590,19 @@ def _check(spec: FeatureSpec, where: str) -> None:
         if missing:
             raise FeatureSpecError(f"{where}: columns {missing} are read by the spec but not in source.columns "
                                    f"{list(spec.source.columns)}")
+
+
+def require_criteo_columns(spec: FeatureSpec, step: str) -> None:
+    """Refuses a spec the named step cannot read yet: Spark's features and samples, the trainer, the export
+    and serving still read the criteo columns (label, I1..I13, C1..C26), so a spec with other columns stops
+    here with a clear error instead of training on the wrong columns."""
+    criteo = load_spec("criteo")
+    same = (spec.label.column == criteo.label.column and spec.dense_names == criteo.dense_names
+            and spec.categorical_names == criteo.categorical_names and len(spec.features) == len(criteo.features)
+            and spec.source.format == criteo.source.format)
+    if not same:
+        raise FeatureSpecError(
+            f"features.spec={spec.name!r}: ingest and validation follow this spec, but the {step} step reads only "
+            "the criteo columns so far (label, I1..I13, C1..C26 in TSV); use --spec criteo for the steps after "
+            "validation (docs/feature_spec.md says what follows a spec today and what is next)"
+        )

@@ -28,7 +28,7 @@ from components.layout import Layout
 
 SUCCESS_MARKER = "_SUCCESS"
 INPUT_FORMATS = ("auto", "tsv", "csv", "parquet")
-LABEL_VALUES = {"0", "1", "0.0", "1.0"}
+LABEL_VALUES = {"0", "1"}  # what validation accepts
 
 
 class IngestError(ValueError):

@@ -36,6 +36,11 @@ class RunContext:
     def layout(self) -> Layout:
         return Layout(self.config.paths.root)
 
+    @cached_property
+    def spec(self):  # -> components.feature_spec.FeatureSpec
+        """The run's feature spec (features.spec), read once."""
+        return self.config.feature_spec
+
     @property
     def run_key(self) -> str:
         return f"{self.dag_id or 'ctr_' + self.pipeline}/{self.run_id}"

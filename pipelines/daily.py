@@ -52,17 +52,13 @@ def _has_data(ctx: RunContext, minute) -> bool:
         from components.events import EVENT_FILE, IMPRESSIONS
 
         return (ctx.layout.raw_events_minute_dir(IMPRESSIONS, minute) / EVENT_FILE).exists()
-    from components.validation import RAW_FILE
-
-    return (ctx.layout.raw_minute_dir(minute) / RAW_FILE).exists()
+    return (ctx.layout.raw_minute_dir(minute) / ctx.spec.source.file_name).exists()
 
 
 def _raw_paths(ctx: RunContext, minutes) -> list[str]:
-    from components.validation import RAW_FILE
-
     paths = []
     for minute in minutes:
-        path = ctx.layout.raw_minute_dir(minute) / RAW_FILE
+        path = ctx.layout.raw_minute_dir(minute) / ctx.spec.source.file_name
         if path.exists():
             paths.append(str(path))
     return paths
@@ -85,7 +81,7 @@ def _input_frame(ctx: RunContext, spark, minutes):
 
 
 def validate(ctx: RunContext) -> dict:
-    from components.validation import CLICK_LOG, DataValidationError, validate_interval
+    from components.validation import DataValidationError, click_log_dataset, validate_interval
 
     minutes = list(ctx.interval.minutes())
     ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
@@ -96,12 +92,13 @@ def validate(ctx: RunContext) -> dict:
 
         datasets = [IMPRESSIONS_DATASET, CLICKS_DATASET]
     else:
-        datasets = [CLICK_LOG]
+        datasets = [click_log_dataset(ctx.spec)]
     out, errors = {}, []
+    click_log = datasets[0] if len(datasets) == 1 else None
     for dataset in datasets:
         # The click log keeps its report and metric names from before there were streams.
-        report_path = ctx.layout.validation_report(ctx.interval, "report" if dataset is CLICK_LOG else dataset.name)
-        prefix = "validation" if dataset is CLICK_LOG else f"validation.{dataset.name}"
+        report_path = ctx.layout.validation_report(ctx.interval, "report" if dataset is click_log else dataset.name)
+        prefix = "validation" if dataset is click_log else f"validation.{dataset.name}"
         try:
             report = validate_interval(ctx.layout, minutes, report_path, dataset=dataset)
         except DataValidationError as err:  # the other streams are still validated; the run fails below
@@ -121,7 +118,7 @@ def validate(ctx: RunContext) -> dict:
         out[dataset.name] = {"report": str(report_path), "rows": report["num_rows"]}
     if errors:
         raise DataValidationError("\n".join(errors))
-    return out[CLICK_LOG.name] if datasets == [CLICK_LOG] else out
+    return out[click_log.name] if click_log else out
 
 
 def join(ctx: RunContext) -> dict:
@@ -154,7 +151,10 @@ def join(ctx: RunContext) -> dict:
 
 
 def _spark(ctx: RunContext):
+    from components.feature_spec import require_criteo_columns
     from spark_jobs.session import get_spark
+
+    require_criteo_columns(ctx.spec, "Spark (join, features, samples)")
 
     return get_spark(ctx.config.spark, app_name=f"ctr-{ctx.pipeline}")
 

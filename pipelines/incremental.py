@@ -118,7 +118,6 @@ def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]
 def plan(ctx: RunContext) -> dict:
     """Plans the run: its parent model and the minutes to learn (those whose raw slices are there)."""
     from components.synthetic import SUCCESS_MARKER
-    from components.validation import RAW_FILE
 
     config = ctx.config.incremental
     if config.catch_up not in CATCH_UP_POLICIES:
@@ -143,7 +142,7 @@ def plan(ctx: RunContext) -> dict:
     deadline = time.monotonic() + config.wait_for_data_s
     while not (own / SUCCESS_MARKER).exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # the minute's partition is written right after the minute closes
-    present = [m for m in wanted if (ctx.layout.raw_minute_dir(m) / RAW_FILE).exists()]
+    present = [m for m in wanted if (ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name).exists()]
     if ctx.interval.start not in present and ctx.layout.quarantine_minute_dir(ctx.interval.start).exists():
         from components.validation import DataValidationError
 
@@ -175,11 +174,12 @@ def plan(ctx: RunContext) -> dict:
 def validate(ctx: RunContext) -> dict:
     """Validates the planned minutes' raw slices. One that fails is quarantined (raw data kept, with its
     report) and fails the run: training waits for this step, so nothing trains on it."""
-    from components.validation import validate_interval
+    from components.validation import click_log_dataset, validate_interval
 
     plan = read_plan(ctx)
     report_path = ctx.layout.validation_report(ctx.interval, "report")
-    report = validate_interval(ctx.layout, [datetime.fromisoformat(m) for m in plan.minutes], report_path)
+    report = validate_interval(ctx.layout, [datetime.fromisoformat(m) for m in plan.minutes], report_path,
+                               dataset=click_log_dataset(ctx.spec))
     ctx.tracker.log_artifact(report_path, "validation")
     missing = [m for m in plan.minutes if m not in {p["minute"] for p in report["passed"]}]
     if missing:  # moved away between planning and now (quarantined by another run, or deleted)
@@ -219,12 +219,12 @@ def _split(raw, holdout_fraction: float):
 
 
 def _frames(ctx: RunContext, plan: Plan):
-    from components.validation import RAW_FILE
     from pipelines.daily import _spark
     from spark_jobs.raw import extract_raw, parse_raw
 
     spark = _spark(ctx)
-    paths = [str(ctx.layout.raw_minute_dir(datetime.fromisoformat(m)) / RAW_FILE) for m in plan.minutes]
+    paths = [str(ctx.layout.raw_minute_dir(datetime.fromisoformat(m)) / ctx.spec.source.file_name)
+             for m in plan.minutes]
     train, holdout = _split(extract_raw(spark, paths), ctx.config.incremental.holdout_fraction)
     return parse_raw(train), parse_raw(holdout)
 

@@ -4,10 +4,12 @@ import json
 import re
 import shutil
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from components.config import GenerateConfig
+from components.feature_spec import load_spec
 from components.interval import Interval
 from components.layout import Layout
 from components.manifest import file_sha256
@@ -142,7 +144,7 @@ def test_clean_slices_pass_and_are_not_validated_twice(layout, tmp_path, monkeyp
     marker = json.loads((layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).read_text())
     assert marker == {
         "sha256": file_sha256(_raw(layout, 0)),
-        "suite_version": SUITE_VERSION,
+        "suite_version": f"{SUITE_VERSION}-{load_spec('criteo').hash()}",
         "num_rows": ROWS,
     }
 
@@ -256,7 +258,61 @@ def test_an_interval_without_slices_says_to_generate(tmp_path):
         match=r"no valid raw slices in the interval \(3 missing, 0 quarantined\): "
         r"expected minute partitions under "
         + re.escape(str(tmp_path / "raw"))
-        + r"; run `ctr generate` or check the ingest",
+        + r"; run `ctr generate` \(criteo\) or `ctr ingest --spec NAME FILE\.\.\.`",
     ):
         validate_interval(layout, [minute(i) for i in range(3)], report_path)
     assert json.loads(report_path.read_text())["missing"] == [minute(i).isoformat() for i in range(3)]
+
+
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+REAL_SAMPLES = {"criteo": "criteo_sample_deepctr.txt", "avazu": "avazu_sample_deepctr.txt",
+                "taobao": "taobao_ad_tiny_fuxictr_train.csv"}
+
+
+def _ingested(tmp_path, preset: str):
+    from components.feature_spec import load_spec
+    from components.ingest import ingest
+
+    source = SHARED_DATA / REAL_SAMPLES[preset]
+    if not source.is_file():
+        pytest.skip(f"the real {preset} sample is read from {source}, which is absent (../shared is not beside the "
+                    "checkout)")
+    spec = load_spec(preset)
+    layout = Layout(tmp_path)
+    report = ingest(spec, [source], layout, **({} if spec.timestamp else {"start": "2026-01-01T00:00",
+                                                                            "rows_per_minute": 50}))
+    minutes = list(Interval.parse(report.first_minute, report.end_minute).minutes())
+    return spec, layout, minutes
+
+
+@pytest.mark.parametrize("preset", sorted(REAL_SAMPLES))
+def test_each_presets_real_sample_passes_the_suite_generated_from_its_spec(tmp_path, preset):
+    from components.validation import click_log_dataset
+
+    spec, layout, minutes = _ingested(tmp_path, preset)
+    dataset = click_log_dataset(spec)
+    report = validate_interval(layout, minutes, tmp_path / "report.json", dataset=dataset)
+    expected_rows = {"criteo": 200, "avazu": 100, "taobao": 100}[preset]
+    assert (report["num_rows"], report["failed"]) == (expected_rows, [])
+    assert report["suite_version"].endswith(spec.hash())
+
+
+def test_a_taobao_slice_with_a_bad_time_stamp_and_garbage_ids_is_quarantined_naming_both(tmp_path):
+    from components.validation import click_log_dataset
+
+    spec, layout, minutes = _ingested(tmp_path, "taobao")
+    path = layout.raw_minute_dir(minutes[0]) / spec.source.file_name
+    lines = path.read_bytes().split(b"\n")
+    fields = lines[1].split(b",")
+    fields[1] = b"06/05/2017"  # time_stamp in another format
+    lines[1] = b",".join(fields)
+    fields = lines[2].split(b",")
+    fields[4] = b"\x00\xff\xfe"  # pid: binary garbage, not UTF-8
+    lines[2] = b",".join(fields)
+    damaged = b"\n".join(lines)
+    path.write_bytes(damaged)
+    with pytest.raises(DataValidationError, match=r"(?s)match_regex\(time_stamp\).*\['06/05/2017'\]"
+                                                  r".*match_regex\(pid\)"):
+        validate_interval(layout, minutes, tmp_path / "report.json", dataset=click_log_dataset(spec))
+    quarantined = layout.quarantine_minute_dir(minutes[0]) / spec.source.file_name
+    assert quarantined.read_bytes() == damaged

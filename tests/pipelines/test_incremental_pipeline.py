@@ -67,7 +67,8 @@ def checkpoint_predictions(layout: Layout, minute: str, columns: dict) -> np.nda
 
 def raw_columns(layout: Layout, minute: str) -> dict:
     """The first 300 raw rows of a minute the chain has not trained on, as request columns."""
-    from components.validation import RAW_FILE, read_raw_slice
+    from components.synthetic import RAW_FILE
+    from components.validation import read_raw_slice
 
     frame = read_raw_slice(layout.raw_minute_dir(Interval.minute(minute).start) / RAW_FILE).head(300)
     columns = {name: [None if v is None or v != v else float(v) for v in frame[name]] for name in DENSE_FEATURES}
