@@ -14,7 +14,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 class ConfigError(ValueError):
@@ -90,7 +90,7 @@ class FeatureConfig:
     spec: str = "criteo"
     # What the daily pipeline reads: "click_log" (labelled Criteo-layout minute slices, raw/click_log) or
     # "events" (impression and click streams, raw/impressions and raw/clicks, labelled by the join step).
-    source: str = "click_log"
+    source: Literal["click_log", "events"] = "click_log"
     # A categorical value gets its own embedding row after this many occurrences; rarer values share a row.
     min_count: int = 20
     # Share of the interval's minutes, taken from its end, held out for evaluation.
@@ -107,7 +107,7 @@ class FeatureConfig:
     # Layout of the sample TFRecords: "block" (one tf.Example per block_rows rows; what the trainer reads
     # fastest) or "row" (one tf.Example per row, one feature per column: label, I1..I13, C1..C26, the layout
     # TFX tools such as TFDV read; ~10x slower to train from, see bench-input).
-    samples_layout: str = "block"
+    samples_layout: Literal["block", "row"] = "block"
     # Rows per TFRecord block (one tf.Example per block).
     block_rows: int = 1024
     # TFRecord shards per split, and the seed of the order rows are shuffled into. The join's samples
@@ -119,7 +119,7 @@ class FeatureConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "dcnv2"
+    model: Literal["dcnv2", "deepfm", "dien", "din", "dlrm", "wide_deep"] = "dcnv2"
     embedding_dim: int = 16
     num_cross_layers: int = 3
     mlp_units: tuple[int, ...] = (512, 256, 128)
@@ -156,7 +156,7 @@ class TrainConfig:
     multi_hash_features: tuple[str, ...] = ()
     multi_hash_buckets: int = 16_384
     multi_hash_functions: int = 2
-    multi_hash_combiner: str = "sum"
+    multi_hash_combiner: Literal["sum", "concat"] = "sum"
     # DLRM: the bottom MLP on the dense input, before its last layer of embedding_dim units.
     bottom_mlp_units: tuple[int, ...] = (64,)
     # DIN and DIEN: the history input holds the last sequence_length behaviours as row ids of the table of
@@ -166,7 +166,7 @@ class TrainConfig:
     # Hidden widths of the attention MLP of DIN and DIEN.
     attention_units: tuple[int, ...] = (80, 40)
     # DIEN's interest extractor: "gru" (keras GRU) or "sru" (simple recurrent unit).
-    interest_cell: str = "gru"
+    interest_cell: Literal["gru", "sru"] = "gru"
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,8 @@ class IncrementalConfig:
     max_embedding_norm: float = 50.0
     max_logloss_increase: float = 0.01
     # After an outage, minutes whose data closed more than this long before their run started are skipped
-    # (logged, no delta) when catch_up is "skip_stale"; with "in_order" every missed minute is trained in order.
-    catch_up: str = "in_order"
+    # (logged, no delta) when catch_up is "latest_only"; with "in_order" every missed minute is trained in order.
+    catch_up: Literal["in_order", "latest_only"] = "in_order"
     max_lag_s: float = 600.0
 
 
@@ -349,6 +349,13 @@ def _parse(key: str, raw: Any, hint: Any) -> Any:
                 raise ValueError("expected a string, write '' for an empty one")
             return str(raw)
         origin = typing.get_origin(hint)
+        if origin is Literal:
+            allowed = typing.get_args(hint)
+            text = str(raw).strip() if raw is not None else raw
+            if text not in allowed:
+                raise ConfigError(f"config key {key!r}: unknown value {raw!r}; expected one of "
+                                  f"{', '.join(map(str, allowed))}")
+            return text
         if origin is tuple:
             (item_type, *_rest) = typing.get_args(hint)
             items = raw if isinstance(raw, list | tuple) else [p for p in str(raw).split(",") if p.strip()]

@@ -83,7 +83,8 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
     assert run.data.params["train.epochs"] == "2"
     assert run.data.params["features.min_count"] == "3"
     flags = {key for key in run.data.params if key.startswith("train.flag.")}
-    assert set(run.data.params) - flags == set(config.flat())
+    assert set(run.data.params) - flags == set(config.flat()) | {"features.spec_name", "features.spec_hash"}
+    assert run.data.params["features.spec_hash"] == config.feature_spec.hash()
     assert run.data.params["train.flag.row_sparse_updates"] == "True"  # the speed flags as they took effect
     assert run.data.params["train.flag.micro_batch_size"] == "1024"
     for metric in ("eval.auc", "eval.logloss", "eval.planted_auc", "validation.rows", "train.loss",
@@ -94,7 +95,7 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
     assert run.data.tags["airflow.run_id"].startswith("manual__")
     assert run.data.tags["model.version"] == "202601020000"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"validation", "manifests", "evaluation", "plots", "model"} <= artifacts
+    assert {"validation", "manifests", "evaluation", "plots", "model", "feature_spec.json"} <= artifacts
     assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/training_curve.png"]
     summary = client.download_artifacts(run.info.run_id, "model/model_summary.txt", str(daily_run["root"]))
     text = open(summary).read()

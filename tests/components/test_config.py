@@ -287,3 +287,28 @@ def test_data_root_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = PipelineConfig().with_overrides({"paths.data_root": "relative"})
     assert config.paths.root == Path(tmp_path / "relative")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("train.model", "dcn", "dcnv2, deepfm, dien, din, dlrm, wide_deep"),
+        ("features.source", "kafka", "click_log, events"),
+        ("features.samples_layout", "columnar", "block, row"),
+        ("train.interest_cell", "lstm", "gru, sru"),
+        ("incremental.catch_up", "skip_stale", "in_order, latest_only"),
+    ],
+)
+def test_an_enum_like_value_is_checked_at_the_edge_naming_what_is_allowed(key, value, allowed):
+    with pytest.raises(ConfigError, match=rf"config key '{key}': unknown value '{value}'; expected one of {allowed}$"):
+        load_config(overrides={key: value}, environ={})
+    assert load_config(overrides={key: allowed.split(", ")[-1]}, environ={}).flat()[key] == allowed.split(", ")[-1]
+
+
+def test_the_model_names_the_config_accepts_are_the_registrys():
+    import typing
+
+    from trainer.models.registry import MODEL_BUILDERS
+
+    hint = typing.get_type_hints(type(PipelineConfig().train))["model"]
+    assert sorted(typing.get_args(hint)) == sorted(MODEL_BUILDERS)
