@@ -42,4 +42,7 @@ def test_calibration_shifts_the_output_bias_and_keeps_the_ranking(name):
     assert result["prediction_mean_before"] == pytest.approx(before.mean(), abs=1e-6)
     assert result["prediction_mean_after"] == pytest.approx(after.mean(), abs=1e-4)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(logit_bias(model)), bias_before + result["shift"], atol=1e-6)
-    np.testing.assert_array_equal(np.argsort(after, kind="stable"), np.argsort(before, kind="stable"))
+    # The ranking is kept: in the order of the scores before, the scores after never fall by more than float32
+    # rounding (two untrained rows can score within 1e-7 of each other, and a shift can swap such a near tie).
+    falls = np.diff(after[np.argsort(before, kind="stable")])
+    assert falls.min() >= -1e-6, f"the ranking changed: a score fell by {-falls.min():.2e}"
