@@ -8,6 +8,7 @@ the only place that reads the environment.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -229,15 +230,12 @@ class PipelineConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
 
-    @property
+    @functools.cached_property
     def feature_spec(self):  # -> components.feature_spec.FeatureSpec
-        """The feature spec named by features.spec, its unset settings filled from this config."""
+        """The feature spec named by features.spec, its unset settings filled from this config (read once)."""
         from components.feature_spec import FeatureDefaults, load_spec
 
-        return load_spec(self.features.spec).with_defaults(FeatureDefaults(
-            min_count=self.features.min_count, evict_after_days=self.features.evict_after_days,
-            max_rows=self.features.max_rows_per_feature, embedding_dim=self.train.embedding_dim,
-        ))
+        return load_spec(self.features.spec).with_defaults(FeatureDefaults.of(self))
 
     @property
     def tracking_uri(self) -> str:

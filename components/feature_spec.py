@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from components.config import ConfigError
+from components.config import ConfigError, PipelineConfig
 
 PRESET_DIR = Path(__file__).with_name("feature_specs")
 
@@ -198,12 +198,19 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class FeatureDefaults:
-    """What the pipeline config supplies for settings a spec leaves unset."""
+    """What the pipeline config supplies for settings a spec leaves unset (`of` reads them from a config; the
+    values live only there)."""
 
-    min_count: int = 20
-    evict_after_days: int = 7
-    max_rows: int = 1_000_000
-    embedding_dim: int = 16
+    min_count: int
+    evict_after_days: int
+    max_rows: int
+    embedding_dim: int
+
+    @classmethod
+    def of(cls, config: PipelineConfig | None = None) -> FeatureDefaults:
+        config = config or PipelineConfig()
+        return cls(min_count=config.features.min_count, evict_after_days=config.features.evict_after_days,
+                   max_rows=config.features.max_rows_per_feature, embedding_dim=config.train.embedding_dim)
 
 
 @dataclass(frozen=True)
@@ -214,7 +221,7 @@ class FeatureSpec:
     features: tuple[Feature, ...]
     description: str = ""
     # Settings the spec leaves unset; `with_defaults` fills them from the pipeline config.
-    defaults: FeatureDefaults = field(default_factory=lambda: FeatureDefaults())
+    defaults: FeatureDefaults = field(default_factory=FeatureDefaults.of)
 
     def with_defaults(self, defaults: FeatureDefaults) -> FeatureSpec:
         return dataclasses.replace(self, defaults=defaults)

@@ -24,9 +24,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from components.feature_spec import DenseFeature, FeatureSpec, TimestampFeature
+from components.interval import Interval
 from components.layout import Layout
+from components.synthetic import SUCCESS_MARKER
 
-SUCCESS_MARKER = "_SUCCESS"
 INPUT_FORMATS = ("auto", "tsv", "csv", "parquet")
 LABEL_VALUES = {"0", "1"}  # what validation accepts
 
@@ -90,6 +91,13 @@ def ingest(spec: FeatureSpec, files: Sequence[str | Path], layout: Layout, *, st
     if timestamp is None and start is None:
         raise IngestError(f"spec {spec.name!r} has no timestamp column, so rows are placed by their order: give "
                           "--start (the first minute, e.g. 2026-01-01T00:00) and --rows-per-minute")
+    first_minute = None
+    if start is not None:
+        try:
+            first_minute = Interval.minute(start).start
+        except ValueError as err:
+            raise IngestError(f"--start {start!r}: {err} (an ISO time on a whole minute, e.g. 2026-01-01T00:00)") \
+                from err
     if rows_per_minute is not None and rows_per_minute < 1:
         raise IngestError(f"--rows-per-minute must be at least 1, got {rows_per_minute}")
     paths = [Path(f) for f in files]
@@ -128,7 +136,7 @@ def ingest(spec: FeatureSpec, files: Sequence[str | Path], layout: Layout, *, st
         report.rejects_by_reason[key] = report.rejects_by_reason.get(key, 0) + 1
     if rejects:
         report.rejects_file = str(_write_rejects(layout, spec, paths, rejects))
-    minutes = _place(rows, timestamp, start, rows_per_minute or 1000)
+    minutes = _place(rows, timestamp, first_minute, rows_per_minute or 1000)
     if not minutes:
         raise IngestError(f"no row of {[str(p) for p in paths]} could be ingested ({report.rejected} rejected; "
                           f"see {report.rejects_file or 'the input'})")
@@ -239,13 +247,11 @@ def _number_check(column: str, at: int) -> Callable[[list[str]], str | None]:
     return check
 
 
-def _place(rows: list[tuple[datetime | None, list[str]]], timestamp: TimestampFeature | None, start: str | None,
-           rows_per_minute: int) -> dict[datetime, list[list[str]]]:
+def _place(rows: list[tuple[datetime | None, list[str]]], timestamp: TimestampFeature | None,
+           first: datetime | None, rows_per_minute: int) -> dict[datetime, list[list[str]]]:
     out: dict[datetime, list[list[str]]] = {}
     if timestamp is None:
-        from components.interval import _parse_time
-
-        first = _parse_time(start or "")
+        assert first is not None
         for index, (_, fields) in enumerate(rows):
             out.setdefault(first + timedelta(minutes=index // rows_per_minute), []).append(fields)
         return out

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -78,7 +79,8 @@ def test_a_sequence_reads_the_table_of_the_feature_it_shares():
 
 
 def test_unset_settings_come_from_the_pipeline_config():
-    spec = spec_from_dict(_minimal()).with_defaults(FeatureDefaults(min_count=2, embedding_dim=32))
+    spec = spec_from_dict(_minimal()).with_defaults(
+        dataclasses.replace(FeatureDefaults.of(), min_count=2, embedding_dim=32))
     tables = spec.tables()
     assert (tables["user"].min_count, tables["user"].embedding_dim) == (2, 32)
     assert (tables["item"].min_count, tables["item"].embedding_dim) == (3, 8)  # pinned in the spec
@@ -90,7 +92,7 @@ def test_unset_settings_come_from_the_pipeline_config():
 def test_the_hash_changes_with_any_setting_a_reader_depends_on():
     base = spec_from_dict(_minimal())
     assert base.hash() == spec_from_dict(_minimal()).hash()
-    assert base.hash() != base.with_defaults(FeatureDefaults(min_count=2)).hash()
+    assert base.hash() != base.with_defaults(dataclasses.replace(FeatureDefaults.of(), min_count=2)).hash()
     changed = _minimal()
     changed["features"][2]["transform"] = "standardize"
     assert base.hash() != spec_from_dict(changed).hash()

@@ -144,6 +144,8 @@ def test_input_that_cannot_be_placed_is_a_clear_error(tmp_path):
         ingest(load_spec("criteo"), [log], Layout(tmp_path))
     with pytest.raises(IngestError, match=r"--start applies to specs without a timestamp column"):
         ingest(load_spec("avazu"), [log], Layout(tmp_path), start="2026-01-01T00:00")
+    with pytest.raises(IngestError, match=r"--start '2026-01-01T00:00:30': minute .* must start on a whole minute"):
+        ingest(load_spec("criteo"), [log], Layout(tmp_path), start="2026-01-01T00:00:30")
     with pytest.raises(IngestError, match=r"input file '.*missing.csv' does not exist"):
         ingest(load_spec("avazu"), [tmp_path / "missing.csv"], Layout(tmp_path))
 
