@@ -29,8 +29,11 @@ from typing import Any
 
 from components.config import EventsConfig, FeatureConfig, GenerateConfig, SparkConfig
 from components.events import generate_events
+from components.feature_spec import load_spec
 from components.interval import Interval, _parse_time
 from components.layout import Layout
+
+CRITEO = load_spec("criteo")
 
 START = "2026-01-01T00:00"
 WINDOW_S = 600
@@ -63,10 +66,10 @@ def data_path(spark, root: Path, span: Interval, features: FeatureConfig, previo
     _, join_s = timed(lambda: run(spark, layout, span, joined, window_s=WINDOW_S,
                                   sequence_length=events.sequence_length, lookback_s=events.history_lookback_s))
     state, features_s = timed(lambda: build_feature_state(
-        joined_rows(spark, joined, minutes), previous, features, day=0, version=f"bench-{span.tag}",
-        evict=previous is None))
+        joined_rows(spark, joined, minutes, CRITEO), previous, features, day=0, version=f"bench-{span.tag}",
+        evict=previous is None, spec=CRITEO))
     manifest, samples_s = timed(lambda: write_samples(
-        joined_rows(spark, joined, minutes), state, root / "samples" / span.tag, split="train",
+        joined_rows(spark, joined, minutes, CRITEO), state, root / "samples" / span.tag, spec=CRITEO, split="train",
         block_rows=features.block_rows, num_shards=features.num_shards, seed=features.seed, inputs={},
         shuffle=False))  # as the daily pipeline writes the join's samples
     return {"join_s": join_s, "features_s": features_s, "samples_s": samples_s,
@@ -106,7 +109,8 @@ def main() -> int:
         joined = root / "day" / "joined" / span.tag
 
         def parquet() -> None:
-            joined_rows(spark, joined, list(span.minutes())).write.mode("overwrite").parquet(str(root / "parquet"))
+            rows = joined_rows(spark, joined, list(span.minutes()), CRITEO)
+            rows.write.mode("overwrite").parquet(str(root / "parquet"))
 
         _, parquet_s = timed(parquet)
         result["parquet_s"] = parquet_s

@@ -1,4 +1,13 @@
-"""Block TFRecords: one tf.Example per block of rows, column-packed (see components.schema).
+"""Block TFRecords: one tf.Example per block of rows, column-packed.
+
+Keys of a block of n rows (a feature spec's rows; see components.feature_spec):
+- `num_rows` int64[1]: n;
+- `label` float[n];
+- `dense` float[n * D], row-major: D = the spec's dense_input_dim (standardized values, then missing flags);
+- `categorical` int64[n * F], row-major: the embedding rows of the F single-valued categorical features;
+- one int64[n * L] key per multi-valued or sequence feature, named after it: L = its max_length row ids per
+  row, newest last, the front padded with MISSING_ROW.
+Fixed-width columns are packed as they were before lists existed, so the criteo layout is unchanged.
 
 Encoding works on whole column blocks with numpy; nothing here loops over rows.
 The TFRecord framing (length, masked crc32c of the length, data, masked crc32c of the data) is written by
@@ -8,19 +17,16 @@ hand so Spark executors need no TensorFlow; the bytes are identical to tf.io.TFR
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import google_crc32c
 import numpy as np
 
-from components.schema import (
-    BLOCK_CATEGORICAL_KEY,
-    BLOCK_DENSE_KEY,
-    BLOCK_LABEL_KEY,
-    BLOCK_NUM_ROWS_KEY,
-    DENSE_INPUT_DIM,
-    NUM_CATEGORICAL,
-)
+BLOCK_NUM_ROWS_KEY = "num_rows"
+BLOCK_LABEL_KEY = "label"
+BLOCK_DENSE_KEY = "dense"
+BLOCK_CATEGORICAL_KEY = "categorical"
+BLOCK_LAYOUT = "block-v1"
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -110,22 +116,27 @@ def _int64_feature(values: np.ndarray) -> bytes:
     return _field(3, _field(1, _packed_varints(values)))
 
 
-def encode_blocks(labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray, block_rows: int) -> list[bytes]:
+def encode_blocks(labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray, block_rows: int,
+                  lists: Mapping[str, np.ndarray] | None = None) -> list[bytes]:
     """Serialized tf.Examples, one per block of up to `block_rows` rows.
 
-    labels: [n] float, dense: [n, DENSE_INPUT_DIM] float32, categorical: [n, NUM_CATEGORICAL] int64 rows (>= 0).
+    labels: [n] float, dense: [n, D] float32, categorical: [n, F] int64 rows (>= 0), lists: per multi-valued
+    or sequence feature its [n, L] int64 rows (>= 0).
     The protobuf bytes are written directly, with map entries in sorted key order, so the same rows always give
     the same bytes (a generic encoder's map order can differ between processes, which breaks byte-identical
     re-runs). The result parses as an ordinary tf.train.Example.
     """
     num_rows = len(labels)
-    if dense.shape != (num_rows, DENSE_INPUT_DIM) or categorical.shape != (num_rows, NUM_CATEGORICAL):
-        raise ValueError(
-            f"encode_blocks: expected dense [{num_rows}, {DENSE_INPUT_DIM}] and categorical "
-            f"[{num_rows}, {NUM_CATEGORICAL}], got {dense.shape} and {categorical.shape}"
-        )
-    if num_rows and int(categorical.min()) < 0:
-        raise ValueError(f"encode_blocks: categorical rows must be >= 0, got {int(categorical.min())}")
+    lists = dict(lists or {})
+    reserved = {BLOCK_NUM_ROWS_KEY, BLOCK_LABEL_KEY, BLOCK_DENSE_KEY, BLOCK_CATEGORICAL_KEY} & set(lists)
+    if reserved:
+        raise ValueError(f"encode_blocks: list features cannot be named {sorted(reserved)}")
+    shapes = {"dense": dense.shape, "categorical": categorical.shape, **{k: v.shape for k, v in lists.items()}}
+    if any(len(shape) != 2 or shape[0] != num_rows for shape in shapes.values()):
+        raise ValueError(f"encode_blocks: expected [{num_rows}, width] arrays for {num_rows} labels, got {shapes}")
+    for name, ids in (("categorical", categorical), *lists.items()):
+        if ids.size and int(ids.min()) < 0:
+            raise ValueError(f"encode_blocks: {name} rows must be >= 0, got {int(ids.min())}")
     labels = np.asarray(labels, dtype=np.float32)
     records = []
     for start in range(0, num_rows, block_rows):
@@ -135,6 +146,7 @@ def encode_blocks(labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray
             BLOCK_DENSE_KEY: _float_feature(dense[start:end]),
             BLOCK_LABEL_KEY: _float_feature(labels[start:end]),
             BLOCK_NUM_ROWS_KEY: _int64_feature(np.array([end - start])),
+            **{name: _int64_feature(ids[start:end]) for name, ids in lists.items()},
         }
         body = b"".join(_feature_entry(key, features[key]) for key in sorted(features))
         records.append(_field(1, body))  # Example.features = 1

@@ -22,7 +22,6 @@ import numpy as np
 
 from components.feature_state import FeatureState
 from components.manifest import MANIFEST_NAME, commit_dir, read_manifest, staging_dir, write_manifest
-from components.schema import CATEGORICAL_FEATURES
 
 DELTA_KIND = "delta"
 FULL_KIND = "full_model"
@@ -81,7 +80,7 @@ def new_vocabulary_entries(parent: FeatureState, state: FeatureState) -> tuple[n
     that moved (only eviction moves one, and eviction starts a new chain) is refused."""
     keys: list[str] = []
     rows: list[int] = []
-    for name in CATEGORICAL_FEATURES:
+    for name in state.vocabularies:
         before = dict(zip(parent.vocabularies[name].values, parent.vocabularies[name].rows, strict=True))
         for value, row in zip(state.vocabularies[name].values, state.vocabularies[name].rows, strict=True):
             old = before.get(value)

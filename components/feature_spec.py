@@ -47,6 +47,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -69,6 +70,8 @@ Derived = Literal["hour_of_day", "day_of_week"]
 TimestampFormat = str  # unix_seconds | unix_millis | a strptime pattern
 
 KINDS: tuple[str, ...] = get_args(Kind)
+# Names the model's inputs and the block TFRecords use for their own keys: no feature may take them.
+RESERVED_NAMES = frozenset({"label", "dense", "categorical", "num_rows", "minute"})
 DERIVED_VOCABULARIES: dict[str, tuple[str, ...]] = {
     "hour_of_day": tuple(str(h) for h in range(24)),
     "day_of_week": tuple(str(d) for d in range(7)),  # 0 = Monday
@@ -176,6 +179,34 @@ class TimestampFeature:
     derive: tuple[Derived, ...] = ()
     kind: str = field(default="timestamp", init=False)
 
+    def parse(self, value: Any) -> datetime:
+        """A raw value as a UTC datetime (naive times are UTC). Raises ValueError naming the format."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            text = repr(value)
+        elif isinstance(value, str):
+            text = value.strip()
+        else:
+            raise ValueError(f"expected a timestamp in format {self.format!r}, got {value!r}")
+        if self.format == "unix_seconds":
+            return datetime.fromtimestamp(float(text), UTC)
+        if self.format == "unix_millis":
+            return datetime.fromtimestamp(float(text) / 1000.0, UTC)
+        return datetime.strptime(text, self.format).replace(tzinfo=UTC)
+
+    def epoch_seconds(self, value: Any) -> int:
+        """A raw value as whole seconds since 1970-01-01 UTC (what the serving signature takes)."""
+        return int(self.parse(value).timestamp() // 1)
+
+
+def derive_time(epoch_seconds: Any, derivation: str) -> Any:
+    """hour_of_day (0..23) or day_of_week (0 = Monday .. 6) of UTC epoch seconds (ints or numpy arrays),
+    by integer arithmetic: Spark, the sample writer and the serving graph compute the same thing."""
+    if derivation == "hour_of_day":
+        return (epoch_seconds // 3600) % 24
+    if derivation == "day_of_week":
+        return (epoch_seconds // 86400 + 3) % 7  # 1970-01-01 was a Thursday
+    raise ValueError(f"unknown derivation {derivation!r}; expected one of {', '.join(DERIVED_VOCABULARIES)}")
+
 
 Feature = DenseFeature | CategoricalFeature | MultiCategoricalFeature | SequenceFeature | TimestampFeature
 TableFeature = CategoricalFeature | MultiCategoricalFeature
@@ -243,6 +274,17 @@ class FeatureSpec:
     @property
     def sequences(self) -> tuple[SequenceFeature, ...]:
         return tuple(f for f in self.features if isinstance(f, SequenceFeature))
+
+    @property
+    def lists(self) -> tuple[MultiCategoricalFeature | SequenceFeature, ...]:
+        """Multi-valued and sequence features, in declaration order: one padded id list each."""
+        return tuple(f for f in self.features if isinstance(f, MultiCategoricalFeature | SequenceFeature))
+
+    @property
+    def dense_input_dim(self) -> int:
+        """Width of the model's dense input: one value per dense feature, then one missing flag per dense
+        feature that has one."""
+        return len(self.dense) + sum(1 for f in self.dense if f.missing_indicator)
 
     @property
     def timestamp(self) -> TimestampFeature | None:
@@ -556,6 +598,9 @@ def _check(spec: FeatureSpec, where: str) -> None:
     for feature in spec.features:
         if feature.name in seen or feature.name == spec.label.column:
             raise FeatureSpecError(f"{where}: duplicate feature name {feature.name!r}")
+        if feature.name in RESERVED_NAMES:
+            raise FeatureSpecError(f"{where}: feature name {feature.name!r} is reserved ({sorted(RESERVED_NAMES)} "
+                                   f"name the model's inputs); give it another name and column={feature.name!r}")
         seen.add(feature.name)
     timestamps = [f.name for f in spec.features if isinstance(f, TimestampFeature)]
     if len(timestamps) > 1:
@@ -597,19 +642,3 @@ def _check(spec: FeatureSpec, where: str) -> None:
         if missing:
             raise FeatureSpecError(f"{where}: columns {missing} are read by the spec but not in source.columns "
                                    f"{list(spec.source.columns)}")
-
-
-def require_criteo_columns(spec: FeatureSpec, step: str) -> None:
-    """Refuses a spec the named step cannot read yet: Spark's features and samples, the trainer, the export
-    and serving still read the criteo columns (label, I1..I13, C1..C26), so a spec with other columns stops
-    here with a clear error instead of training on the wrong columns."""
-    criteo = load_spec("criteo")
-    same = (spec.label.column == criteo.label.column and spec.dense_names == criteo.dense_names
-            and spec.categorical_names == criteo.categorical_names and len(spec.features) == len(criteo.features)
-            and spec.source.format == criteo.source.format)
-    if not same:
-        raise FeatureSpecError(
-            f"features.spec={spec.name!r}: ingest and validation follow this spec, but the {step} step reads only "
-            "the criteo columns so far (label, I1..I13, C1..C26 in TSV); use --spec criteo for the steps after "
-            "validation (docs/feature_spec.md says what follows a spec today and what is next)"
-        )

@@ -1,6 +1,7 @@
-"""The feature state: per categorical feature a vocabulary (value -> embedding row), per dense feature its
-transform. Spark builds it, the sample writer and the exported serving model apply it, so the same raw value
-maps to the same row everywhere.
+"""The feature state: per table of the feature spec a vocabulary (value -> embedding row), per dense feature its
+transform. A table is read by one categorical feature, or shared by several (features with `table:`,
+sequences with `shares:`); the criteo spec has one table per feature, named after it. Spark builds it, the
+sample writer and the exported serving model apply it, so the same raw value maps to the same row everywhere.
 
 The state carries over from run to run (`advance_feature_state`): counts accumulate, a value is admitted to
 its own row after min_count occurrences, keeps that row while admitted, and is evicted when unseen for
@@ -15,23 +16,17 @@ the SavedModel's TensorFlow version is tested against them.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from components.schema import (
-    CATEGORICAL_FEATURES,
-    DENSE_FEATURES,
-    MISSING_ROW,
-    NUM_DENSE,
-    NUM_RESERVED_ROWS,
-    RARE_ROW,
-)
+from components.feature_spec import MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW, FeatureSpec, TableSpec
 
 VOCABULARY_FILE = "vocabulary.parquet"
 CANDIDATES_FILE = "candidates.parquet"
@@ -48,13 +43,33 @@ VOCABULARY_SCHEMA = pa.schema([("feature", pa.string()), ("value", pa.string()),
 
 @dataclass(frozen=True)
 class DenseTransform:
-    """x -> standardize(clip(sign(x) * log1p(|x|), low, high)); missing -> 0 with an indicator of 1."""
+    """x -> standardize(clip(sign(x) * log1p(|x|), low, high)) (without the log1p when `log` is false);
+    missing -> 0, with a missing flag of 1 when `indicator`."""
 
     name: str
     low: float
     high: float
     mean: float
     std: float
+    log: bool = True
+    indicator: bool = True
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """How one table admits, evicts and grows (from the spec's TableSpec; `evict_after_days` 0 in a minute
+    run, which never evicts). `fixed_values`: the table holds exactly these, admitted from the start."""
+
+    min_count: int
+    evict_after_days: int = 0
+    max_rows: int = 1 << 62
+    fixed_values: tuple[str, ...] = ()
+
+
+def table_settings(tables: Mapping[str, TableSpec], *, evict: bool) -> dict[str, TableSettings]:
+    """The spec's tables (FeatureSpec.tables()) as advance_feature_state takes them."""
+    return {name: TableSettings(t.min_count, t.evict_after_days if evict else 0, t.max_rows, t.fixed_values)
+            for name, t in tables.items()}
 
 
 @dataclass(frozen=True)
@@ -115,12 +130,17 @@ class FeatureState:
         return self.vocabularies[feature].table_size
 
     def table_sizes(self) -> dict[str, int]:
-        return {name: self.table_size(name) for name in CATEGORICAL_FEATURES}
+        """Rows of every table, in the spec's table order."""
+        return {name: self.table_size(name) for name in self.vocabularies}
+
+    @property
+    def dense_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dense)
 
     def dense_arrays(self) -> dict[str, np.ndarray]:
         return {
             key: np.array([getattr(d, key) for d in self.dense], dtype=np.float64)
-            for key in ("low", "high", "mean", "std")
+            for key in ("low", "high", "mean", "std", "log", "indicator")
         }
 
     def lookup(self, feature: str) -> tuple[pa.Array, np.ndarray]:
@@ -154,8 +174,13 @@ def advance_feature_state(
     max_rows_per_feature: int = 1 << 62,
     growth_rows: int = 0,
     fixed_tables: bool = False,
+    tables: Mapping[str, TableSettings] | None = None,
 ) -> FeatureState:
-    """Folds the occurrences counted in new data (`counts`, COUNTS_SCHEMA) into the previous state.
+    """Folds the occurrences counted in new data (`counts`, COUNTS_SCHEMA, `feature` naming the table) into
+    the previous state.
+
+    `tables` gives each table's settings (table_settings(spec.tables(), evict=...)); without it, the criteo
+    spec's tables with `min_count`, `evict_after_days` and `max_rows_per_feature` for all.
 
     - counts and last-seen days add up across runs, for admitted values and candidates alike;
     - with `evict_after_days` > 0 (the daily run), admitted values last seen on or before day - N are evicted
@@ -169,28 +194,39 @@ def advance_feature_state(
       are admitted into free rows and that room only, and the rest stay candidates for the daily run.
     The result is a function of its inputs only: the same previous state and counts give the same state.
     """
-    if min_count < 1:
-        raise ValueError(f"min_count={min_count} must be >= 1 (features.min_count)")
-    if max_rows_per_feature <= NUM_RESERVED_ROWS:
-        raise ValueError(
-            f"max_rows_per_feature={max_rows_per_feature} leaves no room beyond the {NUM_RESERVED_ROWS} reserved "
-            f"rows; set features.max_rows_per_feature above {NUM_RESERVED_ROWS}"
-        )
+    if tables is None:
+        from components.feature_spec import load_spec
+
+        tables = {name: TableSettings(min_count, evict_after_days, max_rows_per_feature)
+                  for name in load_spec("criteo").tables()}
+    for name, settings in tables.items():
+        if settings.min_count < 1:
+            raise ValueError(f"min_count={settings.min_count} of table {name!r} must be >= 1 (features.min_count, "
+                             "or min_count in the feature spec)")
+        if settings.max_rows <= NUM_RESERVED_ROWS:
+            raise ValueError(
+                f"max_rows={settings.max_rows} of table {name!r} leaves no room beyond the {NUM_RESERVED_ROWS} "
+                f"reserved rows; set features.max_rows_per_feature (or max_rows in the spec) above "
+                f"{NUM_RESERVED_ROWS}"
+            )
     missing = set(COUNTS_SCHEMA.names) - set(counts.schema.names)
     if missing:
         raise ValueError(f"counts lack columns {sorted(missing)}; expected {COUNTS_SCHEMA.names}")
     counts = counts.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
     candidates = previous.candidates if previous is not None else COUNTS_SCHEMA.empty_table()
     merged = _sum_counts(pa.concat_tables([candidates, counts]))
-    by_feature = _group_by_feature(merged)
-    stale_before = day - evict_after_days if evict_after_days > 0 else None
+    by_feature = _group_by_feature(merged, tables)
 
     vocabularies: dict[str, Vocabulary] = {}
     evicted_rows: dict[str, tuple[int, ...]] = {}
     new_rows: dict[str, tuple[int, ...]] = {}
     remaining_candidates: list[pa.Table] = []
-    for name in CATEGORICAL_FEATURES:
-        old = previous.vocabularies[name] if previous is not None else Vocabulary()
+    for name, settings in tables.items():
+        old = previous.vocabularies.get(name) if previous is not None else None
+        if old is None:
+            old = Vocabulary.of(settings.fixed_values, last_seen=day) if settings.fixed_values else Vocabulary()
+        stale_before = day - settings.evict_after_days if settings.evict_after_days > 0 else None
+        max_rows_per_feature = settings.max_rows
         seen = by_feature.get(name, {})
         entries = {}  # value -> [row, count, last_seen] of admitted values
         for value, row, count, last in zip(old.values, old.rows, old.counts, old.last_seen, strict=True):
@@ -203,9 +239,11 @@ def advance_feature_state(
                 evicted.append(entries.pop(value)[0])
             free.update(evicted)
             seen = {v: cl for v, cl in seen.items() if cl[1] > stale_before}
-        admissible = sorted(((-c, v) for v, (c, _) in seen.items() if c >= min_count))
+        admissible = sorted(((-c, v) for v, (c, _) in seen.items() if c >= settings.min_count
+                             and (not settings.fixed_values or v in settings.fixed_values)))
         num_rows = old.num_rows
-        limit = old.table_size if fixed_tables and previous is not None else max_rows_per_feature
+        limit = old.table_size if fixed_tables and previous is not None and name in previous.vocabularies \
+            else max_rows_per_feature
         free_sorted = sorted(free)
         added = []
         for _, value in admissible:
@@ -250,14 +288,14 @@ def _sum_counts(table: pa.Table) -> pa.Table:
     return grouped.rename_columns(["feature", "value", "count", "last_seen"])
 
 
-def _group_by_feature(table: pa.Table) -> dict[str, dict[str, tuple[int, int]]]:
+def _group_by_feature(table: pa.Table, tables: Mapping[str, TableSettings]) -> dict[str, dict[str, tuple[int, int]]]:
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for feature, value, count, last in zip(
         table["feature"].to_pylist(), table["value"].to_pylist(), table["count"].to_pylist(),
         table["last_seen"].to_pylist(), strict=True,
     ):
-        if feature not in CATEGORICAL_FEATURES:
-            raise ValueError(f"counts name an unknown feature {feature!r}; expected one of C1..C26")
+        if feature not in tables:
+            raise ValueError(f"counts name an unknown table {feature!r}; expected one of {list(tables)}")
         out.setdefault(feature, {})[value] = (int(count), int(last))
     return out
 
@@ -266,8 +304,7 @@ def save_feature_state(state: FeatureState, directory: str | Path) -> list[str]:
     """Writes the state's files into `directory` (a staging dir) and returns their names for the manifest."""
     directory = Path(directory)
     columns: dict[str, list] = {name: [] for name in VOCABULARY_SCHEMA.names}
-    for name in CATEGORICAL_FEATURES:
-        vocabulary = state.vocabularies[name]
+    for name, vocabulary in state.vocabularies.items():
         columns["feature"].extend([name] * len(vocabulary))
         columns["value"].extend(vocabulary.values)
         columns["row"].extend(vocabulary.rows)
@@ -296,14 +333,15 @@ def save_feature_state(state: FeatureState, directory: str | Path) -> list[str]:
     return [VOCABULARY_FILE, CANDIDATES_FILE, DENSE_FILE]
 
 
-def load_feature_state(directory: str | Path, verify: bool = True) -> FeatureState:
+def load_feature_state(directory: str | Path, verify: bool = True, spec: FeatureSpec | None = None) -> FeatureState:
+    """The state in `directory`; with `spec`, checked to hold that spec's tables and dense features."""
     from components.manifest import read_manifest
 
     directory = Path(directory)
     read_manifest(directory, kind=FEATURE_STATE_KIND, verify=verify)
     doc = json.loads((directory / DENSE_FILE).read_text())
     table = pq.read_table(directory / VOCABULARY_FILE).sort_by([("feature", "ascending"), ("row", "ascending")])
-    by_feature: dict[str, list[list]] = {name: [[], [], [], []] for name in CATEGORICAL_FEATURES}
+    by_feature: dict[str, list[list]] = {name: [[], [], [], []] for name in doc["tables"]}
     for feature, value, row, count, last in zip(
         table["feature"].to_pylist(), table["value"].to_pylist(), table["row"].to_pylist(),
         table["count"].to_pylist(), table["last_seen"].to_pylist(), strict=True,
@@ -318,14 +356,25 @@ def load_feature_state(directory: str | Path, verify: bool = True) -> FeatureSta
         _check_rows(vocabulary, name, directory)
         vocabularies[name] = vocabulary
     dense = tuple(DenseTransform(**d) for d in doc["dense"])
-    if [d.name for d in dense] != list(DENSE_FEATURES):
-        raise ValueError(f"{directory}: dense transforms {[d.name for d in dense]} do not match {DENSE_FEATURES}")
+    if spec is not None:
+        check_state_matches(list(vocabularies), [d.name for d in dense], spec, directory)
     return FeatureState(
         version=doc["version"], min_count=doc["min_count"], vocabularies=vocabularies, dense=dense,
         candidates=pq.read_table(directory / CANDIDATES_FILE).cast(COUNTS_SCHEMA), day=doc["day"],
         evicted_rows={n: tuple(t["evicted_rows"]) for n, t in doc["tables"].items() if t["evicted_rows"]},
         new_rows={n: tuple(t["new_rows"]) for n, t in doc["tables"].items() if t["new_rows"]},
     )
+
+
+def check_state_matches(tables: Sequence[str], dense: Sequence[str], spec: FeatureSpec, where: Any) -> None:
+    """Refuses a state built for another spec: its tables and dense features must be the spec's."""
+    if list(tables) != list(spec.tables()) or list(dense) != list(spec.dense_names):
+        raise ValueError(
+            f"{where}: the feature state has tables {list(tables)} and dense features {list(dense)}, but feature "
+            f"spec {spec.name!r} has tables {list(spec.tables())} and dense features {list(spec.dense_names)}; "
+            "it was built for another spec: run the daily pipeline with this spec from a fresh data root, or "
+            "with the spec it was built for"
+        )
 
 
 def _check_rows(vocabulary: Vocabulary, feature: str, directory: Path) -> None:
@@ -354,15 +403,43 @@ def categorical_rows(values: pa.Array, vocabulary: pa.Array, rows: np.ndarray | 
     return pc.if_else(missing, MISSING_ROW, rows).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+def list_rows(values: pa.Array | pa.ChunkedArray, vocabulary: pa.Array, rows: np.ndarray | None,
+              max_length: int) -> np.ndarray:
+    """Row ids of a list column (one list of raw values a row, newest last) -> int64 [n, max_length], the
+    newest `max_length` values right-aligned and the front padded with MISSING_ROW (which the models mask).
+    A null list is an empty one; values map as in `categorical_rows`."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    num_rows = len(values)
+    lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(values)
+    out = np.full((num_rows, max_length), MISSING_ROW, dtype=np.int64)
+    if len(flat) == 0:
+        return out
+    flat_rows = categorical_rows(flat.cast(pa.string()), vocabulary, rows)
+    owner = np.repeat(np.arange(num_rows), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    from_end = lengths[owner] - 1 - (np.arange(len(flat_rows)) - starts[owner])  # 0 = newest
+    keep = from_end < max_length
+    out[owner[keep], max_length - 1 - from_end[keep]] = flat_rows[keep]
+    return out
+
+
 def signed_log1p(values: np.ndarray) -> np.ndarray:
     return np.sign(values) * np.log1p(np.abs(values))
 
 
 def transform_dense(values: np.ndarray, state: FeatureState) -> np.ndarray:
-    """[n, 13] raw dense values (NaN = missing) -> [n, 26] float32: standardized values, then indicators."""
-    values = np.asarray(values, dtype=np.float64).reshape(-1, NUM_DENSE)
+    """[n, D] raw dense values of the state's dense features (NaN = missing) -> float32 [n, D + flags]:
+    standardized values, then the missing flags of the features that have one (criteo: [n, 13] -> [n, 26])."""
     stats = state.dense_arrays()
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[1] != len(state.dense):
+        values = values.reshape(-1, len(state.dense))
     missing = np.isnan(values)
-    clipped = np.clip(signed_log1p(np.where(missing, 0.0, values)), stats["low"], stats["high"])
+    filled = np.where(missing, 0.0, values)
+    logged = np.where(stats["log"].astype(bool), signed_log1p(filled), filled)
+    clipped = np.clip(logged, stats["low"], stats["high"])
     standardized = np.where(missing, 0.0, (clipped - stats["mean"]) / stats["std"])
-    return np.concatenate([standardized, missing.astype(np.float64)], axis=1).astype(np.float32)
+    flags = missing[:, stats["indicator"].astype(bool)]
+    return np.concatenate([standardized, flags.astype(np.float64)], axis=1).astype(np.float32)

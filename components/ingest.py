@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from components.feature_spec import DenseFeature, FeatureSpec, TimestampFeature
@@ -64,12 +64,7 @@ class IngestReport:
 
 def parse_timestamp(value: str, feature: TimestampFeature) -> datetime:
     """A raw timestamp as a UTC datetime. Raises ValueError naming the format when it does not parse."""
-    text = value.strip()
-    if feature.format == "unix_seconds":
-        return datetime.fromtimestamp(float(text), UTC)
-    if feature.format == "unix_millis":
-        return datetime.fromtimestamp(float(text) / 1000.0, UTC)
-    return datetime.strptime(text, feature.format).replace(tzinfo=UTC)
+    return feature.parse(value)
 
 
 def coarser_than_a_minute(feature: TimestampFeature) -> bool:

@@ -26,12 +26,14 @@ NUM_RESERVED_ROWS = 2
 # Model input built from the dense fields: a standardized value and a missing indicator per field.
 DENSE_INPUT_DIM = 2 * NUM_DENSE
 
-# Block TFRecord layout: each record is one tf.Example holding a block of rows, column-packed row-major.
-BLOCK_NUM_ROWS_KEY = "num_rows"  # int64[1]
-BLOCK_LABEL_KEY = "label"  # float[n]
-BLOCK_DENSE_KEY = "dense"  # float[n * DENSE_INPUT_DIM]
-BLOCK_CATEGORICAL_KEY = "categorical"  # int64[n * NUM_CATEGORICAL], per-feature row ids
-BLOCK_LAYOUT = "block-v1"
+# Block TFRecord layout (components.block_codec): each record is one tf.Example holding a block of rows.
+from components.block_codec import (  # noqa: E402
+    BLOCK_CATEGORICAL_KEY,
+    BLOCK_DENSE_KEY,
+    BLOCK_LABEL_KEY,
+    BLOCK_LAYOUT,
+    BLOCK_NUM_ROWS_KEY,
+)
 
 
 def schema_hash() -> str:

@@ -73,11 +73,11 @@ def _input_frame(ctx: RunContext, spark, minutes):
 
         directory = ctx.layout.joined_dir(ctx.interval)
         read_manifest(directory, kind=JOINED_KIND)
-        return joined_rows(spark, directory, minutes), len(minutes)
+        return joined_rows(spark, directory, minutes, ctx.spec), len(minutes)
     from spark_jobs.raw import extract_raw, parse_raw
 
     paths = _raw_paths(ctx, minutes)
-    return (parse_raw(extract_raw(spark, paths)) if paths else None), len(paths)
+    return (parse_raw(extract_raw(spark, paths, ctx.spec), ctx.spec) if paths else None), len(paths)
 
 
 def validate(ctx: RunContext) -> dict:
@@ -151,10 +151,7 @@ def join(ctx: RunContext) -> dict:
 
 
 def _spark(ctx: RunContext):
-    from components.feature_spec import require_criteo_columns
     from spark_jobs.session import get_spark
-
-    require_criteo_columns(ctx.spec, "Spark (join, features, samples)")
 
     return get_spark(ctx.config.spark, app_name=f"ctr-{ctx.pipeline}")
 
@@ -175,11 +172,11 @@ def features(ctx: RunContext) -> dict:
     frame = frame.cache()
     num_rows = frame.count()
     previous_dir = ctx.layout.previous_feature_state_dir(ctx.interval)
-    previous = load_feature_state(previous_dir) if previous_dir is not None else None
+    previous = load_feature_state(previous_dir, spec=ctx.spec) if previous_dir is not None else None
     ctx.progress("features: folding into %s", f"the feature state of {previous_dir.name}" if previous_dir
                  else "a new feature state (no earlier interval has one)")
     state = build_feature_state(frame, previous, ctx.config.features, day=day_number(ctx.interval.start),
-                                version=f"daily-{ctx.interval.tag}", evict=True)
+                                version=f"daily-{ctx.interval.tag}", evict=True, spec=ctx.spec)
     frame.unpersist()
     directory = ctx.layout.feature_state_dir(ctx.interval)
     write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": num_slices,
@@ -194,8 +191,8 @@ def features(ctx: RunContext) -> dict:
                              "features.evicted_rows": manifest["num_evicted_rows"],
                              "features.candidates": manifest["num_candidates"],
                              "features.seconds": time.monotonic() - started})
-    ctx.progress("features: %d rows, %d admitted values over 26 vocabularies (%d new, %d evicted, %d candidates "
-                 "below min_count=%d) in %.0f s", num_rows, admitted, manifest["num_new_rows"],
+    ctx.progress("features: %d rows, %d admitted values over %d vocabularies (%d new, %d evicted, %d candidates "
+                 "below min_count=%d) in %.0f s", num_rows, admitted, len(state.vocabularies), manifest["num_new_rows"],
                  manifest["num_evicted_rows"], manifest["num_candidates"], ctx.config.features.min_count,
                  time.monotonic() - started)
     return {"feature_state": str(directory)}
@@ -218,7 +215,7 @@ def samples(ctx: RunContext) -> dict:
         started = time.monotonic()
         directory = ctx.layout.samples_dir(ctx.interval, split)
         manifest = write_samples(
-            frame, state, directory, split=split,
+            frame, state, directory, spec=ctx.spec, split=split,
             block_rows=ctx.config.features.block_rows, num_shards=ctx.config.features.num_shards,
             seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
             shuffle=_source(ctx) != "events",  # the join's samples come shuffled (joined_rows)
@@ -256,7 +253,7 @@ def train(ctx: RunContext) -> dict:
     from components.manifest import write_json_atomic
     from trainer.train import StepMetricsLogger, train_model
 
-    state = load_feature_state(ctx.layout.feature_state_dir(ctx.interval))
+    state = load_feature_state(ctx.layout.feature_state_dir(ctx.interval), spec=ctx.spec)
     train_files, train_manifest = _sample_files(ctx, "train")
     eval_files, _ = _sample_files(ctx, "eval")
     config = ctx.config.train
@@ -275,7 +272,8 @@ def train(ctx: RunContext) -> dict:
     result = train_model(config, state.table_sizes(), train_files, eval_files,
                          ctx.layout.checkpoint_dir(ctx.interval),
                          callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start,
-                         layout=train_manifest["layout"], num_rows=train_manifest["row_counts"]["rows"])
+                         layout=train_manifest["layout"], num_rows=train_manifest["row_counts"]["rows"],
+                         spec=ctx.spec)
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})
@@ -312,7 +310,6 @@ def _warm_start(ctx: RunContext, state):
     """The previous interval's checkpoint to start from, with the rows its feature-state update reset; None
     when warm start is off or no earlier interval left a checkpoint."""
     from components.manifest import ManifestError, read_manifest
-    from components.schema import CATEGORICAL_FEATURES
     from trainer.train import WarmStart
     from trainer.warm_start import reset_rows_by_feature
 
@@ -325,7 +322,7 @@ def _warm_start(ctx: RunContext, state):
     except ManifestError:
         ctx.progress("train: no committed checkpoint for %s; training from scratch", previous_state.name)
         return None
-    return WarmStart(checkpoint, reset_rows_by_feature(state.evicted_rows, state.new_rows, list(CATEGORICAL_FEATURES)))
+    return WarmStart(checkpoint, reset_rows_by_feature(state.evicted_rows, state.new_rows, list(state.vocabularies)))
 
 
 def _log_training_curve(ctx: RunContext, curve: list[tuple[int, dict]]) -> None:
@@ -414,13 +411,15 @@ def export(ctx: RunContext) -> dict:
     version = model_version(ctx)
     directory = ctx.layout.export_dir(ctx.interval)
     staging = staging_dir(directory)
-    files = export_serving_model(model, state, staging)
+    files = export_serving_model(model, state, staging, ctx.spec)
     write_manifest(
         staging, kind="full_model", version=version, files=files,
         inputs={"interval": ctx.interval.as_dict(), "feature_state": state.version,
                 "samples": {s: str(ctx.layout.samples_dir(ctx.interval, s)) for s in ("train", "eval")}},
         extra={"parent": None, "chain_root": version, "model": ctx.config.train.model, "metrics": report["metrics"],
                "data_end": ctx.interval.end.isoformat(), "run_key": ctx.run_key, "weight_specs": weight_specs(model),
+               # What serving checks requests against (serving.model), and the spec's hash.
+               "feature_spec": {**ctx.spec.as_dict(), "hash": ctx.spec.hash()},
                # Where minute runs find what they train on from this version (a delta chain starts here).
                "training_state": {"checkpoint": str(checkpoint), "feature_state": str(state_dir)}},
     )

@@ -225,8 +225,8 @@ def _frames(ctx: RunContext, plan: Plan):
     spark = _spark(ctx)
     paths = [str(ctx.layout.raw_minute_dir(datetime.fromisoformat(m)) / ctx.spec.source.file_name)
              for m in plan.minutes]
-    train, holdout = _split(extract_raw(spark, paths), ctx.config.incremental.holdout_fraction)
-    return parse_raw(train), parse_raw(holdout)
+    train, holdout = _split(extract_raw(spark, paths, ctx.spec), ctx.config.incremental.holdout_fraction)
+    return parse_raw(train, ctx.spec), parse_raw(holdout, ctx.spec)
 
 
 def samples(ctx: RunContext) -> dict:
@@ -245,19 +245,19 @@ def samples(ctx: RunContext) -> dict:
     def lap(name: str) -> None:  # where the step's time goes, logged with its metrics
         seconds[name] = round(time.monotonic() - started - sum(seconds.values()), 2)
 
-    parent = load_feature_state(plan.parent_feature_state)
+    parent = load_feature_state(plan.parent_feature_state, spec=ctx.spec)
     lap("load_parent_state")
     train_frame, holdout_frame = _frames(ctx, plan)
     lap("spark_session")
     state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
-                                version=f"minute-{ctx.interval.tag}", evict=False)
+                                version=f"minute-{ctx.interval.tag}", evict=False, spec=ctx.spec)
     if state.table_sizes() != parent.table_sizes():
         raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
     lap("fold_counts")
     features_s = time.monotonic() - started
     rows = {}
     for split, frame in (("train", train_frame), ("holdout", holdout_frame)):
-        written = write_samples(frame, state, _dir(ctx) / "samples" / split, split=split,
+        written = write_samples(frame, state, _dir(ctx) / "samples" / split, spec=ctx.spec, split=split,
                                 block_rows=ctx.config.features.block_rows, num_shards=1,
                                 seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
                                 inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
@@ -300,7 +300,7 @@ def train(ctx: RunContext) -> dict:
         Path(plan.parent_checkpoint), train_files, holdout_files, _dir(ctx) / "checkpoint",
         new_rows=state.new_rows, batch_size=ctx.config.train.batch_size, epochs=ctx.config.incremental.epochs,
         seed=ctx.config.train.seed, version=plan.version, layout=manifest["layout"],
-        num_rows=manifest["row_counts"]["rows"],
+        num_rows=manifest["row_counts"]["rows"], spec=ctx.spec,
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
     ctx.tracker.log_metrics({f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)})

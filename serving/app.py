@@ -118,6 +118,16 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
             headers={MODEL_VERSION_HEADER: model.version},
         )
 
+    async def model_metadata(request: Request) -> JSONResponse:
+        """TF-Serving's GET /v1/models/{name}[/versions/{v}]/metadata: the serving signature's inputs (names,
+        dtypes, shapes) and output, and the feature spec the model was trained under."""
+        model = served_model(request)
+        return JSONResponse(
+            {"model_spec": {"name": config.model_name, "signature_name": "", "version": model.version},
+             "metadata": model.signature_metadata()},
+            headers={MODEL_VERSION_HEADER: model.version},
+        )
+
     async def health(request: Request) -> JSONResponse:
         model = source.current()
         if model is None:
@@ -140,6 +150,8 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
     routes = [
         Route("/v1/models/{name}:predict", predict, methods=["POST"], name=PREDICT_ENDPOINT),
         Route("/v1/models/{name}/versions/{version}:predict", predict, methods=["POST"], name=PREDICT_ENDPOINT),
+        Route("/v1/models/{name}/metadata", model_metadata, methods=["GET"], name="metadata"),
+        Route("/v1/models/{name}/versions/{version}/metadata", model_metadata, methods=["GET"], name="metadata"),
         Route("/v1/models/{name}", model_status, methods=["GET"], name="status"),
         Route("/v1/models/{name}/versions/{version}", model_status, methods=["GET"], name="status"),
         Route("/healthz", health, methods=["GET"], name="health"),

@@ -6,10 +6,17 @@ returns a new snapshot and makes the older ones stale. A prediction holds the re
 that the replica still holds its snapshot's version, so it never runs on weights half-way through an update;
 a stale snapshot raises StaleModel, and the caller asks for the current one again.
 
-The signature takes raw features, one 1-D tensor per feature. The input names and dtypes are read from the
-signature itself, so any model that follows the contract (and the tiny fixture models in the tests) is
-served without a hard-coded feature list. Float inputs take numbers, with null or a missing key meaning NaN
-(missing); string inputs take strings, with null or a missing key meaning "" (missing).
+The signature takes raw features, one tensor per feature (trainer.export.raw_input_signature). The input
+names, dtypes and shapes are read from the signature itself, so any model that follows the contract (and the
+tiny fixture models in the tests) is served without a hard-coded feature list:
+- float [batch] inputs take numbers, with null or a missing key meaning NaN (missing);
+- string [batch] inputs take strings, with null or a missing key meaning "" (missing); integer ids (a feature
+  spec's dtype int) take integers too;
+- string [batch, L] inputs (multi-valued and sequence features) take a list of at most L values, newest last
+  (null or a missing key: an empty list), front-padded with "";
+- int64 [batch] (the timestamp) takes the spec's raw format (epoch seconds, epoch milliseconds or its
+  strptime text); null or a missing key means the time of the request.
+The feature spec travels in the model's manifest ("feature_spec"); without one, integer inputs take integers.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -151,7 +159,8 @@ class LoadedModel:
             getattr(self.root, APPLY_DELTA_ENDPOINT)(feed)
             version = str(manifest["version"])
             self.guard.version = version
-        full_manifest = {**manifest, "weight_specs": self.manifest["weight_specs"]}
+        full_manifest = {**manifest, "weight_specs": self.manifest["weight_specs"],
+                         "feature_spec": self.manifest.get("feature_spec")}
         return LoadedModel(version=version, manifest=full_manifest, directory=self.directory, function=self.function,
                            input_specs=self.input_specs, loaded_at=datetime.now(UTC), root=self.root,
                            guard=self.guard)
@@ -178,10 +187,13 @@ class LoadedModel:
         if args or not specs:
             raise ModelLoadError(f"{SIGNATURE_NAME!r} in {saved_model} must take named inputs, got {args!r}")
         for name, spec in specs.items():
-            if not (spec.dtype.is_floating or spec.dtype == tf.string) or spec.shape.rank != 1:
+            one_value = spec.shape.rank == 1 and (spec.dtype.is_floating or spec.dtype in (tf.string, tf.int64))
+            a_list = spec.shape.rank == 2 and spec.dtype == tf.string and spec.shape[1] is not None
+            if not (one_value or a_list):
                 raise ModelLoadError(
-                    f"input {name!r} of {SIGNATURE_NAME!r} in {saved_model} is {spec}; "
-                    "serving expects 1-D float or string inputs, one value per instance"
+                    f"input {name!r} of {SIGNATURE_NAME!r} in {saved_model} is {spec}; serving expects 1-D float, "
+                    "string or int64 inputs (one value per instance) or 2-D string inputs of a fixed width (a list "
+                    "per instance)"
                 )
         if OUTPUT_NAME not in signature.structured_outputs:
             raise ModelLoadError(
@@ -244,7 +256,26 @@ class LoadedModel:
         return self._run(columns, num_instances)
 
     def _converters(self) -> dict[str, Callable[[Any], Any]]:
-        return {name: _converter(spec.dtype) for name, spec in self.input_specs.items()}
+        spec = self.manifest.get("feature_spec") or {}
+        return {name: _converter(tensor, _declared(spec, name)) for name, tensor in self.input_specs.items()}
+
+    def signature_metadata(self) -> dict[str, Any]:
+        """The serving signature in TF-Serving's GetModelMetadata form (signature_def), plus the feature spec
+        the model was trained under when its manifest has it."""
+        def tensor_info(name: str, spec: tf.TensorSpec) -> dict[str, Any]:
+            dims = [{"size": str(-1 if d is None else d), "name": ""} for d in spec.shape.as_list()]
+            return {"dtype": f"DT_{spec.dtype.name.upper()}", "tensor_shape": {"dim": dims, "unknown_rank": False},
+                    "name": f"serving_default_{name}:0"}
+
+        outputs = {OUTPUT_NAME: {"dtype": "DT_FLOAT", "tensor_shape": {"dim": [{"size": "-1", "name": ""}],
+                                                                      "unknown_rank": False},
+                                 "name": "StatefulPartitionedCall:0"}}
+        signature = {"inputs": {name: tensor_info(name, self.input_specs[name]) for name in self.input_names},
+                     "outputs": outputs, "method_name": "tensorflow/serving/predict", "defaults": {}}
+        out: dict[str, Any] = {"signature_def": {"signature_def": {SIGNATURE_NAME: signature}}}
+        if self.manifest.get("feature_spec"):
+            out["feature_spec"] = self.manifest["feature_spec"]
+        return out
 
     def _check_names(self, given: Mapping[str, Any], where: str) -> None:
         unknown = sorted(set(given) - set(self.input_specs), key=lambda name: _natural_key(str(name)))
@@ -253,7 +284,7 @@ class LoadedModel:
 
     def _run(self, columns: Mapping[str, list[Any]], num_instances: int) -> np.ndarray:
         tensors = {
-            name: tf.constant(columns[name], dtype=spec.dtype, shape=[num_instances])
+            name: tf.constant(columns[name], dtype=spec.dtype, shape=[num_instances, *spec.shape[1:]])
             for name, spec in self.input_specs.items()
         }
         assert self.guard is not None
@@ -268,10 +299,25 @@ class LoadedModel:
         return probability
 
 
-def _converter(dtype: tf.DType) -> Callable[[Any], Any]:
-    """Turns one JSON value into a value of `dtype`, or raises InvalidInput saying what is wrong."""
+def _declared(spec: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The spec's entry of feature `name` (its kind, dtype, format), or {} when the manifest has no spec."""
+    for entry in spec.get("features", []):
+        if entry.get("name") == name:
+            return entry
+    return {}
+
+
+def _converter(tensor: tf.TensorSpec, declared: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """Turns one JSON value into a value of the input `tensor`, or raises InvalidInput saying what is wrong.
+    `declared`: the feature spec's entry of the input, if the manifest has one."""
+    dtype = tensor.dtype
+    integer_ids = declared.get("dtype") == "int"
+    if dtype == tf.string and tensor.shape.rank == 2:
+        return _list_converter(int(tensor.shape[1]), integer_ids)
     if dtype == tf.string:
-        return _to_string
+        return _to_id if integer_ids else _to_string
+    if dtype == tf.int64:
+        return _timestamp_converter(declared)
     largest = float(np.finfo(dtype.as_numpy_dtype).max)
 
     def to_float(value: Any) -> float:
@@ -285,6 +331,56 @@ def _converter(dtype: tf.DType) -> Callable[[Any], Any]:
         return float(value)
 
     return to_float
+
+
+def _to_id(value: Any) -> str:
+    """An integer id: a JSON integer or its decimal text, as the Spark jobs write it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if value is None or isinstance(value, str):
+        return _to_string(value)
+    raise InvalidInput(f"must be an integer id, its text, or null (missing), got {_show(value)}")
+
+
+def _list_converter(length: int, integer_ids: bool) -> Callable[[Any], list[str]]:
+    convert = _to_id if integer_ids else _to_string
+
+    def to_list(value: Any) -> list[str]:
+        if value is None:
+            value = []
+        if not isinstance(value, list):
+            raise InvalidInput(f"must be a list of at most {length} values, newest last, got {_show(value)}")
+        if len(value) > length:
+            raise InvalidInput(f"has {len(value)} values, over its max_length of {length}; send the newest {length}")
+        items = []
+        for item in value:
+            if item is None or isinstance(item, list | dict):
+                raise InvalidInput(f"must hold {'integer ids' if integer_ids else 'strings'}, got {_show(item)}")
+            items.append(convert(item))
+        return [""] * (length - len(items)) + items
+
+    return to_list
+
+
+def _timestamp_converter(declared: Mapping[str, Any]) -> Callable[[Any], int]:
+    from components.feature_spec import TimestampFeature
+
+    feature = TimestampFeature(name=declared.get("name", "ts"), column=declared.get("column", "ts"),
+                               format=declared.get("format", "unix_seconds"))
+
+    def to_seconds(value: Any) -> int:
+        if value is None:
+            return int(time.time())
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise InvalidInput(f"must be a timestamp in format {feature.format!r}, got {_show(value)}")
+        try:
+            return feature.epoch_seconds(value)
+        except (ValueError, OverflowError, OSError):
+            raise InvalidInput(f"is {_show(value)}, not a timestamp in format {feature.format!r}") from None
+
+    return to_seconds
 
 
 def _to_string(value: Any) -> str:

@@ -49,6 +49,7 @@ from components.events import (
     TS,
     USER_ID,
 )
+from components.feature_spec import FeatureSpec
 from components.interval import Interval
 from components.layout import Layout
 from components.manifest import commit_dir, staging_dir, write_manifest
@@ -456,21 +457,26 @@ def _joined_table(directory: Path, columns: list[str]) -> pa.Table:
     return pq.read_table(directory / "samples", columns=columns)
 
 
-def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime]) -> DataFrame:
-    """The join's samples of `minutes` as the feature and sample jobs read rows: label int, dense doubles,
-    categorical strings and the minute ('YYYY-MM-DD HH:MM'), like spark_jobs.raw.parse_raw gives them, in a
-    fixed pseudo-random order (write_samples(..., shuffle=False))."""
+def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], spec: FeatureSpec) -> DataFrame:
+    """The join's samples of `minutes` as the feature and sample jobs read rows: the spec's typed columns and
+    the minute ('YYYY-MM-DD HH:MM'), through the same spark_jobs.raw.parse_raw as the click log's, in a fixed
+    pseudo-random order (write_samples(..., shuffle=False))."""
+    from spark_jobs.raw import MINUTE_COLUMN, parse_raw
+
     start = int(min(minutes).timestamp() * 1000)
     end = int(max(minutes).timestamp() * 1000) + 60_000
     # Each file keeps its written order (attach_payload's) and the same files make the same Spark partitions:
     # rows come in the same, already shuffled, order on every read, so the sample writer keeps it.
     frame = spark.read.parquet(*sorted(str(path) for path in (directory / "samples").glob("part-*.parquet")))
-    return frame.where((F.col(TS) >= start) & (F.col(TS) < end)).select(
-        F.col(LABEL).cast("int").alias(LABEL),
-        *[F.col(name).cast("double").alias(name) for name in DENSE_FEATURES],
-        *[F.col(name) for name in CATEGORICAL_FEATURES],
-        F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE),
+    missing = [c for c in spec.input_columns if c not in frame.columns]
+    if missing:
+        raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples do not "
+                              f"have; they have {frame.columns}: use --spec events (or criteo) with the events source")
+    raw = frame.where((F.col(TS) >= start) & (F.col(TS) < end)).select(
+        *spec.input_columns,
+        F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE_COLUMN),
     )
+    return parse_raw(raw, spec)
 
 
 def validate_joined(layout: Layout, directory: Path, sequence_length: int, report_path: Path,

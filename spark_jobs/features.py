@@ -8,38 +8,55 @@ extract (raw minute partitions) -> pure transforms (counts, vocabulary, dense st
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from components.config import FeatureConfig
+from components.feature_spec import FeatureSpec
 from components.feature_state import (
     FEATURE_STATE_KIND,
     DenseTransform,
     FeatureState,
     advance_feature_state,
     save_feature_state,
+    table_settings,
 )
 from components.manifest import commit_dir, staging_dir, write_manifest
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
 
-CLIP_QUANTILES = (0.001, 0.999)
 QUANTILE_RELATIVE_ERROR = 1e-4
 
 
-def categorical_counts(frame: DataFrame, day: int) -> DataFrame:
-    """(feature, value, count, last_seen=day) over all categorical columns; missing values are not counted.
+def categorical_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> DataFrame:
+    """(feature = the table, value, count, last_seen=day) over every column that reads a counted table:
+    categorical features, and each element of multi-valued and sequence features (a shared table pools the
+    counts of all its readers). Missing values are not counted, nor tables of fixed values (derived features).
 
-    Values are grouped under the feature's index (a byte), not its name, and named after the aggregation:
+    Values are grouped under the table's index (a byte), not its name, and named after the aggregation:
     ~20 % faster on 2 M rows x 26 features here than grouping by the name string."""
-    pairs = F.explode(F.array(*[
-        F.struct(F.lit(index).cast("tinyint").alias("feature"), F.col(name).alias("value"))
-        for index, name in enumerate(CATEGORICAL_FEATURES)
-    ]))
-    names = F.array(*[F.lit(name) for name in CATEGORICAL_FEATURES])
+    tables = [name for name, table in spec.tables().items() if not table.fixed_values]
+    index = {name: i for i, name in enumerate(tables)}
+    scalar, lists = [], []
+    for feature in spec.categorical:
+        table = spec.table_of(feature.name)
+        if table in index:
+            scalar.append(F.struct(F.lit(index[table]).cast("tinyint").alias("feature"),
+                                   F.col(feature.name).alias("value")))
+    for feature in spec.lists:
+        table = spec.table_of(feature.name)
+        lists.append(F.transform(F.col(feature.name), lambda v, t=index[table]: F.struct(
+            F.lit(t).cast("tinyint").alias("feature"), v.alias("value"))))
+    if not scalar and not lists:
+        return frame.sparkSession.createDataFrame(
+            [], "feature string, value string, count bigint, last_seen int")
+    pairs = F.array(*scalar) if scalar else None
+    for column in lists:
+        pairs = column if pairs is None else F.concat(pairs, column)
+    names = F.array(*[F.lit(name) for name in tables])
     return (
-        frame.select(pairs.alias("pair"))
+        frame.select(F.explode(pairs).alias("pair"))
         .select("pair.feature", "pair.value")
         .where(F.col("value").isNotNull() & (F.col("value") != ""))
         .groupBy("feature", "value")
@@ -53,30 +70,45 @@ def signed_log1p(column):
     return F.signum(column) * F.log1p(F.abs(column))
 
 
-def dense_statistics(frame: DataFrame) -> tuple[DenseTransform, ...]:
-    transformed = frame.select(*[signed_log1p(F.col(name)).alias(name) for name in DENSE_FEATURES])
-    quantiles = transformed.approxQuantile(list(DENSE_FEATURES), list(CLIP_QUANTILES), QUANTILE_RELATIVE_ERROR)
+def dense_statistics(frame: DataFrame, spec: FeatureSpec) -> tuple[DenseTransform, ...]:
+    """Per dense feature of the spec: its clip bounds (the clip_quantile and 1 - clip_quantile quantiles of the
+    (log-)transformed values) and the mean and standard deviation of the clipped values."""
+    features = spec.dense
+    if not features:
+        return ()
+    names = [f.name for f in features]
+    transformed = frame.select(*[
+        (signed_log1p(F.col(f.name)) if f.transform == "log_standardize" else F.col(f.name)).alias(f.name)
+        for f in features
+    ])
+    levels = sorted({q for f in features for q in (f.clip_quantile, 1 - f.clip_quantile)})
+    table = transformed.approxQuantile(names, levels, QUANTILE_RELATIVE_ERROR)
+    bounds = []
+    for feature, values in zip(features, table, strict=True):
+        by_level = dict(zip(levels, values, strict=True)) if values else {}
+        bounds.append((by_level.get(feature.clip_quantile, 0.0), by_level.get(1 - feature.clip_quantile, 0.0)))
     # least/greatest skip nulls, so missing values are kept missing explicitly (not clipped to `low`).
     clipped = transformed.select(*[
         F.when(F.col(name).isNull(), None)
-        .otherwise(F.least(F.greatest(F.col(name), F.lit(q[0] if q else 0.0)), F.lit(q[1] if q else 0.0)))
-        .alias(name)
-        for name, q in zip(DENSE_FEATURES, quantiles, strict=True)
+        .otherwise(F.least(F.greatest(F.col(name), F.lit(low)), F.lit(high))).alias(name)
+        for name, (low, high) in zip(names, bounds, strict=True)
     ])
-    moments = clipped.agg(*[F.mean(name).alias(f"{name}_mean") for name in DENSE_FEATURES],
-                          *[F.stddev_pop(name).alias(f"{name}_std") for name in DENSE_FEATURES]).first()
+    moments = clipped.agg(*[F.mean(name).alias(f"{name}_mean") for name in names],
+                          *[F.stddev_pop(name).alias(f"{name}_std") for name in names]).first()
     out = []
-    for name, q in zip(DENSE_FEATURES, quantiles, strict=True):
-        low, high = (q[0], q[1]) if q else (0.0, 0.0)
+    for feature, (low, high) in zip(features, bounds, strict=True):
+        name = feature.name
         mean = moments[f"{name}_mean"] if moments[f"{name}_mean"] is not None else 0.0
         std = moments[f"{name}_std"] or 0.0
-        out.append(DenseTransform(name, float(low), float(high), float(mean), float(std) if std > 1e-6 else 1.0))
+        out.append(DenseTransform(name, float(low), float(high), float(mean), float(std) if std > 1e-6 else 1.0,
+                                  log=feature.transform == "log_standardize",
+                                  indicator=feature.missing_indicator))
     return tuple(out)
 
 
 def build_feature_state(
     frame: DataFrame, previous: FeatureState | None, config: FeatureConfig, *, day: int, version: str,
-    evict: bool,
+    evict: bool, spec: FeatureSpec,
 ) -> FeatureState:
     """The feature state after folding `frame` (parsed rows) into `previous` (None for the first run).
 
@@ -87,12 +119,16 @@ def build_feature_state(
     - a minute run (False): no table grows past its previous size and the previous dense transforms are kept,
       so the minute's model has its parent's shape and inputs and its delta only changes rows.
     """
-    counts = categorical_counts(frame, day).toArrow()
-    dense = dense_statistics(frame) if evict or previous is None else previous.dense
+    # Settings the spec leaves unset come from `config` (the spec read at the edge took them from the same
+    # config; a caller with another FeatureConfig gets its values, not the spec's earlier ones).
+    spec = spec.with_defaults(dataclasses.replace(
+        spec.defaults, min_count=config.min_count, evict_after_days=config.evict_after_days,
+        max_rows=config.max_rows_per_feature))
+    counts = categorical_counts(frame, day, spec).toArrow()
+    dense = dense_statistics(frame, spec) if evict or previous is None else previous.dense
     return advance_feature_state(
         previous, counts, day=day, min_count=config.min_count, dense=dense, version=version,
-        evict_after_days=config.evict_after_days if evict else 0,
-        max_rows_per_feature=config.max_rows_per_feature,
+        tables=table_settings(spec.tables(), evict=evict),
         growth_rows=config.growth_rows if evict else 0, fixed_tables=not evict,
     )
 

@@ -1,34 +1,153 @@
-"""Extract and parse raw click-log minute partitions (Criteo TSV layout)."""
+"""The source: raw minute partitions in a feature spec's layout -> typed rows for the feature and sample jobs.
+
+`extract_raw` reads the spec's layout (TSV or CSV, with or without a header, or Parquet) and adds each row's
+minute ('YYYY-MM-DD HH:MM', from the partition path); `parse_raw` turns the spec's raw columns into typed
+columns named after the features:
+
+- `label`: int 0/1 (from the spec's label column);
+- a dense feature: double, null when missing;
+- a categorical feature: string, null when missing; those derived from the timestamp (hour of day, day of
+  week) as their number, e.g. "13";
+- a multi-valued or sequence feature: array<string> without empty elements, the newest `max_length` kept
+  (values are newest last);
+- `minute`.
+
+The join's samples (the events source, spark_jobs.events.joined_rows) go through the same `parse_raw`, so no
+step after this one knows which source its rows came from.
+"""
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL, RAW_COLUMNS
+from components.feature_spec import (
+    CategoricalFeature,
+    FeatureSpec,
+    FeatureSpecError,
+    MultiCategoricalFeature,
+    SequenceFeature,
+    TimestampFeature,
+)
 
-RAW_SCHEMA = StructType([StructField(name, StringType(), True) for name in RAW_COLUMNS])
+LABEL = "label"
 MINUTE_COLUMN = "minute"
+# strptime directives and the Spark datetime patterns that read the same text.
+_SPARK_PATTERN = {"%Y": "yyyy", "%y": "yy", "%m": "MM", "%d": "dd", "%H": "HH", "%M": "mm", "%S": "ss"}
 
 
-def extract_raw(spark: SparkSession, paths: list[str]) -> DataFrame:
-    """Raw columns as strings plus the partition's minute ('YYYY-MM-DD HH:MM') taken from the path."""
-    frame = spark.read.csv(paths, sep="\t", schema=RAW_SCHEMA, header=False, mode="PERMISSIVE", emptyValue=None)
+def _minute_of_path() -> Column:
     path = F.col("_metadata.file_path")
-    minute = F.concat(
+    return F.concat(
         F.regexp_extract(path, r"date=(\d{4}-\d{2}-\d{2})", 1), F.lit(" "),
         F.regexp_extract(path, r"minute=(\d{2})(\d{2})", 1), F.lit(":"),
         F.regexp_extract(path, r"minute=(\d{2})(\d{2})", 2),
     )
-    return frame.select(*RAW_COLUMNS, minute.alias(MINUTE_COLUMN))
 
 
-def parse_raw(frame: DataFrame) -> DataFrame:
-    """Typed columns: label int, dense doubles (null = missing), categorical strings (null = missing)."""
-    return frame.select(
-        F.col(LABEL).cast("int").alias(LABEL),
-        *[F.col(name).cast("double").alias(name) for name in DENSE_FEATURES],
-        *[F.when(F.col(name) == "", None).otherwise(F.col(name)).alias(name) for name in CATEGORICAL_FEATURES],
-        F.col(MINUTE_COLUMN),
-    )
+def extract_raw(spark: SparkSession, paths: list[str], spec: FeatureSpec) -> DataFrame:
+    """The spec's raw columns of the partition files `paths` (text formats: strings, an empty field null;
+    Parquet: as stored) plus the partition's minute."""
+    source = spec.source
+    if source.format == "parquet":
+        frame = spark.read.parquet(*paths)
+    elif source.header:
+        frame = spark.read.csv(paths, sep=source.field_delimiter, header=True, inferSchema=False,
+                               mode="PERMISSIVE", emptyValue=None)
+    else:
+        schema = StructType([StructField(name, StringType(), True) for name in source.columns])
+        frame = spark.read.csv(paths, sep=source.field_delimiter, schema=schema, header=False, mode="PERMISSIVE",
+                               emptyValue=None)
+    missing = [c for c in spec.input_columns if c not in frame.columns]
+    if missing:
+        raise FeatureSpecError(f"feature spec {spec.name!r} reads columns {missing} that the files do not have; "
+                               f"they have {frame.columns} (first file {paths[0] if paths else '-'})")
+    return frame.select(*spec.input_columns, _minute_of_path().alias(MINUTE_COLUMN))
+
+
+def epoch_seconds(column: Column, feature: TimestampFeature) -> Column:
+    """Whole UTC seconds of a raw timestamp column, in the feature's format (bigint)."""
+    if feature.format == "unix_seconds":
+        return F.floor(column.cast("double")).cast("long")
+    if feature.format == "unix_millis":
+        return F.floor(column.cast("double") / 1000).cast("long")
+    return F.unix_timestamp(column.cast("string"), spark_pattern(feature.format))
+
+
+def spark_pattern(strptime_format: str) -> str:
+    """A strptime format as a Spark datetime pattern; the directives in _SPARK_PATTERN only."""
+    out, index = [], 0
+    while index < len(strptime_format):
+        char = strptime_format[index]
+        if char == "%":
+            directive = strptime_format[index:index + 2]
+            if directive not in _SPARK_PATTERN:
+                raise FeatureSpecError(f"timestamp format {strptime_format!r}: {directive!r} is not supported; "
+                                       f"use {', '.join(_SPARK_PATTERN)}, unix_seconds or unix_millis")
+            out.append(_SPARK_PATTERN[directive])
+            index += 2
+        else:
+            out.append(f"'{char}'" if char.isalpha() else char)
+            index += 1
+    return "".join(out)
+
+
+def derived_value(seconds: Column, derivation: str) -> Column:
+    """components.feature_spec.derive_time in Spark: the same integer arithmetic, as a string."""
+    if derivation == "hour_of_day":
+        value = F.pmod(F.floor(seconds / 3600), F.lit(24))
+    else:
+        value = F.pmod(F.floor(seconds / 86400) + 3, F.lit(7))
+    return value.cast("long").cast("string")
+
+
+def id_list(column: Column, feature: MultiCategoricalFeature | SequenceFeature, dtype: str) -> Column:
+    """The feature's values as array<string> without empty elements, the newest `max_length` kept."""
+    if feature.separator:
+        values = F.split(F.coalesce(column.cast("string"), F.lit("")), _regex_literal(feature.separator))
+    else:
+        values = F.coalesce(column.cast("array<string>"), F.array().cast("array<string>"))
+    values = F.filter(values, lambda v: v.isNotNull() & (F.trim(v) != ""))
+    if dtype == "int":
+        values = F.transform(values, _canonical_int)
+    length = F.size(values)
+    limit = feature.max_length
+    return F.when(length > limit, F.slice(values, length - limit + 1, F.lit(limit))).otherwise(values)
+
+
+def _regex_literal(separator: str) -> str:
+    return "".join("\\" + c if not c.isalnum() else c for c in separator)
+
+
+def _canonical_int(value: Column) -> Column:
+    """An integer id written as "7", "7.0" or " 7" -> "7", as serving writes a JSON number; other text kept."""
+    as_number = value.try_cast("double")
+    return F.when(as_number.isNotNull() & (as_number == F.floor(as_number)),
+                  as_number.cast("long").cast("string")).otherwise(value)
+
+
+def parse_raw(frame: DataFrame, spec: FeatureSpec) -> DataFrame:
+    """Typed columns named after the spec's features (see the module docstring)."""
+    timestamp = spec.timestamp
+    seconds = epoch_seconds(F.col(timestamp.column), timestamp) if timestamp is not None else None
+    columns = [F.col(spec.label.column).cast("double").cast("int").alias(LABEL)]
+    for feature in spec.dense:
+        columns.append(F.col(feature.column).cast("double").alias(feature.name))
+    for feature in spec.categorical:
+        columns.append(_categorical(feature, seconds).alias(feature.name))
+    for feature in spec.lists:
+        dtype = spec.feature(spec.table_of(feature.name)).dtype  # type: ignore[union-attr]
+        columns.append(id_list(F.col(feature.column), feature, dtype).alias(feature.name))
+    columns.append(F.col(MINUTE_COLUMN))
+    return frame.select(*columns)
+
+
+def _categorical(feature: CategoricalFeature, seconds: Column | None) -> Column:
+    if feature.derived_from:
+        assert seconds is not None
+        return derived_value(seconds, feature.derivation)
+    value = F.col(feature.column).cast("string")
+    if feature.dtype == "int":
+        value = _canonical_int(value)
+    return F.when(F.trim(value) == "", None).otherwise(value)

@@ -23,22 +23,22 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from components.block_codec import encode_blocks, frame_records
-from components.feature_state import FeatureState, categorical_rows, transform_dense
-from components.manifest import commit_dir, staging_dir, write_manifest
-from components.row_codec import PER_COLUMN, ROW_LAYOUT, encode_rows
-from components.schema import (
+from components.block_codec import (
     BLOCK_CATEGORICAL_KEY,
     BLOCK_DENSE_KEY,
     BLOCK_LABEL_KEY,
     BLOCK_LAYOUT,
     BLOCK_NUM_ROWS_KEY,
-    CATEGORICAL_FEATURES,
-    DENSE_FEATURES,
-    DENSE_INPUT_DIM,
-    LABEL,
-    RAW_COLUMNS,
+    encode_blocks,
+    frame_records,
 )
+from components.feature_spec import FeatureSpec
+from components.feature_state import FeatureState, categorical_rows, check_state_matches, list_rows, transform_dense
+from components.manifest import commit_dir, staging_dir, write_manifest
+from components.row_codec import PER_COLUMN, ROW_LAYOUT, encode_rows
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+
+LABEL = "label"
 
 SAMPLES_KIND = "samples"
 # features.samples_layout -> the layout name the manifest records.
@@ -51,7 +51,7 @@ SHARD_SCHEMA = StructType([
 
 def shuffle_deterministically(frame: DataFrame, num_shards: int, seed: int) -> DataFrame:
     """Spreads rows over shards and orders them pseudo-randomly, identically on every run."""
-    key = F.xxhash64(F.lit(seed), *[F.col(c) for c in (*RAW_COLUMNS, "minute")])
+    key = F.xxhash64(F.lit(seed), *[F.col(c) for c in frame.columns])
     return frame.withColumn("_key", key).repartition(num_shards, "_key").sortWithinPartitions("_key").drop("_key")
 
 
@@ -63,11 +63,26 @@ def check_samples_layout(layout: str) -> str:
     return LAYOUTS[layout]
 
 
-def make_shard_writer(state: FeatureState, output_dir: str, block_rows: int, layout: str = "block"):
-    """The mapInArrow function: Arrow batches of parsed rows -> one shard file per Spark partition, in `layout`
-    ("block", or "row": one per-column tf.Example per row; rows are still encoded `block_rows` at a time)."""
+def check_row_layout_spec(spec: FeatureSpec) -> None:
+    """The row layout (one column per feature, for TFX tools) is written for the criteo columns only."""
+    if spec.lists or spec.dense_names != DENSE_FEATURES or spec.categorical_names != CATEGORICAL_FEATURES \
+            or not all(f.missing_indicator and f.transform == "log_standardize" for f in spec.dense):
+        raise ValueError(f"features.samples_layout=row is written for the criteo columns only; feature spec "
+                         f"{spec.name!r} needs features.samples_layout=block")
+
+
+def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dir: str, block_rows: int,
+                      layout: str = "block"):
+    """The mapInArrow function: Arrow batches of parsed rows (spark_jobs.raw.parse_raw) -> one shard file per
+    Spark partition, in `layout` ("block", or "row": one per-column tf.Example per row; rows are still encoded
+    `block_rows` at a time)."""
     check_samples_layout(layout)
-    lookups = {name: state.lookup(name) for name in CATEGORICAL_FEATURES}
+    if layout == "row":
+        check_row_layout_spec(spec)
+    check_state_matches(list(state.vocabularies), state.dense_names, spec, f"feature state {state.version}")
+    categorical = [(f.name, state.lookup(spec.table_of(f.name))) for f in spec.categorical]
+    lists = [(f.name, f.max_length, state.lookup(spec.table_of(f.name))) for f in spec.lists]
+    dense_names = spec.dense_names
     # The function is pickled into every task: it carries the vocabularies but not the candidates (values
     # below min_count; hundreds of thousands after a few days), which writing samples never reads.
     state = dataclasses.replace(state, candidates=state.candidates.schema.empty_table())
@@ -85,16 +100,17 @@ def make_shard_writer(state: FeatureState, output_dir: str, block_rows: int, lay
             def flush(table: pa.Table) -> None:
                 nonlocal rows, positives, blocks
                 labels = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
-                dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in DENSE_FEATURES], axis=1)
-                dense = transform_dense(dense_raw.astype(np.float64), state)
-                categorical = np.stack(
-                    [categorical_rows(table.column(n).combine_chunks(), *lookups[n]) for n in CATEGORICAL_FEATURES],
-                    axis=1,
-                )
+                num = len(labels)
+                dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
+                                      for n in dense_names], axis=1) if dense_names else np.zeros((num, 0))
+                dense = transform_dense(dense_raw, state)
+                ids = np.stack([categorical_rows(table.column(n).combine_chunks(), *lookup)
+                                for n, lookup in categorical], axis=1) if categorical else np.zeros((num, 0), np.int64)
+                id_lists = {n: list_rows(table.column(n), *lookup, length) for n, length, lookup in lists}
                 if layout == "block":
-                    records = encode_blocks(labels, dense, categorical, block_rows)
+                    records = encode_blocks(labels, dense, ids, block_rows, id_lists)
                 else:
-                    records = encode_rows(labels, dense, categorical, PER_COLUMN)
+                    records = encode_rows(labels, dense, ids, PER_COLUMN)
                 handle.write(frame_records(records))
                 rows += len(labels)
                 positives += int(labels.sum())
@@ -127,23 +143,30 @@ def make_shard_writer(state: FeatureState, output_dir: str, block_rows: int, lay
 SCHEMA_FILE = "schema.pbtxt"
 
 
-def block_schema(state: FeatureState) -> str:
+def block_schema(state: FeatureState, spec: FeatureSpec) -> str:
     """A TensorFlow Metadata schema (text format) of the block Examples, for TFX tools (TFDV, Transform) and
-    for readers: the four features, their types and the row-id domain of the embedding tables."""
+    for readers: the keys, their types and the row-id domain of the embedding tables, from the feature spec."""
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
 
     schema = schema_pb2.Schema()
-    largest_table = max(state.table_sizes().values())
-    for name, kind, description in (
+    sizes = state.table_sizes()
+    largest_table = max(sizes.values(), default=1)
+    flagged = [f.name for f in spec.dense if f.missing_indicator]
+    keys = [
         (BLOCK_NUM_ROWS_KEY, schema_pb2.INT, "rows in this block: n"),
-        (BLOCK_LABEL_KEY, schema_pb2.FLOAT, "n labels (0 or 1)"),
+        (BLOCK_LABEL_KEY, schema_pb2.FLOAT, f"n labels (0 or 1), from column {spec.label.column!r}"),
         (BLOCK_DENSE_KEY, schema_pb2.FLOAT,
-         f"n x {DENSE_INPUT_DIM}, row-major: standardized {', '.join(DENSE_FEATURES)}, then their missing flags"),
+         f"n x {spec.dense_input_dim}, row-major: standardized {', '.join(spec.dense_names) or '(none)'}, then "
+         f"the missing flags of {', '.join(flagged) or '(none)'}"),
         (BLOCK_CATEGORICAL_KEY, schema_pb2.INT,
-         f"n x {len(CATEGORICAL_FEATURES)}, row-major: embedding rows of {', '.join(CATEGORICAL_FEATURES)} "
+         f"n x {len(spec.categorical)}, row-major: embedding rows of {', '.join(spec.categorical_names)} "
          f"(0 rare or unseen, 1 missing)"),
-    ):
+        *[(f.name, schema_pb2.INT, f"n x {f.max_length}, row-major: {f.kind} {f.name!r}, rows of table "
+           f"{spec.table_of(f.name)!r} ({sizes[spec.table_of(f.name)]} rows), newest last, front-padded with 1")
+          for f in spec.lists],
+    ]
+    for name, kind, description in keys:
         feature = schema.feature.add(name=name, type=kind)
         feature.presence.min_fraction = 1.0
         feature.annotation.tag.append(BLOCK_LAYOUT)
@@ -152,7 +175,7 @@ def block_schema(state: FeatureState) -> str:
             feature.shape.dim.add(size=1)
         else:
             feature.value_count.min = 1
-        if name == BLOCK_CATEGORICAL_KEY:
+        if kind == schema_pb2.INT and name != BLOCK_NUM_ROWS_KEY:
             feature.int_domain.min, feature.int_domain.max = 0, largest_table - 1
         if name == BLOCK_LABEL_KEY:
             feature.float_domain.min, feature.float_domain.max = 0.0, 1.0
@@ -186,8 +209,9 @@ def row_schema(state: FeatureState) -> str:
     return text_format.MessageToString(schema)
 
 
-def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, split: str, block_rows: int,
-                  num_shards: int, seed: int, inputs: dict, layout: str = "block", shuffle: bool = True) -> dict:
+def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spec: FeatureSpec, split: str,
+                  block_rows: int, num_shards: int, seed: int, inputs: dict, layout: str = "block",
+                  shuffle: bool = True) -> dict:
     """Writes the split's TFRecords in `layout` ("block" or "row") to `directory` (replacing an older copy),
     with their TensorFlow Metadata schema (schema.pbtxt), and returns the manifest.
 
@@ -197,17 +221,18 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spl
     layout_name = check_samples_layout(layout)
     staging = staging_dir(directory)
     shuffled = shuffle_deterministically(frame, num_shards, seed) if shuffle else frame.coalesce(num_shards)
-    writer = make_shard_writer(state, str(staging), block_rows, layout)
+    writer = make_shard_writer(state, spec, str(staging), block_rows, layout)
     shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),
                     key=lambda r: r["file"])
     num_rows = sum(s["rows"] for s in shards)
-    (staging / SCHEMA_FILE).write_text(block_schema(state) if layout == "block" else row_schema(state))
+    (staging / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block" else row_schema(state))
     manifest = write_manifest(
         staging, kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{split}",
         files=[*(s["file"] for s in shards), SCHEMA_FILE], inputs=inputs,
         row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in shards)},
         extra={"split": split, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
-               "shards": shards, "compression": "none", "feature_state_version": state.version},
+               "shards": shards, "compression": "none", "feature_state_version": state.version,
+               "feature_spec": {"name": spec.name, "hash": spec.hash()}},
     )
     commit_dir(staging, directory)
     return manifest
@@ -215,8 +240,7 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spl
 
 def state_fingerprint(state: FeatureState) -> str:
     digest = hashlib.sha256(state.version.encode())
-    for name in CATEGORICAL_FEATURES:
-        vocabulary = state.vocabularies[name]
+    for vocabulary in state.vocabularies.values():
         digest.update("\x1f".join(vocabulary.values).encode())
         digest.update(np.asarray(vocabulary.rows, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]

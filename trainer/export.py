@@ -1,9 +1,10 @@
 """Export of a trained model as a TF SavedModel that serves raw features and takes deltas in place.
 
-The `serving_default` signature takes the raw Criteo fields, one tensor per field (I1..I13 float32 with NaN
-for missing, C1..C26 string with "" for missing), applies the feature state inside the graph and returns
-{"probability": float32 [batch]}. It equals `model(preprocessed)` where the preprocessing is
-components.feature_state.transform_dense and categorical_rows, so serving needs nothing but TensorFlow.
+The `serving_default` signature takes the raw values of the feature spec's inputs (raw_input_signature: the
+criteo spec's are I1..I13 float32 with NaN for missing, C1..C26 string with "" for missing), applies the
+feature state inside the graph and returns {"probability": float32 [batch]}. It equals `model(preprocessed)`
+where the preprocessing is components.feature_state.transform_dense, categorical_rows and list_rows, so
+serving needs nothing but TensorFlow.
 
 The `apply_delta` endpoint (trainer.delta) writes a delta into the loaded model: vocabulary entries go into
 the lookup table (a mutable one for that reason) and, for every weight i, the rows `rows_i` of the weight
@@ -25,8 +26,8 @@ import trainer.metrics  # noqa: F401
 import trainer.models  # noqa: F401
 import trainer.optimizers  # noqa: F401
 from components.delta import KEY_SEPARATOR, rows_name, values_name
-from components.feature_state import FeatureState
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, RARE_ROW
+from components.feature_spec import MISSING_ROW, RARE_ROW, FeatureSpec, derive_time, load_spec
+from components.feature_state import FeatureState, check_state_matches
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 
 SAVED_MODEL_DIR = "saved_model"
@@ -34,49 +35,95 @@ SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
 APPLY_DELTA_ENDPOINT = "apply_delta"
 
-RAW_INPUT_SIGNATURE = {
-    **{name: tf.TensorSpec([None], tf.float32, name=name) for name in DENSE_FEATURES},
-    **{name: tf.TensorSpec([None], tf.string, name=name) for name in CATEGORICAL_FEATURES},
-}
+def raw_input_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
+    """The serving signature's inputs, from the feature spec: raw values, one tensor per input.
+
+    - a dense feature: float32 [batch], NaN when missing;
+    - a categorical feature: string [batch], "" when missing (integer ids as their decimal text);
+    - the timestamp, when features are derived from it: int64 [batch], whole seconds since 1970 UTC;
+    - a multi-valued or sequence feature: string [batch, max_length], its values newest last, the front padded
+      with "" (serving pads and checks the length).
+    """
+    signature = {f.name: tf.TensorSpec([None], tf.float32, name=f.name) for f in spec.dense}
+    signature.update({f.name: tf.TensorSpec([None], tf.string, name=f.name)
+                      for f in spec.categorical if not f.derived_from})
+    if spec.timestamp is not None and spec.timestamp.derive:
+        signature[spec.timestamp.name] = tf.TensorSpec([None], tf.int64, name=spec.timestamp.name)
+    signature.update({f.name: tf.TensorSpec([None, f.max_length], tf.string, name=f.name) for f in spec.lists})
+    return signature
+
+
+RAW_INPUT_SIGNATURE = raw_input_signature(load_spec("criteo"))
 
 
 class RawFeaturePreprocessor(tf.Module):
-    """The feature state as TensorFlow ops: raw fields -> the model's {"dense", "categorical"} inputs."""
+    """The feature state as TensorFlow ops: raw values (raw_input_signature) -> the model's inputs
+    (trainer.model_inputs)."""
 
-    def __init__(self, state: FeatureState) -> None:
+    def __init__(self, state: FeatureState, spec: FeatureSpec | None = None) -> None:
         super().__init__(name="raw_feature_preprocessor")
-        keys = [
-            tf.strings.join([name + KEY_SEPARATOR, tf.constant(list(state.vocabularies[name].values), tf.string)])
-            for name in CATEGORICAL_FEATURES
-        ]
-        rows = [tf.constant(list(state.vocabularies[name].rows), tf.int64) for name in CATEGORICAL_FEATURES]
+        spec = spec or load_spec("criteo")
+        check_state_matches(list(state.vocabularies), state.dense_names, spec, f"feature state {state.version}")
+        self.spec = spec
+        names = list(state.vocabularies)
+        keys = [tf.strings.join([name + KEY_SEPARATOR, tf.constant(list(state.vocabularies[name].values), tf.string)])
+                for name in names]
+        rows = [tf.constant(list(state.vocabularies[name].rows), tf.int64) for name in names]
         # Mutable: a delta adds the values admitted since the full export (apply_delta).
         self.table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=RARE_ROW)
         self.table.insert(tf.concat(keys, 0), tf.concat(rows, 0))
-        self.key_prefixes = tf.constant([name + KEY_SEPARATOR for name in CATEGORICAL_FEATURES])
+        self.key_prefixes = tf.constant([spec.table_of(f.name) + KEY_SEPARATOR for f in spec.categorical],
+                                        tf.string)
         stats = state.dense_arrays()
         self.low, self.high, self.mean, self.std = (
             tf.constant(stats[key], tf.float64) for key in ("low", "high", "mean", "std")
         )
+        self.log = tf.constant(stats["log"].astype(bool))
+        self.flagged = tf.constant([i for i, flag in enumerate(stats["indicator"]) if flag], tf.int32)
 
     def __call__(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        return {DENSE_INPUT: self.dense(features), CATEGORICAL_INPUT: self.categorical(features)}
+        out = {DENSE_INPUT: self.dense(features), CATEGORICAL_INPUT: self.categorical(features)}
+        for feature in self.spec.lists:
+            out[feature.name] = self.id_list(features[feature.name], self.spec.table_of(feature.name))
+        return out
 
     def dense(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
         """Same arithmetic as components.feature_state.transform_dense, in float64 like numpy."""
-        values = tf.stack([tf.cast(features[name], tf.float64) for name in DENSE_FEATURES], axis=1)
+        names = self.spec.dense_names
+        if not names:
+            batch = tf.shape(next(iter(features.values())))[0]
+            return tf.zeros([batch, 0], tf.float32)
+        values = tf.stack([tf.cast(features[name], tf.float64) for name in names], axis=1)
         missing = tf.math.is_nan(values)
         filled = tf.where(missing, tf.zeros_like(values), values)
-        logged = tf.sign(filled) * tf.math.log1p(tf.abs(filled))
+        logged = tf.where(self.log, tf.sign(filled) * tf.math.log1p(tf.abs(filled)), filled)
         clipped = tf.minimum(tf.maximum(logged, self.low), self.high)  # np.clip's order
         standardized = tf.where(missing, tf.zeros_like(values), (clipped - self.mean) / self.std)
-        return tf.cast(tf.concat([standardized, tf.cast(missing, tf.float64)], axis=1), tf.float32)
+        flags = tf.gather(tf.cast(missing, tf.float64), self.flagged, axis=1)
+        return tf.cast(tf.concat([standardized, flags], axis=1), tf.float32)
+
+    def raw_categorical(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+        """[batch, F] strings: the categorical inputs, derived ones computed from the timestamp."""
+        columns = []
+        for feature in self.spec.categorical:
+            if feature.derived_from:
+                seconds = features[feature.derived_from]
+                columns.append(tf.strings.as_string(derive_time(seconds, feature.derivation)))
+            else:
+                columns.append(features[feature.name])
+        return tf.stack(columns, axis=1)
 
     def categorical(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
         """Same rows as components.feature_state.categorical_rows: "" -> MISSING_ROW, unknown -> RARE_ROW."""
-        values = tf.stack([features[name] for name in CATEGORICAL_FEATURES], axis=1)
+        values = self.raw_categorical(features)
         keys = tf.strings.join([tf.broadcast_to(self.key_prefixes, tf.shape(values)), values])
         rows = tf.reshape(self.table.lookup(keys), tf.shape(values))  # a mutable table's lookup has no static shape
+        return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
+
+    def id_list(self, values: tf.Tensor, table: str) -> tf.Tensor:
+        """Same rows as components.feature_state.list_rows for a front-padded list ("" is padding)."""
+        keys = tf.strings.join([table + KEY_SEPARATOR, values])
+        rows = tf.reshape(self.table.lookup(keys), tf.shape(values))
         return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
 
 
@@ -100,14 +147,16 @@ def delta_input_signature(model: keras.Model) -> dict[str, tf.TensorSpec]:
     return signature
 
 
-def export_serving_model(model: keras.Model, state: FeatureState, directory: Path) -> list[str]:
+def export_serving_model(model: keras.Model, state: FeatureState, directory: Path,
+                         spec: FeatureSpec | None = None) -> list[str]:
     """Writes directory/saved_model (replacing an older one) and returns the paths of its files relative
-    to `directory`, for the manifest."""
+    to `directory`, for the manifest. `spec`: the feature spec the model was trained under (criteo if None)."""
     directory = Path(directory)
     target = directory / SAVED_MODEL_DIR
     if target.exists():
         shutil.rmtree(target)
-    preprocessor = RawFeaturePreprocessor(state)
+    spec = spec or load_spec("criteo")
+    preprocessor = RawFeaturePreprocessor(state, spec)
 
     def serve(features: dict[str, tf.Tensor]) -> dict[str, Any]:
         probability = model(preprocessor(features), training=False)
@@ -129,7 +178,7 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(preprocessor)
-    archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[RAW_INPUT_SIGNATURE])
+    archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])
     archive.add_endpoint(APPLY_DELTA_ENDPOINT, apply_delta, input_signature=[delta_input_signature(model)])
     archive.write_out(str(target), verbose=False)
     return sorted(str(path.relative_to(directory)) for path in target.rglob("*") if path.is_file())

@@ -14,8 +14,10 @@ from typing import Any
 import keras
 import numpy as np
 
+from components.block_codec import BLOCK_LAYOUT
 from components.delta import save_weights, saved_weights
-from components.schema import BLOCK_LAYOUT, CATEGORICAL_FEATURES
+from components.feature_spec import FeatureSpec
+from components.schema import CATEGORICAL_FEATURES
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -32,15 +34,17 @@ def checkpoint_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list
     return weight_specs(model), [np.array(v) for v in model.weights]
 
 
-def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]]) -> int:
-    """Re-draws the embedding rows of newly admitted values from the table's initializer; returns how many."""
+def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]],
+               table_names: Sequence[str] = CATEGORICAL_FEATURES) -> int:
+    """Re-draws the embedding rows of newly admitted values (by table name; `table_names` in the model's table
+    order, FeatureState.vocabularies') from the table's initializer; returns how many."""
     num_reset = 0
     for layer in model._flatten_layers():
         if not isinstance(layer, CategoricalEmbedding) or not layer.num_rows:
             continue
         table = np.array(layer.embeddings)
         for name, rows in new_rows.items():
-            feature = CATEGORICAL_FEATURES.index(name)
+            feature = list(table_names).index(name)
             if layer.offsets[feature] < 0 or not rows:
                 continue
             global_rows = layer.offsets[feature] + np.asarray(rows, dtype=np.int64)
@@ -54,23 +58,28 @@ def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]]) -> int
 def train_increment(
     parent_checkpoint: Path, train_files: Sequence[str], holdout_files: Sequence[str], checkpoint_dir: Path, *,
     new_rows: Mapping[str, Sequence[int]], batch_size: int, epochs: int, seed: int, version: str,
-    layout: str = BLOCK_LAYOUT, num_rows: int | None = None,
+    layout: str = BLOCK_LAYOUT, num_rows: int | None = None, spec: FeatureSpec | None = None,
 ) -> dict[str, Any]:
     """Trains the parent checkpoint on `train_files` and writes `checkpoint_dir`. Returns the numbers the gate
     and the run's log need: rows, speed, holdout logloss of parent and child, the global step."""
     from trainer.input import samples_dataset
+    from trainer.model_inputs import CRITEO_INPUTS, model_inputs
+
+    inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
 
     keras.utils.set_random_seed(seed)
     train_batch_size = even_batch_size(num_rows, batch_size) if num_rows else batch_size
     model = load_checkpoint(parent_checkpoint)
     if model.optimizer is None:
         raise ValueError(f"the checkpoint in {parent_checkpoint} has no optimizer state; it cannot be trained on")
-    num_reset = reset_rows(model, new_rows)
-    holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout)
+    num_reset = reset_rows(model, new_rows, list(inputs.tables))
+    holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout,
+                              inputs=inputs)
     parent_logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
     meter = _ThroughputMeter()
     for epoch in range(epochs):
-        data = samples_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch, layout=layout)
+        data = samples_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch, layout=layout,
+                               inputs=inputs)
         model.fit(data, epochs=1, callbacks=[meter], shuffle=False, verbose=0)
     logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
     global_step = int(model.optimizer.iterations.numpy())

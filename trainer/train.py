@@ -17,9 +17,10 @@ from typing import Any
 import keras
 import numpy as np
 
+from components.block_codec import BLOCK_LAYOUT
 from components.config import TrainConfig
+from components.feature_spec import FeatureSpec
 from components.manifest import read_manifest, write_manifest
-from components.schema import BLOCK_LAYOUT
 from trainer.arguments import even_batch_size, require_integer
 from trainer.calibration import calibrate_level
 from trainer.metrics import ctr_metrics
@@ -147,6 +148,7 @@ def train_model(
     warm_start: WarmStart | None = None,
     layout: str = BLOCK_LAYOUT,
     num_rows: int | None = None,
+    spec: FeatureSpec | None = None,
 ) -> TrainResult:
     """Trains `config.model` on `train_files`, validates on `eval_files` after each epoch, and writes
     `checkpoint_dir/model.keras` and its manifest (kind "checkpoint", `version` or else a hash of the inputs).
@@ -160,10 +162,14 @@ def train_model(
     epoch's end. A run with the same inputs that finds progress there resumes from it: same weights, optimizer
     state, step count and data position (epoch e reads its files in the order of seed + e, and skips the
     batches already applied). Otherwise `warm_start`, when given, seeds the weights from a previous checkpoint.
+    `spec`: the feature spec the samples were written under (the criteo spec when None).
     """
     # Imported here: the input pipeline is tf.data, and the rest of this module (compile_model,
     # load_checkpoint, StepMetricsLogger) must import on JAX hosts without TensorFlow.
     from trainer.input import samples_dataset
+    from trainer.model_inputs import CRITEO_INPUTS, model_inputs
+
+    inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
 
     micro_batch_size = _micro_batch_size(config)
     if num_rows and config.micro_batches == 1:
@@ -181,7 +187,7 @@ def train_model(
     warm_start_summary: dict[str, int] | None = None
     try:
         with strategy.scope():
-            model = build_model(config, table_sizes)
+            model = build_model(config, table_sizes, spec)
             compile_model(model, config)
             if resumed is not None:
                 model.optimizer.build(model.trainable_variables)
@@ -189,7 +195,8 @@ def train_model(
             elif warm_start is not None:
                 previous = load_checkpoint(warm_start.checkpoint_dir)
                 warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
-        eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout)
+        eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
+                                    inputs=inputs)
         meter = _ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
         for callback in callbacks:
@@ -203,7 +210,7 @@ def train_model(
             for epoch in range(first_epoch, config.epochs):
                 train_data = samples_dataset(
                     train_files, micro_batch_size, shuffle=True, seed=config.seed + epoch, layout=layout,
-                    shuffle_buffer_blocks=config.shuffle_buffer_blocks,
+                    shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
                 )
                 if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
                     train_data = train_data.skip(resumed.batches_done)
@@ -220,7 +227,8 @@ def train_model(
                     history.setdefault(name, []).extend(float(v) for v in values)
             calibration = None
             if config.calibrate:
-                rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout)
+                rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
+                                       inputs=inputs)
                 calibration = calibrate_level(model, rows.take(-(-config.calibration_rows // config.batch_size)))
             eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
     finally:

@@ -150,12 +150,16 @@ def test_no_rows_give_no_blocks():
 
 def test_shape_mismatch_is_rejected():
     labels, dense, categorical = _columns(5)
-    with pytest.raises(
-        ValueError, match=r"expected dense \[5, 26\] and categorical \[5, 26\], got \(5, 26\) and \(5, 25\)"
-    ):
-        encode_blocks(labels, dense, categorical[:, :25], block_rows=4)
-    with pytest.raises(ValueError, match=r"got \(4, 26\) and \(5, 26\)"):
+    with pytest.raises(ValueError, match=r"expected \[5, width\] arrays for 5 labels, got .*'categorical': \(5,\)"):
+        encode_blocks(labels, dense, categorical[:, 0], block_rows=4)
+    with pytest.raises(ValueError, match=r"'dense': \(4, 26\)"):
         encode_blocks(labels, dense[:4], categorical, block_rows=4)
+    with pytest.raises(ValueError, match=r"'tags': \(5, 3, 1\)"):
+        encode_blocks(labels, dense, categorical, block_rows=4, lists={"tags": np.ones((5, 3, 1), np.int64)})
+    with pytest.raises(ValueError, match=r"tags rows must be >= 0, got -1"):
+        encode_blocks(labels, dense, categorical, block_rows=4, lists={"tags": -np.ones((5, 3), np.int64)})
+    with pytest.raises(ValueError, match=r"cannot be named \['dense'\]"):
+        encode_blocks(labels, dense, categorical, block_rows=4, lists={"dense": np.ones((5, 3), np.int64)})
 
 
 def test_records_are_tf_examples_in_canonical_byte_order():

@@ -264,7 +264,7 @@ def test_capacity_keeps_values_beyond_it_as_candidates():
     state = _advance(None, _counts(DAY, C1={"a": 9, "b": 8, "c": 7}), DAY, max_rows=NUM_RESERVED_ROWS + 2)
     assert _rows(state) == {"a": 2, "b": 3}
     assert [(r["value"], r["count"]) for r in state.candidates.to_pylist()] == [("c", 7)]
-    with pytest.raises(ValueError, match=r"max_rows_per_feature=2 leaves no room"):
+    with pytest.raises(ValueError, match=r"max_rows=2 of table .C1. leaves no room"):
         _advance(None, _counts(DAY, C1={"a": 9}), DAY, max_rows=2)
 
 

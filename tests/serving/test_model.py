@@ -120,7 +120,7 @@ class _MatrixModel(tf.Module):
 @pytest.mark.parametrize(
     ("signature_name", "message"),
     [
-        ("serving_default", r"input 'x' of 'serving_default' .* serving expects 1-D float or string inputs"),
+        ("serving_default", r"input 'x' of 'serving_default' .* serving expects 1-D float, string or int64 inputs"),
         ("other", r"has no 'serving_default' signature; it has \['other'\]"),
     ],
 )

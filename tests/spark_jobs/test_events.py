@@ -24,6 +24,7 @@ from components.events import (
     item_topic,
     user_topic,
 )
+from components.feature_spec import load_spec
 from components.interval import Interval
 from components.layout import Layout
 from components.manifest import read_manifest
@@ -46,6 +47,8 @@ from spark_jobs.events import (
     run,
     stream_watermark,
 )
+
+CRITEO = load_spec("criteo")
 
 pytestmark = pytest.mark.integration
 
@@ -306,12 +309,12 @@ def test_rerunning_a_join_gives_the_same_rows_in_the_same_order_and_identical_tf
     assert 0.4 < np.mean(np.diff(ts) > 0) < 0.6
 
     minutes = list(span.minutes())
-    state = build_feature_state(joined_rows(spark, tmp_path / "a", minutes), None, FeatureConfig(min_count=2),
-                                day=0, version="v", evict=True)
+    state = build_feature_state(joined_rows(spark, tmp_path / "a", minutes, CRITEO), None, FeatureConfig(min_count=2),
+                                day=0, version="v", evict=True, spec=CRITEO)
     written = {}
     for name in ("a", "b"):
-        rows = joined_rows(spark, tmp_path / name, minutes)
-        manifest = write_samples(rows, state, tmp_path / f"tf-{name}", split="train", block_rows=64,
+        rows = joined_rows(spark, tmp_path / name, minutes, CRITEO)
+        manifest = write_samples(rows, state, tmp_path / f"tf-{name}", spec=CRITEO, split="train", block_rows=64,
                                  num_shards=2, seed=1, inputs={}, shuffle=False)
         assert manifest["row_counts"]["rows"] == tables["a"].num_rows
         # No shuffle: the read's partitions, merged down to num_shards (small joins make fewer shards).

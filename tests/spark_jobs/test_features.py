@@ -14,6 +14,7 @@ import pytest
 
 from components.block_codec import read_framed_records
 from components.config import FeatureConfig, GenerateConfig
+from components.feature_spec import load_spec
 from components.feature_state import categorical_rows, load_feature_state, transform_dense
 from components.layout import Layout
 from components.manifest import ManifestError, read_manifest
@@ -22,6 +23,8 @@ from components.synthetic import generate
 from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
 from spark_jobs.samples import write_samples
+
+CRITEO = load_spec("criteo")
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +49,7 @@ def raw_dir(tmp_path_factory):
 
 
 def test_extract_parses_missing_negative_and_minute(spark, raw_dir):
-    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
     rows = frame.select("label", "I1", "I2", "I3", "C1", "C2", "C3", "minute").collect()
     assert len(rows) == 9
     assert [r["I1"] for r in rows] == [0.0, 1.0, 3.0, None, -2.0, 10.0, 1e6, 7.0, 2.0]
@@ -56,20 +59,20 @@ def test_extract_parses_missing_negative_and_minute(spark, raw_dir):
 
 def build_state(frame, min_count=2, previous=None, day=20454):
     return build_feature_state(frame, previous, FeatureConfig(min_count=min_count, growth_rows=0), day=day,
-                               version="test", evict=True)
+                               version="test", evict=True, spec=CRITEO)
 
 
 def test_counts_skip_missing_values(spark, raw_dir):
-    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
     counts = {(r["feature"], r["value"]): (r["count"], r["last_seen"])
-              for r in categorical_counts(frame, day=20454).collect()}
+              for r in categorical_counts(frame, 20454, CRITEO).collect()}
     assert counts == {("C1", "aaaa"): (4, 20454), ("C1", "bbbb"): (3, 20454), ("C1", "cccc"): (1, 20454),
                       ("C2", "zz"): (9, 20454)}
 
 
 def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_dir, tmp_path):
     """Identity parity: the rows Spark writes are the reference mapping of the same raw values."""
-    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
     state = build_state(frame)
     assert state.vocabularies["C1"].values == ("aaaa", "bbbb")
     assert state.vocabularies["C1"].rows == (NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + 1)
@@ -94,7 +97,8 @@ def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_di
     assert load_feature_state(state_dir) == state
 
     out = tmp_path / "samples"
-    manifest = write_samples(frame, state, out, split="train", block_rows=4, num_shards=2, seed=1,
+    manifest = write_samples(frame, state, out,
+                             spec=CRITEO, split="train", block_rows=4, num_shards=2, seed=1,
                              inputs={"interval": "test"})
     assert manifest["row_counts"] == {"rows": 9, "positives": 4}
     read_manifest(out)
@@ -137,12 +141,14 @@ def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_di
 
 
 def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
-    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
     state = build_state(frame)
-    first = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
+    first = write_samples(frame, state, tmp_path / "a",
+                             spec=CRITEO, split="train", block_rows=4, num_shards=2, seed=1,
                           inputs={})
     first_manifest = (tmp_path / "a" / "manifest.json").read_bytes()
-    second = write_samples(frame, state, tmp_path / "a", split="train", block_rows=4, num_shards=2, seed=1,
+    second = write_samples(frame, state, tmp_path / "a",
+                             spec=CRITEO, split="train", block_rows=4, num_shards=2, seed=1,
                            inputs={})
     assert first["files"] == second["files"] and len(first["files"]) == 3  # two shards and the schema
     assert (tmp_path / "a" / "manifest.json").read_bytes() == first_manifest  # byte-identical manifest too
@@ -150,7 +156,7 @@ def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
 
 
 def test_rebuilding_a_feature_state_writes_identical_bytes(spark, raw_dir, tmp_path):
-    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
     written = []
     for _ in range(2):  # a re-run of the same interval from the same parent
         write_feature_state(build_state(frame), tmp_path / "state", inputs={"interval": "x"}, num_rows=9)
@@ -187,9 +193,11 @@ def test_a_writer_killed_half_way_leaves_nothing_a_reader_accepts(spark, tmp_pat
     assert not (staging / "manifest.json").exists()
 
     # The task's retry writes the whole split and clears the dead attempt's staging directory.
-    frame = parse_raw(extract_raw(spark, sorted(str(p) for p in (tmp_path / "data" / "raw").rglob("*.tsv"))))
+    paths = sorted(str(p) for p in (tmp_path / "data" / "raw").rglob("*.tsv"))
+    frame = parse_raw(extract_raw(spark, paths, CRITEO), CRITEO)
     state = build_state(frame)
-    manifest = write_samples(frame, state, output, split="train", block_rows=256, num_shards=2, seed=1, inputs={})
+    manifest = write_samples(frame, state, output,
+                             spec=CRITEO, split="train", block_rows=256, num_shards=2, seed=1, inputs={})
     assert read_manifest(output)["row_counts"]["rows"] == manifest["row_counts"]["rows"] == 8000
     assert sorted(p.name for p in output.parent.iterdir()) == ["train"]
 
@@ -205,11 +213,13 @@ def test_row_layout_holds_the_block_layouts_rows_one_example_per_row(spark, raw_
     from components.schema import BLOCK_LAYOUT
     from trainer.input import samples_dataset
 
-    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")]))
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
     state = build_state(frame)
-    blocks = write_samples(frame, state, tmp_path / "blocks", split="train", block_rows=4, num_shards=2, seed=1,
+    blocks = write_samples(frame, state, tmp_path / "blocks",
+                             spec=CRITEO, split="train", block_rows=4, num_shards=2, seed=1,
                            inputs={})
-    rows = write_samples(frame, state, tmp_path / "rows", split="train", block_rows=4, num_shards=2, seed=1,
+    rows = write_samples(frame, state, tmp_path / "rows",
+                             spec=CRITEO, split="train", block_rows=4, num_shards=2, seed=1,
                          inputs={}, layout="row")
     assert (blocks["layout"], rows["layout"]) == (BLOCK_LAYOUT, ROW_LAYOUT)
     assert rows["row_counts"] == blocks["row_counts"] == {"rows": 9, "positives": 4}
@@ -235,7 +245,8 @@ def test_row_layout_holds_the_block_layouts_rows_one_example_per_row(spark, raw_
     np.testing.assert_allclose(from_rows, from_blocks, rtol=1e-6)  # same shuffle, same rows, same order
 
     with pytest.raises(ValueError, match="samples_layout='rows'"):
-        write_samples(frame, state, tmp_path / "bad", split="train", block_rows=4, num_shards=2, seed=1,
+        write_samples(frame, state, tmp_path / "bad",
+                             spec=CRITEO, split="train", block_rows=4, num_shards=2, seed=1,
                       inputs={}, layout="rows")
     with pytest.raises(ValueError, match="cannot be read"):
         samples_dataset(["x"], 16, shuffle=False, seed=0, layout="columnar")

@@ -60,7 +60,7 @@ def test_invalid_embedding_dim(embedding_dim):
 
 
 def test_input_width_must_match_the_number_of_tables():
-    with pytest.raises(ValueError, match=r"has 2 tables.*\[batch, 2\].*\(None, 3\)"):
+    with pytest.raises(ValueError, match=r"reads 2 columns.*\[batch, 2\].*\(None, 3\)"):
         CategoricalEmbedding([2, 3], embedding_dim=2).build((None, 3))
 
 

@@ -15,10 +15,12 @@ from trainer.layers.multi_hash_embedding import MultiHashEmbedding
 
 @keras.saving.register_keras_serializable(package="ctr")
 class CategoricalEmbedding(keras.layers.Layer):
-    """Looks up F categorical features in one table of sum(table_sizes) rows.
+    """Looks up F categorical features in T tables kept as one table of sum(table_sizes) rows.
 
-    Input: integers [batch, F], column f holding row ids of feature f in [0, table_sizes[f]).
-    Output: [batch, F, embedding_dim]. Feature f owns rows offset[f] .. offset[f] + table_sizes[f] - 1.
+    Input: integers [batch, F], column f holding row ids of table `feature_tables[f]` (by default column f
+    reads table f, F = T). Output: [batch, F, embedding_dim]. Table t owns rows offset[t] .. offset[t] +
+    table_sizes[t] - 1. Features that share a table (a feature spec's `table:`) read the same rows, and
+    `embed_table` reads a table for any other ids (multi-valued and sequence features).
 
     One table means one gather per batch and one variable for the optimizer. The lookup is `ops.take`, whose
     gradient on the TensorFlow backend is a `tf.IndexedSlices`, so a sparse-aware optimizer (Adagrad)
@@ -27,7 +29,7 @@ class CategoricalEmbedding(keras.layers.Layer):
 
     Row ids are not range-checked: an id past its feature's table reads the next feature's rows.
 
-    Features listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a
+    Tables listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a
     MultiHashEmbedding of `num_hash_functions` tables of `num_hash_buckets` rows, combined by `hash_combiner`,
     for vocabularies too large to give every value a row of its own. Their `offsets` entry is -1.
     """
@@ -42,12 +44,20 @@ class CategoricalEmbedding(keras.layers.Layer):
         num_hash_buckets: int | None = None,
         num_hash_functions: int = 2,
         hash_combiner: str = "sum",
+        feature_tables: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         require_integer_list("table_sizes", table_sizes)
         require_integer("embedding_dim", embedding_dim)
-        num_features = len(table_sizes)
+        num_features = len(table_sizes)  # tables, from here on
+        if feature_tables is None:
+            feature_tables = range(num_features)
+        if isinstance(feature_tables, str | bytes) or not all(is_integer(t) and 0 <= t < num_features
+                                                               for t in feature_tables):
+            raise ValueError(f"`feature_tables` must give each input column a table index in [0, {num_features}). "
+                             f"Received: feature_tables={feature_tables!r}")
+        self.feature_tables = [int(t) for t in feature_tables]
         if (
             isinstance(hashed_features, str | bytes)
             or not hasattr(hashed_features, "__len__")
@@ -82,14 +92,23 @@ class CategoricalEmbedding(keras.layers.Layer):
         self.offsets = np.full(num_features, -1, dtype=np.int64)
         self.offsets[self.tabled_features] = np.cumsum([0, *tabled_sizes])[:-1]
         self.num_rows = int(sum(tabled_sizes))
-        # Position of each feature among [tabled features..., hashed features...], to restore feature order.
-        self._feature_order = np.argsort(self.tabled_features + self.hashed_features).astype(np.int64)
+        # Input columns by where their table lives, and the position of each column among [tabled columns...,
+        # hashed columns...], to restore column order.
+        self._tabled_columns = [f for f, t in enumerate(self.feature_tables) if t not in self.hashed_features]
+        self._hashed_columns = [f for f, t in enumerate(self.feature_tables) if t in self.hashed_features]
+        self._column_offsets = np.asarray([self.offsets[t] for t in self.feature_tables], dtype=np.int64)
+        self._feature_order = np.argsort(self._tabled_columns + self._hashed_columns).astype(np.int64)
+
+    @property
+    def num_features(self) -> int:
+        """Input columns."""
+        return len(self.feature_tables)
 
     def build(self, input_shape: tuple[int | None, ...]) -> None:
-        if input_shape[-1] != len(self.table_sizes):
+        if input_shape[-1] != len(self.feature_tables):
             raise ValueError(
-                f"CategoricalEmbedding has {len(self.table_sizes)} tables, so its input must be "
-                f"[batch, {len(self.table_sizes)}]. Received: input_shape={input_shape}"
+                f"CategoricalEmbedding reads {len(self.feature_tables)} columns, so its input must be "
+                f"[batch, {len(self.feature_tables)}]. Received: input_shape={input_shape}"
             )
         if self.num_rows:  # every feature hashed: no table
             self.embeddings = self.add_weight(
@@ -105,30 +124,37 @@ class CategoricalEmbedding(keras.layers.Layer):
     def call(self, inputs: Any) -> Any:
         if not keras.backend.is_int_dtype(inputs.dtype):
             inputs = ops.cast(inputs, "int64")
-        if not self.hashed_features:
-            rows = ops.add(inputs, ops.convert_to_tensor(self.offsets, dtype=inputs.dtype))
+        if not self._hashed_columns:
+            rows = ops.add(inputs, ops.convert_to_tensor(self._column_offsets, dtype=inputs.dtype))
             return ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)
         parts = []
-        if self.tabled_features:
-            ids = ops.take(inputs, self.tabled_features, axis=-1)
-            offsets = ops.convert_to_tensor(self.offsets[self.tabled_features], dtype=inputs.dtype)
+        if self._tabled_columns:
+            ids = ops.take(inputs, self._tabled_columns, axis=-1)
+            offsets = ops.convert_to_tensor(self._column_offsets[self._tabled_columns], dtype=inputs.dtype)
             parts.append(ops.cast(ops.take(self.embeddings, ops.add(ids, offsets), axis=0), self.compute_dtype))
-        for feature, hashed in zip(self.hashed_features, self.hashed_embeddings, strict=True):
-            parts.append(ops.expand_dims(hashed(ops.take(inputs, feature, axis=-1)), -2))
+        for column in self._hashed_columns:
+            hashed = self.hashed_embeddings[self.hashed_features.index(self.feature_tables[column])]
+            parts.append(ops.expand_dims(hashed(ops.take(inputs, column, axis=-1)), -2))
         return ops.take(ops.concatenate(parts, axis=-2), self._feature_order, axis=-2)
 
     def embed_feature(self, ids: Any, feature: int) -> Any:
-        """Row ids of feature `feature` alone, any shape (a behaviour sequence [batch, length]) ->
-        [..., embedding_dim], read from the rows `call` reads for that feature."""
-        if not is_integer(feature) or not 0 <= feature < len(self.table_sizes):
+        """Row ids of input column `feature`'s table, any shape (a behaviour sequence [batch, length]) ->
+        [..., embedding_dim], read from the rows `call` reads for that column."""
+        if not is_integer(feature) or not 0 <= feature < len(self.feature_tables):
             raise ValueError(
-                f"`feature` must be a feature index in [0, {len(self.table_sizes)}). Received: feature={feature!r}"
+                f"`feature` must be a column index in [0, {len(self.feature_tables)}). Received: feature={feature!r}"
             )
+        return self.embed_table(ids, self.feature_tables[feature])
+
+    def embed_table(self, ids: Any, table: int) -> Any:
+        """Row ids of table `table`, any shape -> [..., embedding_dim]."""
+        if not is_integer(table) or not 0 <= table < len(self.table_sizes):
+            raise ValueError(f"`table` must be a table index in [0, {len(self.table_sizes)}). Received: {table!r}")
         if not keras.backend.is_int_dtype(ids.dtype):
             ids = ops.cast(ids, "int64")
-        if feature in self.hashed_features:
-            return self.hashed_embeddings[self.hashed_features.index(feature)](ids)
-        rows = ops.add(ids, int(self.offsets[feature]))
+        if table in self.hashed_features:
+            return self.hashed_embeddings[self.hashed_features.index(table)](ids)
+        rows = ops.add(ids, int(self.offsets[table]))
         return ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)
 
     def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
@@ -146,6 +172,7 @@ class CategoricalEmbedding(keras.layers.Layer):
                 "num_hash_buckets": self.num_hash_buckets,
                 "num_hash_functions": self.num_hash_functions,
                 "hash_combiner": self.hash_combiner,
+                "feature_tables": list(self.feature_tables),
             }
         )
         return config

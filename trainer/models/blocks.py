@@ -10,10 +10,16 @@ import keras
 from keras import ops
 
 from components.config import TrainConfig
-from components.schema import CATEGORICAL_FEATURES
 from trainer.arguments import is_integer
 from trainer.layers.categorical_embedding import CategoricalEmbedding
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT, HISTORY_INPUT
+from trainer.model_inputs import (
+    CATEGORICAL_INPUT,
+    CRITEO_INPUTS,
+    DENSE_INPUT,
+    HISTORY_INPUT,
+    PADDING_ROW,
+    ModelInputs,
+)
 
 
 def mlp(units: Sequence[int], name: str) -> keras.Sequential:
@@ -35,32 +41,69 @@ def flatten_features(embedded: Any, dense: Any) -> Any:
     return ops.concatenate([flat, ops.cast(dense, flat.dtype)], axis=-1)
 
 
-def behaviour_sequence(embedding: CategoricalEmbedding, inputs: dict[str, Any], item_feature: int) -> Any:
-    """The history's embeddings [B, length, dim], read from the item feature's rows, and its mask [B, length]
-    (False at padding)."""
-    if HISTORY_INPUT not in inputs:
+def valid_ids(ids: Any) -> Any:
+    """False at padding: MISSING_ROW (what the sample writer pads with) and negative ids."""
+    return ops.logical_and(ops.greater_equal(ids, 0), ops.not_equal(ids, PADDING_ROW))
+
+
+def behaviour_sequence(embedding: CategoricalEmbedding, inputs: dict[str, Any], item_feature: int,
+                       key: str = HISTORY_INPUT) -> Any:
+    """The sequence's embeddings [B, length, dim], read from the item feature's table, and its mask
+    [B, length] (False at padding)."""
+    if key not in inputs:
         raise ValueError(
-            f"this model reads the behaviour sequence input {HISTORY_INPUT!r} (int [batch, sequence_length] row "
-            f"ids of the item feature, padding -1) beside {DENSE_INPUT!r} and {CATEGORICAL_INPUT!r}; "
-            f"received inputs {sorted(inputs)}. Feed a history, or train a model without one."
+            f"this model reads the behaviour sequence input {key!r} (int [batch, sequence_length] row ids of the "
+            f"item feature's table, padding 1 or -1) beside {DENSE_INPUT!r} and {CATEGORICAL_INPUT!r}; "
+            f"received inputs {sorted(inputs)}. Declare a sequence feature in the feature spec, or train a "
+            "model without one."
         )
-    history = inputs[HISTORY_INPUT]
-    valid = ops.greater_equal(history, 0)
+    history = inputs[key]
     # Padding reads row 0, then the mask drops it.
-    return embedding.embed_feature(ops.maximum(history, 0), item_feature), valid
+    return embedding.embed_feature(ops.maximum(history, 0), item_feature), valid_ids(history)
 
 
-def embedding_options(config: TrainConfig) -> dict[str, Any]:
-    """CategoricalEmbedding arguments beyond table_sizes and embedding_dim that the config asks for:
-    multi-hash compression of `multi_hash_features`."""
+def pooled_bags(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: Sequence[dict[str, Any]]) -> list:
+    """One [B, 1, dim] vector per multi-valued or sequence input in `bags` (ModelInputs.bags): the sum or
+    the mean of its values' embeddings, padding left out (an empty list gives zeros)."""
+    out = []
+    for bag in bags:
+        ids = inputs[bag["key"]]
+        vectors = embedding.embed_table(ops.maximum(ids, 0), bag["table"])
+        mask = ops.expand_dims(ops.cast(valid_ids(ids), vectors.dtype), -1)
+        total = ops.sum(ops.multiply(vectors, mask), axis=1)
+        if bag.get("pooling", "mean") == "mean":
+            total = ops.divide(total, ops.maximum(ops.sum(mask, axis=1), ops.cast(1, vectors.dtype)))
+        out.append(ops.expand_dims(total, 1))
+    return out
+
+
+def embed_fields(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: Sequence[dict[str, Any]]) -> Any:
+    """[B, F + len(bags), dim]: the categorical columns' embeddings, then one pooled vector per bag."""
+    embedded = embedding(inputs[CATEGORICAL_INPUT])
+    if not bags:
+        return embedded
+    return ops.concatenate([embedded, *pooled_bags(embedding, inputs, bags)], axis=1)
+
+
+def num_fields(embedding: CategoricalEmbedding, bags: Sequence[Any]) -> int:
+    return embedding.num_features + len(bags)
+
+
+def embedding_options(config: TrainConfig, inputs: ModelInputs = CRITEO_INPUTS,
+                      spec_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """CategoricalEmbedding arguments beyond table_sizes and embedding_dim: the spec's (`spec_options`,
+    ModelInputs.embedding_options: shared tables, multi-hash per table), or the config's multi-hash
+    compression of the tables in `train.multi_hash_features`."""
+    options = dict(spec_options or {})
     names = config.multi_hash_features
     if not names:
-        return {}
-    unknown = [name for name in names if name not in CATEGORICAL_FEATURES]
+        return options
+    tables = list(inputs.tables)
+    unknown = [name for name in names if name not in tables]
     if unknown or len(set(names)) != len(names):
         raise ValueError(
-            f"train.multi_hash_features={names!r} must name distinct categorical features "
-            f"({CATEGORICAL_FEATURES[0]}..{CATEGORICAL_FEATURES[-1]}); not categorical: {unknown}"
+            f"train.multi_hash_features={names!r} must name distinct tables of the feature spec "
+            f"({', '.join(tables)}); not tables: {unknown}"
         )
     if config.multi_hash_buckets < 1:
         raise ValueError(
@@ -68,20 +111,26 @@ def embedding_options(config: TrainConfig) -> dict[str, Any]:
             "table when train.multi_hash_features is set"
         )
     return {
-        "hashed_features": [CATEGORICAL_FEATURES.index(name) for name in names],
+        **options,
+        "hashed_features": [tables.index(name) for name in names],
         "num_hash_buckets": config.multi_hash_buckets,
         "num_hash_functions": config.multi_hash_functions,
         "hash_combiner": config.multi_hash_combiner,
     }
 
 
-def sequence_feature_index(config: TrainConfig) -> int:
-    if config.sequence_feature not in CATEGORICAL_FEATURES:
+def sequence_feature_index(config: TrainConfig, inputs: ModelInputs = CRITEO_INPUTS) -> int:
+    """The target item's categorical column: the one the spec's sequence shares a table with, else (no
+    sequence in the spec: synthetic histories) `train.sequence_feature`."""
+    if inputs.target_column is not None:
+        return inputs.target_column
+    names = list(inputs.categorical_names)
+    if config.sequence_feature not in names:
         raise ValueError(
             f"train.sequence_feature={config.sequence_feature!r} must name the categorical feature whose table "
-            f"the history shares, one of {CATEGORICAL_FEATURES[0]}..{CATEGORICAL_FEATURES[-1]}"
+            f"the history shares, one of {', '.join(names)}"
         )
-    return CATEGORICAL_FEATURES.index(config.sequence_feature)
+    return names.index(config.sequence_feature)
 
 
 def require_item_feature(item_feature: Any, table_sizes: Sequence[int]) -> None:

@@ -17,8 +17,8 @@ from components.config import TrainConfig
 from trainer.arguments import require_integer, require_integer_list
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.feature_cross import FeatureCross
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
-from trainer.models.blocks import embedding_options
+from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
+from trainer.models.blocks import embed_fields, embedding_options, num_fields
 
 
 @keras.saving.register_keras_serializable(package="ctr")
@@ -35,6 +35,7 @@ class DCNv2(keras.Model):
         projection_dim: int | None = None,
         mlp_units: Sequence[int] = (512, 256, 128),
         embedding_options: Mapping[str, Any] | None = None,
+        bags: Sequence[Mapping[str, Any]] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -46,10 +47,12 @@ class DCNv2(keras.Model):
         self.projection_dim = projection_dim
         self.mlp_units = list(mlp_units)
         self.embedding_options = dict(embedding_options or {})
+        self.bags = [dict(bag) for bag in bags]
 
         self.embedding = CategoricalEmbedding(
             self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
         )
+        self.num_fields = num_fields(self.embedding, self.bags)
         self.cross_layers = [
             FeatureCross(projection_dim=projection_dim, name=f"cross_{i}") for i in range(num_cross_layers)
         ]
@@ -71,8 +74,8 @@ class DCNv2(keras.Model):
 
     def feature_input(self, inputs: dict[str, Any]) -> Any:
         """Flattened embeddings of the categorical features, then the dense features: [B, width]."""
-        embedded = self.embedding(inputs[CATEGORICAL_INPUT])
-        flat = ops.reshape(embedded, (-1, len(self.table_sizes) * self.embedding_dim))
+        embedded = embed_fields(self.embedding, inputs, self.bags)
+        flat = ops.reshape(embedded, (-1, self.num_fields * self.embedding_dim))
         dense = ops.cast(inputs[DENSE_INPUT], flat.dtype)
         return ops.concatenate([flat, dense], axis=-1)
 
@@ -85,7 +88,7 @@ class DCNv2(keras.Model):
     def build(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         # Explicit so a loaded .keras model gets its weights before they are restored.
         self.embedding.build(tuple(input_shape[CATEGORICAL_INPUT]))
-        width = len(self.table_sizes) * self.embedding_dim + input_shape[DENSE_INPUT][-1]
+        width = self.num_fields * self.embedding_dim + input_shape[DENSE_INPUT][-1]
         for cross in self.cross_layers:
             cross.build((None, width))
         self.deep_network.build((None, width))
@@ -101,17 +104,20 @@ class DCNv2(keras.Model):
                 "projection_dim": self.projection_dim,
                 "mlp_units": list(self.mlp_units),
                 "embedding_options": dict(self.embedding_options),
+                "bags": [dict(bag) for bag in self.bags],
             }
         )
         return config
 
 
-def build_dcnv2(config: TrainConfig, table_sizes: Sequence[int]) -> DCNv2:
+def build_dcnv2(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
+             spec_options: Mapping[str, Any] | None = None) -> DCNv2:
     return DCNv2(
         table_sizes,
         embedding_dim=config.embedding_dim,
         num_cross_layers=config.num_cross_layers,
         mlp_units=config.mlp_units,
-        embedding_options=embedding_options(config),
+        embedding_options=embedding_options(config, inputs, dict(spec_options or {})),
+        bags=inputs.bags(attended=False),
         name="dcnv2",
     )

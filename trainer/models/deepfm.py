@@ -22,8 +22,8 @@ from trainer.arguments import require_integer, require_integer_list
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.factorization_machine import FactorizationMachine
 from trainer.layers.linear_logit import LinearLogit
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
-from trainer.models.blocks import embedding_options, flatten_features, mlp
+from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
+from trainer.models.blocks import embed_fields, embedding_options, flatten_features, mlp, num_fields
 
 
 @keras.saving.register_keras_serializable(package="ctr")
@@ -38,6 +38,7 @@ class DeepFM(keras.Model):
         embedding_dim: int = 16,
         mlp_units: Sequence[int] = (512, 256, 128),
         embedding_options: Mapping[str, Any] | None = None,
+        bags: Sequence[Mapping[str, Any]] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -47,10 +48,12 @@ class DeepFM(keras.Model):
         self.embedding_dim = embedding_dim
         self.mlp_units = list(mlp_units)
         self.embedding_options = dict(embedding_options or {})
+        self.bags = [dict(bag) for bag in bags]
 
         self.embedding = CategoricalEmbedding(
             self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
         )
+        self.num_fields = num_fields(self.embedding, self.bags)
         # The three logits are computed and summed in float32, where the sigmoid and the loss run.
         self.linear = LinearLogit(self.table_sizes, self.embedding_options, dtype="float32", name="linear")
         self.factorization_machine = FactorizationMachine(dtype="float32", name="factorization_machine")
@@ -59,7 +62,7 @@ class DeepFM(keras.Model):
         self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
 
     def call(self, inputs: dict[str, Any]) -> Any:
-        embedded = self.embedding(inputs[CATEGORICAL_INPUT])
+        embedded = embed_fields(self.embedding, inputs, self.bags)
         linear = self.linear(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
         pairwise = self.factorization_machine(embedded)
         deep = self.deep_logit(self.deep_network(flatten_features(embedded, inputs[DENSE_INPUT])))
@@ -70,8 +73,8 @@ class DeepFM(keras.Model):
         dense_shape, categorical_shape = tuple(input_shape[DENSE_INPUT]), tuple(input_shape[CATEGORICAL_INPUT])
         self.embedding.build(categorical_shape)
         self.linear.build(dense_shape, categorical_shape)
-        self.factorization_machine.build((None, len(self.table_sizes), self.embedding_dim))
-        self.deep_network.build((None, len(self.table_sizes) * self.embedding_dim + dense_shape[-1]))
+        self.factorization_machine.build((None, self.num_fields, self.embedding_dim))
+        self.deep_network.build((None, self.num_fields * self.embedding_dim + dense_shape[-1]))
         self.deep_logit.build((None, self.mlp_units[-1]))
 
     def get_config(self) -> dict[str, Any]:
@@ -82,16 +85,19 @@ class DeepFM(keras.Model):
                 "embedding_dim": self.embedding_dim,
                 "mlp_units": list(self.mlp_units),
                 "embedding_options": dict(self.embedding_options),
+                "bags": [dict(bag) for bag in self.bags],
             }
         )
         return config
 
 
-def build_deepfm(config: TrainConfig, table_sizes: Sequence[int]) -> DeepFM:
+def build_deepfm(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
+             spec_options: Mapping[str, Any] | None = None) -> DeepFM:
     return DeepFM(
         table_sizes,
         embedding_dim=config.embedding_dim,
         mlp_units=config.mlp_units,
-        embedding_options=embedding_options(config),
+        embedding_options=embedding_options(config, inputs, dict(spec_options or {})),
+        bags=inputs.bags(attended=False),
         name="deepfm",
     )

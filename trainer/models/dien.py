@@ -32,12 +32,14 @@ from trainer.layers.attentional_update_gru import AttentionalUpdateGRU
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.simple_recurrent_unit import SimpleRecurrentUnit
 from trainer.layers.target_attention import TargetAttention
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT, HISTORY_INPUT, sequence_input_shapes
+from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, HISTORY_INPUT, ModelInputs
 from trainer.models.blocks import (
     behaviour_sequence,
+    embed_fields,
     embedding_options,
     flatten_features,
     mlp,
+    num_fields,
     probability_head,
     require_item_feature,
     sequence_feature_index,
@@ -65,10 +67,11 @@ class DIEN(keras.Model):
         attention_units: Sequence[int] = (80, 40),
         mlp_units: Sequence[int] = (512, 256, 128),
         embedding_options: Mapping[str, Any] | None = None,
+        bags: Sequence[Mapping[str, Any]] = (),
+        sequence_key: str = HISTORY_INPUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        require_item_feature(item_feature, table_sizes)
         require_integer("embedding_dim", embedding_dim)
         require_integer_list("mlp_units", mlp_units)
         if interest_cell not in INTEREST_CELLS:
@@ -82,10 +85,14 @@ class DIEN(keras.Model):
         self.attention_units = list(attention_units)
         self.mlp_units = list(mlp_units)
         self.embedding_options = dict(embedding_options or {})
+        self.bags = [dict(bag) for bag in bags]
+        self.sequence_key = sequence_key
 
         self.embedding = CategoricalEmbedding(
             self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
         )
+        self.num_fields = num_fields(self.embedding, self.bags)
+        require_item_feature(item_feature, range(self.embedding.num_features))
         if interest_cell == "gru":
             self.interest_extractor = keras.layers.GRU(embedding_dim, return_sequences=True, name="interest_extractor")
         else:
@@ -96,9 +103,9 @@ class DIEN(keras.Model):
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any]) -> Any:
-        embedded = self.embedding(inputs[CATEGORICAL_INPUT])
+        embedded = embed_fields(self.embedding, inputs, self.bags)
         target = ops.take(embedded, self.item_feature, axis=1)
-        behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature)
+        behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)
         interests = self.interest_extractor(behaviours, mask=valid)
         _, weights = self.attention(target, interests, mask=valid, return_attention_scores=True)
         interest = self.interest_evolution(interests, weights, mask=valid)
@@ -108,11 +115,11 @@ class DIEN(keras.Model):
     def build(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         # Explicit so a loaded .keras model gets its weights before they are restored.
         self.embedding.build(tuple(input_shape[CATEGORICAL_INPUT]))
-        sequence_shape = (None, input_shape[HISTORY_INPUT][-1], self.embedding_dim)
+        sequence_shape = (None, input_shape[self.sequence_key][-1], self.embedding_dim)
         self.interest_extractor.build(sequence_shape)
         self.attention.build((None, self.embedding_dim), sequence_shape)
         self.interest_evolution.build(sequence_shape, sequence_shape[:2])
-        width = (len(self.table_sizes) + 1) * self.embedding_dim + input_shape[DENSE_INPUT][-1]
+        width = (self.num_fields + 1) * self.embedding_dim + input_shape[DENSE_INPUT][-1]
         self.deep_network.build((None, width))
         self.head.build((None, self.mlp_units[-1]))
 
@@ -127,21 +134,27 @@ class DIEN(keras.Model):
                 "attention_units": list(self.attention_units),
                 "mlp_units": list(self.mlp_units),
                 "embedding_options": dict(self.embedding_options),
+                "bags": [dict(bag) for bag in self.bags],
+                "sequence_key": self.sequence_key,
             }
         )
         return config
 
 
-def build_dien(config: TrainConfig, table_sizes: Sequence[int]) -> DIEN:
+def build_dien(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
+             spec_options: Mapping[str, Any] | None = None) -> DIEN:
     model = DIEN(
         table_sizes,
-        item_feature=sequence_feature_index(config),
+        item_feature=sequence_feature_index(config, inputs),
+        sequence_key=inputs.sequence or HISTORY_INPUT,
         embedding_dim=config.embedding_dim,
         interest_cell=config.interest_cell,
         attention_units=config.attention_units,
         mlp_units=config.mlp_units,
-        embedding_options=embedding_options(config),
+        embedding_options=embedding_options(config, inputs, dict(spec_options or {})),
+        bags=inputs.bags(attended=True),
         name="dien",
     )
-    model.build(sequence_input_shapes(config.sequence_length))
+    model.build(inputs.shapes if inputs.sequence else
+                {**inputs.shapes, HISTORY_INPUT: (None, config.sequence_length)})
     return model

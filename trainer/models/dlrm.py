@@ -19,8 +19,8 @@ from components.config import TrainConfig
 from trainer.arguments import require_integer, require_integer_list
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.dot_interaction import DotInteraction
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
-from trainer.models.blocks import embedding_options, mlp, probability_head
+from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
+from trainer.models.blocks import embed_fields, embedding_options, mlp, num_fields, probability_head
 
 
 @keras.saving.register_keras_serializable(package="ctr")
@@ -39,6 +39,7 @@ class DLRM(keras.Model):
         bottom_mlp_units: Sequence[int] = (64,),
         top_mlp_units: Sequence[int] = (512, 256, 128),
         embedding_options: Mapping[str, Any] | None = None,
+        bags: Sequence[Mapping[str, Any]] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -51,24 +52,26 @@ class DLRM(keras.Model):
         self.bottom_mlp_units = list(bottom_mlp_units)
         self.top_mlp_units = list(top_mlp_units)
         self.embedding_options = dict(embedding_options or {})
+        self.bags = [dict(bag) for bag in bags]
 
         self.dense_arch = mlp([*self.bottom_mlp_units, embedding_dim], "dense_arch")
         self.embedding = CategoricalEmbedding(
             self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
         )
+        self.num_fields = num_fields(self.embedding, self.bags)
         self.interaction = DotInteraction(name="interaction")
         self.over_arch = mlp(self.top_mlp_units, "over_arch")
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any]) -> Any:
         dense = self.dense_arch(inputs[DENSE_INPUT])
-        embedded = self.embedding(inputs[CATEGORICAL_INPUT])
+        embedded = embed_fields(self.embedding, inputs, self.bags)
         interactions = self.interaction(ops.concatenate([ops.expand_dims(dense, 1), embedded], axis=1))
         return self.head(self.over_arch(ops.concatenate([dense, interactions], axis=-1)))
 
     def build(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         # Explicit so a loaded .keras model gets its weights before they are restored.
-        num_vectors = len(self.table_sizes) + 1
+        num_vectors = self.num_fields + 1
         self.dense_arch.build(tuple(input_shape[DENSE_INPUT]))
         self.embedding.build(tuple(input_shape[CATEGORICAL_INPUT]))
         self.interaction.build((None, num_vectors, self.embedding_dim))
@@ -84,17 +87,20 @@ class DLRM(keras.Model):
                 "bottom_mlp_units": list(self.bottom_mlp_units),
                 "top_mlp_units": list(self.top_mlp_units),
                 "embedding_options": dict(self.embedding_options),
+                "bags": [dict(bag) for bag in self.bags],
             }
         )
         return config
 
 
-def build_dlrm(config: TrainConfig, table_sizes: Sequence[int]) -> DLRM:
+def build_dlrm(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
+             spec_options: Mapping[str, Any] | None = None) -> DLRM:
     return DLRM(
         table_sizes,
         embedding_dim=config.embedding_dim,
         bottom_mlp_units=config.bottom_mlp_units,
         top_mlp_units=config.mlp_units,
-        embedding_options=embedding_options(config),
+        embedding_options=embedding_options(config, inputs, dict(spec_options or {})),
+        bags=inputs.bags(attended=False),
         name="dlrm",
     )

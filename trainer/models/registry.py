@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import keras
 
 from components.config import TrainConfig
-from components.schema import CATEGORICAL_FEATURES
-from trainer.model_inputs import INPUT_SHAPES
+from components.feature_spec import FeatureSpec
+from trainer.model_inputs import model_inputs
 from trainer.models.dcnv2 import build_dcnv2
 from trainer.models.deepfm import build_deepfm
 from trainer.models.dien import build_dien
@@ -16,7 +16,7 @@ from trainer.models.din import build_din
 from trainer.models.dlrm import build_dlrm
 from trainer.models.wide_deep import build_wide_deep
 
-ModelBuilder = Callable[[TrainConfig, Sequence[int]], keras.Model]
+ModelBuilder = Callable[..., keras.Model]
 
 MODEL_BUILDERS: dict[str, ModelBuilder] = {
     "dcnv2": build_dcnv2,
@@ -28,25 +28,31 @@ MODEL_BUILDERS: dict[str, ModelBuilder] = {
 }
 
 
-def build_model(config: TrainConfig, table_sizes: Mapping[str, int]) -> keras.Model:
-    """The built (weights created) model named by `config.model`, with one table per categorical feature.
+def build_model(config: TrainConfig, table_sizes: Mapping[str, int], spec: FeatureSpec | None = None) -> keras.Model:
+    """The built (weights created) model named by `config.model`, reading the inputs of the feature spec
+    (`spec`, the criteo spec by default: trainer.model_inputs), one embedding table per spec table.
 
-    `table_sizes` maps every name in components.schema.CATEGORICAL_FEATURES to its number of rows
-    (FeatureState.table_sizes()). Models that read a behaviour sequence (DIN, DIEN) are built with the
-    history input too (trainer.model_inputs.sequence_input_shapes).
+    `table_sizes` maps every table of the spec to its number of rows (FeatureState.table_sizes()). Models that
+    read a behaviour sequence (DIN, DIEN) attend over the spec's first sequence feature, with the feature whose
+    table it shares as the target (without one in the spec, over a synthetic `history` input).
     """
+    from components.feature_spec import load_spec
+
     builder = MODEL_BUILDERS.get(config.model)
     if builder is None:
         raise ValueError(
             f"unknown model {config.model!r} (train.model); expected one of {sorted(MODEL_BUILDERS)}"
         )
-    missing = [name for name in CATEGORICAL_FEATURES if name not in table_sizes]
+    spec = spec or load_spec("criteo")
+    inputs = model_inputs(spec)
+    missing = [name for name in inputs.tables if name not in table_sizes]
     if missing:
         raise ValueError(
-            f"table_sizes has no entry for {missing}; expected one per categorical feature "
+            f"table_sizes has no entry for {missing}; expected one per table of feature spec {spec.name!r} "
             f"(FeatureState.table_sizes())"
         )
-    model = builder(config, [int(table_sizes[name]) for name in CATEGORICAL_FEATURES])
-    if not model.built:  # the sequence models' builders build with the history's shape
-        model.build(INPUT_SHAPES)
+    model = builder(config, [int(table_sizes[name]) for name in inputs.tables], inputs,
+                    inputs.embedding_options(spec))
+    if not model.built:  # the sequence models' builders build with the sequence's shape
+        model.build(inputs.shapes)
     return model
