@@ -262,9 +262,11 @@ class LoadedModel:
     def signature_metadata(self) -> dict[str, Any]:
         """The serving signature in TF-Serving's GetModelMetadata form (signature_def), plus the feature spec
         the model was trained under when its manifest has it."""
+        from tensorflow.core.framework import types_pb2
+
         def tensor_info(name: str, spec: tf.TensorSpec) -> dict[str, Any]:
             dims = [{"size": str(-1 if d is None else d), "name": ""} for d in spec.shape.as_list()]
-            return {"dtype": f"DT_{spec.dtype.name.upper()}", "tensor_shape": {"dim": dims, "unknown_rank": False},
+            return {"dtype": types_pb2.DataType.Name(spec.dtype.as_datatype_enum), "tensor_shape": {"dim": dims, "unknown_rank": False},
                     "name": f"serving_default_{name}:0"}
 
         outputs = {OUTPUT_NAME: {"dtype": "DT_FLOAT", "tensor_shape": {"dim": [{"size": "-1", "name": ""}],
@@ -301,10 +303,11 @@ class LoadedModel:
 
 def _declared(spec: Mapping[str, Any], name: str) -> dict[str, Any]:
     """The spec's entry of feature `name` (its kind, dtype, format), or {} when the manifest has no spec."""
-    for entry in spec.get("features", []):
-        if entry.get("name") == name:
-            return entry
-    return {}
+    entries = {entry.get("name"): entry for entry in spec.get("features", [])}
+    entry = entries.get(name, {})
+    if entry.get("kind") == "sequence":  # its ids are those of the feature whose table it shares
+        entry = {**entry, "dtype": entries.get(entry.get("shares"), {}).get("dtype", "string")}
+    return entry
 
 
 def _converter(tensor: tf.TensorSpec, declared: Mapping[str, Any]) -> Callable[[Any], Any]:
