@@ -266,8 +266,8 @@ class LoadedModel:
 
         def tensor_info(name: str, spec: tf.TensorSpec) -> dict[str, Any]:
             dims = [{"size": str(-1 if d is None else d), "name": ""} for d in spec.shape.as_list()]
-            return {"dtype": types_pb2.DataType.Name(spec.dtype.as_datatype_enum), "tensor_shape": {"dim": dims, "unknown_rank": False},
-                    "name": f"serving_default_{name}:0"}
+            return {"dtype": types_pb2.DataType.Name(spec.dtype.as_datatype_enum),
+                    "tensor_shape": {"dim": dims, "unknown_rank": False}, "name": f"serving_default_{name}:0"}
 
         outputs = {OUTPUT_NAME: {"dtype": "DT_FLOAT", "tensor_shape": {"dim": [{"size": "-1", "name": ""}],
                                                                       "unknown_rank": False},

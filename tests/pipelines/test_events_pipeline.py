@@ -90,3 +90,35 @@ def test_samples_and_model_come_from_the_joined_events(pipeline):
     assert report["gate"]["passed"] is True
     # The planted model scored on the joined labels: the best AUC reachable, above what 17 K rows train to.
     assert 0.6 < report["metrics"]["auc"] < report["planted_auc"] < 0.95
+
+
+@pytest.fixture(scope="module")
+def din_pipeline(tmp_path_factory, spark):
+    """The same generated streams under the events spec (user, item, slot, device, the behaviour sequence) with
+    DIN, through export."""
+    root = tmp_path_factory.mktemp("events-din")
+    config = load_config(overrides={"paths.data_root": str(root), **OVERRIDES, "features.spec": "events",
+                                    "train.model": "din"}, environ={})
+    layout = Layout(config.paths.root)
+    generate_events(config.generate, config.events, layout)
+    ctx = RunContext(config=config, interval=SPAN, pipeline="daily", run_id="test-events-din")
+    return {"config": config, "layout": layout, "ctx": ctx, "outputs": run_steps(ctx, select_steps("daily", None))}
+
+
+def test_the_events_spec_with_din_trains_exports_and_serves(din_pipeline, pipeline):
+    from serving.model import LoadedModel
+
+    layout, outputs = din_pipeline["layout"], din_pipeline["outputs"]
+    report = outputs["evaluate"]
+    criteo_columns = pipeline["outputs"]["evaluate"]["metrics"]["auc"]
+    print(f"events spec + DIN: AUC {report['metrics']['auc']:.4f}; criteo columns + DCNv2: {criteo_columns:.4f}; "
+          f"planted {report['planted_auc']:.4f}")
+    # On 17 K rows the user, item and sequence add little over the Criteo-like columns (0.757 against 0.751
+    # when this was written; planted 0.850): what they are worth is measured on 1 M impressions, not here.
+    assert report["gate"]["passed"] and 0.6 < report["metrics"]["auc"] < report["planted_auc"]
+    model = LoadedModel.load(layout.export_dir(SPAN))
+    assert model.manifest["model"] == "din" and model.manifest["feature_spec"]["name"] == "events"
+    row = pq.read_table(next((layout.joined_dir(SPAN) / "samples").glob("part-*.parquet"))).slice(0, 1).to_pylist()[0]
+    instance = {name: row[name] for name in ("user_id", "item_id", "device", "slot", "ts", "history",
+                                             *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)))}
+    assert 0.0 < model.predict([instance])[0] < 1.0
