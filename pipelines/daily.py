@@ -359,6 +359,12 @@ def evaluate(ctx: RunContext) -> dict:
 
     evaluation_dir = ctx.layout.evaluation_dir(ctx.interval)
     data = np.load(evaluation_dir / "predictions.npz")
+    positives, rows = int(data["labels"].sum()), len(data["labels"])
+    if positives in (0, rows):
+        raise QualityGateError(
+            f"the held-out slice of {ctx.interval.tag} has {rows} rows and {positives} clicks: AUC needs both "
+            "clicks and non-clicks; run on a longer interval or raise features.eval_fraction (the share of the "
+            "interval's last minutes held out)")
     evaluation = compute(data["labels"], data["predictions"])
     _, eval_minutes = split_minutes(ctx)
     if _source(ctx) == "events":

@@ -122,3 +122,24 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
 
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
+
+
+def test_a_held_out_slice_without_clicks_stops_at_the_gate_saying_what_to_change(tmp_path):
+    sample = DATA / SAMPLES["taobao"]
+    if not sample.is_file():
+        pytest.skip(f"the real taobao sample is read from {sample}, which is absent (../shared is not beside the "
+                    "checkout)")
+    from components.evaluation import QualityGateError
+
+    config = load_config(overrides={"paths.data_root": str(tmp_path), "features.spec": "taobao",
+                                    "features.min_count": 2, "features.block_rows": 16, "features.num_shards": 1,
+                                    "train.epochs": 1, "train.batch_size": 16, "train.mlp_units": [16],
+                                    "train.embedding_dim": 4, "tracking.strict": True}, environ={})
+    layout = RunContext(config, Interval.minute("2017-05-06T00:00"), "daily", "x").layout
+    report = ingest(config.feature_spec, [_spread_over_minutes(sample, tmp_path / "taobao.csv")], layout)
+    ctx = RunContext(config=config, interval=Interval.parse(report.first_minute, report.end_minute),
+                     pipeline="daily", run_id="spec-no-clicks")
+    # The last 10 % of the minutes (rows 90..99) hold none of the sample's 4 clicks.
+    with pytest.raises(QualityGateError, match=r"has 10 rows and 0 clicks: AUC needs both clicks and non-clicks; "
+                                               r"run on a longer interval or raise features.eval_fraction"):
+        run_steps(ctx, select_steps("daily", ["validate", "features", "samples", "train", "evaluate"]))
