@@ -37,8 +37,7 @@ from components.feature_state import FeatureState, categorical_rows, check_state
 from components.manifest import commit_dir, staging_dir, write_manifest
 from components.row_codec import PER_COLUMN, ROW_LAYOUT, encode_rows
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
-
-LABEL = "label"
+from spark_jobs.raw import LABEL
 
 SAMPLES_KIND = "samples"
 # features.samples_layout -> the layout name the manifest records.
