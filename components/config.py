@@ -126,6 +126,11 @@ class TrainConfig:
     mlp_units: tuple[int, ...] = (512, 256, 128)
     batch_size: int = 2048
     epochs: int = 3
+    # Early stopping: the held-out slice is scored after every epoch; after this many epochs in a row without
+    # a val_auc gain of more than early_stopping_min_delta training stops, and the best epoch's weights are the
+    # ones calibrated, checkpointed and exported (trainer/early_stopping.py). 0 keeps the last epoch.
+    early_stopping_patience: int = 1
+    early_stopping_min_delta: float = 0.0
     learning_rate: float = 0.02
     # Row-sparse updates: embeddings get Adagrad's scatter updates; only touched rows change.
     embedding_learning_rate: float = 0.2

@@ -274,6 +274,11 @@ def train(ctx: RunContext) -> dict:
                          callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start,
                          layout=train_manifest["layout"], num_rows=train_manifest["row_counts"]["rows"],
                          spec=ctx.spec)
+    if result.best_epoch is not None:
+        val_auc = result.history["val_auc"]
+        ctx.progress("train: kept epoch %d of %d (held-out AUC by epoch: %s)", result.best_epoch + 1,
+                     config.epochs, " ".join(f"{v:.4f}" for v in val_auc))
+        tracker.log_metrics({"train.best_epoch": result.best_epoch + 1, "train.epochs_run": len(val_auc)})
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})
@@ -292,7 +297,7 @@ def train(ctx: RunContext) -> dict:
     evaluation_dir.mkdir(parents=True, exist_ok=True)
     np.savez(evaluation_dir / "predictions.npz", labels=result.eval_labels, predictions=result.eval_predictions)
     summary = {"examples_per_second": result.examples_per_second, "num_train_examples": result.num_train_examples,
-               "history": result.history}
+               "history": result.history, "best_epoch": result.best_epoch}
     write_json_atomic(evaluation_dir / "training.json", summary)
     tracker.log_metrics({"train.examples_per_second": result.examples_per_second})
     tracker.log_params({f"train.flag.{k}": v for k, v in result.speed_flags.items()})

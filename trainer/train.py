@@ -23,6 +23,7 @@ from components.feature_spec import FeatureSpec
 from components.manifest import read_manifest, write_manifest
 from trainer.arguments import even_batch_size, require_integer
 from trainer.calibration import calibrate_level
+from trainer.early_stopping import BestEpoch
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
 from trainer.optimizers import EmbeddingAdagrad
@@ -58,6 +59,8 @@ class TrainResult:
     warm_start: dict[str, int] | None = None
     # The level calibration applied after training (trainer.calibration.calibrate_level), if any.
     calibration: dict[str, float] | None = None
+    # The epoch (0-based) whose weights were kept: the best held-out AUC (None with early stopping off).
+    best_epoch: int | None = None
 
 
 class StepMetricsLogger(keras.callbacks.Callback):
@@ -161,7 +164,9 @@ def train_model(
     Progress is saved under `checkpoint_dir/progress` every `config.checkpoint_every_steps` steps and at each
     epoch's end. A run with the same inputs that finds progress there resumes from it: same weights, optimizer
     state, step count and data position (epoch e reads its files in the order of seed + e, and skips the
-    batches already applied). Otherwise `warm_start`, when given, seeds the weights from a previous checkpoint.
+    batches already applied). After each epoch the held-out AUC is compared with the best so far
+    (trainer/early_stopping.py): `early_stopping_patience` epochs without a gain end the run, and the best
+    epoch's weights are the ones kept. Otherwise `warm_start`, when given, seeds the weights from a previous checkpoint.
     `spec`: the feature spec the samples were written under (the criteo spec when None).
     """
     # Imported here: the input pipeline is tf.data, and the rest of this module (compile_model,
@@ -199,6 +204,7 @@ def train_model(
                                     inputs=inputs)
         meter = _ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
+        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta)
         for callback in callbacks:
             if isinstance(callback, StepMetricsLogger) and resumed is not None:
                 callback.step = resumed.global_step
@@ -225,6 +231,9 @@ def train_model(
                 )
                 for name, values in fitted.history.items():
                     history.setdefault(name, []).extend(float(v) for v in values)
+                if best.update(epoch, {name: values[-1] for name, values in fitted.history.items()}, model):
+                    break
+            best_epoch = best.restore(model)
             calibration = None
             if config.calibrate:
                 rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
@@ -236,6 +245,7 @@ def train_model(
     eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     speed_flags = _speed_flags(config, strategy.num_replicas_in_sync)
+    kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
     from components.delta import save_weights
     from trainer.export import weight_specs
@@ -253,7 +263,11 @@ def train_model(
         extra={
             "train_config": dataclasses.asdict(config),
             "table_sizes": dict(table_sizes),
-            "final_metrics": {name: values[-1] for name, values in history.items()},
+            # The kept epoch's metrics (the last epoch's when early stopping is off or the best epoch ran before
+            # a resume).
+            "final_metrics": {name: values[kept] for name, values in history.items()},
+            "best_epoch": best_epoch,
+            "epochs_run": first_epoch + len(history.get("loss", [])),
             "speed_flags": speed_flags,
             "global_step": saver.global_step,
             "resumed_from_step": resumed.global_step if resumed else None,
@@ -275,6 +289,7 @@ def train_model(
         resumed_from_step=resumed.global_step if resumed else None,
         warm_start=warm_start_summary,
         calibration=calibration,
+        best_epoch=best_epoch,
     )
 
 

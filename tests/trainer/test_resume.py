@@ -42,7 +42,9 @@ def test_a_training_killed_with_sigkill_resumes_from_its_last_save_and_ends_wher
     state = json.loads((progress / "state.json").read_text())
     assert {k: state[k] for k in ("epoch", "batches_done", "global_step")} == {
         "epoch": 1, "batches_done": 5, "global_step": 20}
-    assert sorted(p.name for p in progress.iterdir()) == ["state.json", "weights-000000020.weights.h5"]
+    # The progress, and the best epoch so far (epoch 1 of 2 ended before the kill) for early stopping.
+    assert sorted(p.name for p in progress.iterdir()) == [
+        "best-0000.weights.h5", "best.json", "state.json", "weights-000000020.weights.h5"]
     assert not (tmp_path / "killed" / "model.keras").exists()
 
     resumed = run(tmp_path / "data", tmp_path / "killed")

@@ -147,3 +147,40 @@ def test_micro_batches_must_divide_the_batch(tmp_path):
 def test_step_logger_rejects_invalid_intervals(every_n_steps):
     with pytest.raises(ValueError, match=re.escape(f"every_n_steps={every_n_steps!r}")):
         StepMetricsLogger(lambda metrics, step: None, every_n_steps)
+
+
+@pytest.mark.integration
+def test_keeps_the_epoch_with_the_best_held_out_auc(planted, tmp_path):
+    # A high learning rate on 6,000 rows over-fits after the first epochs: the held-out AUC falls, training
+    # stops one epoch later (patience 1), and the checkpoint holds the best epoch's weights.
+    config = dataclasses.replace(SMALL, epochs=8, learning_rate=0.2, embedding_learning_rate=2.0,
+                                 early_stopping_patience=1, calibrate=False)
+    result = train_model(config, table_sizes(NUM_VALUES), planted["train_files"], planted["eval_files"],
+                         tmp_path / "checkpoint")
+    val_auc = result.history["val_auc"]
+    assert result.best_epoch == int(np.argmax(val_auc))
+    assert len(val_auc) == result.best_epoch + 2 < config.epochs  # stopped one epoch after the best
+    assert val_auc[-1] <= val_auc[result.best_epoch]
+    # The predictions are the best epoch's, not the last one's.
+    assert roc_auc(result.eval_labels, result.eval_predictions) == pytest.approx(val_auc[result.best_epoch],
+                                                                                 abs=0.005)
+    manifest = read_manifest(tmp_path / "checkpoint", kind="checkpoint")
+    assert manifest["best_epoch"] == result.best_epoch and manifest["epochs_run"] == len(val_auc)
+    assert manifest["final_metrics"]["val_auc"] == val_auc[result.best_epoch]
+    reloaded = load_checkpoint(tmp_path / "checkpoint")
+    from trainer.input import samples_dataset
+
+    batch = next(iter(samples_dataset(planted["eval_files"], 256, shuffle=False, seed=0)))[0]
+    np.testing.assert_allclose(reloaded.predict(batch, verbose=0).reshape(-1), result.eval_predictions[:256],
+                               rtol=1e-5, atol=1e-6)
+    assert not (tmp_path / "checkpoint" / "progress").exists()
+
+
+@pytest.mark.integration
+def test_patience_zero_keeps_the_last_epoch(planted, tmp_path):
+    config = dataclasses.replace(SMALL, epochs=2, early_stopping_patience=0, calibrate=False)
+    result = train_model(config, table_sizes(NUM_VALUES), planted["train_files"], planted["eval_files"],
+                         tmp_path / "checkpoint")
+    assert result.best_epoch is None and len(result.history["val_auc"]) == 2
+    assert roc_auc(result.eval_labels, result.eval_predictions) == pytest.approx(result.history["val_auc"][-1],
+                                                                                 abs=0.005)
