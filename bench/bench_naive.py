@@ -77,7 +77,7 @@ def train_naive(config: TrainConfig, files: list[str], eval_rows: Rows, learning
 
     from trainer.metrics import ctr_metrics
     from trainer.models import build_model
-    from trainer.train import _ThroughputMeter
+    from trainer.train import ThroughputMeter
 
     keras.utils.set_random_seed(config.seed)
     model = build_model(config, {name: TABLE_ROWS for name in CATEGORICAL_FEATURES})
@@ -87,7 +87,7 @@ def train_naive(config: TrainConfig, files: list[str], eval_rows: Rows, learning
         metrics=ctr_metrics(),
         jit_compile=False,
     )
-    meter = _ThroughputMeter()
+    meter = ThroughputMeter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Your input ran out of data")
         model.fit(naive_dataset(files, config.batch_size, config.seed), epochs=config.epochs, callbacks=[meter],

@@ -30,7 +30,7 @@ from typing import Any
 from components.config import EventsConfig, FeatureConfig, GenerateConfig, SparkConfig
 from components.events import generate_events
 from components.feature_spec import load_spec
-from components.interval import Interval, _parse_time
+from components.interval import Interval, parse_time
 from components.layout import Layout
 
 CRITEO = load_spec("criteo")
@@ -95,7 +95,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
         root = Path(tmp)
         summary, result["generate_s"] = timed(lambda: generate(root / "day", minutes, args.rows_per_minute))
-        span = Interval(_parse_time(START), _parse_time(START) + timedelta(minutes=minutes))
+        span = Interval(parse_time(START), parse_time(START) + timedelta(minutes=minutes))
 
         from spark_jobs.events import joined_rows
         from spark_jobs.session import get_spark
@@ -131,8 +131,8 @@ def main() -> int:
             remote = SparkSession.builder.remote(server.url).getOrCreate()
             timings = []
             for index in range(2):  # minute 0 cold (the server's first jobs), minute 1 warm
-                minute = Interval(_parse_time(START) + timedelta(minutes=index),
-                                  _parse_time(START) + timedelta(minutes=index + 1))
+                minute = Interval(parse_time(START) + timedelta(minutes=index),
+                                  parse_time(START) + timedelta(minutes=index + 1))
                 _, seconds = timed(lambda m=minute: data_path(remote, root / "minute", m, features, previous=state))
                 timings.append(seconds)
             remote.stop()

@@ -1,4 +1,4 @@
-"""Offline evaluation and the quality gate."""
+"""Offline evaluation and the two gates: the daily model's quality gate and a minute delta's gate."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from components.config import GateConfig
+from components.config import GateConfig, IncrementalConfig
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -84,3 +84,45 @@ def check_gate(evaluation: Evaluation, gate: GateConfig) -> list[str]:
             f"gate.max_calibration_error={gate.max_calibration_error}"
         )
     return failures
+
+
+class DeltaGateError(RuntimeError):
+    """A delta failed its gate: it is not published and serving stays on the last good version."""
+
+
+@dataclass(frozen=True)
+class DeltaGate:
+    failures: list[str]
+    max_embedding_norm: float  # the largest L2 norm of a changed embedding row
+    logloss_increase: float  # holdout logloss of the child minus the parent's
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def check_delta_gate(weight_specs: list[dict], arrays: dict[str, np.ndarray], holdout_logloss: float,
+                     parent_holdout_logloss: float, config: IncrementalConfig) -> DeltaGate:
+    """A delta passes when every changed value is finite, every changed embedding row is within
+    `max_embedding_norm`, and the child's holdout logloss is at most `max_logloss_increase` over the parent's.
+    `weight_specs` and `arrays` as components.delta.read_delta returns them."""
+    from components.delta import rows_name, values_name
+
+    failures = []
+    non_finite = [spec["path"] for i, spec in enumerate(weight_specs) if not np.isfinite(arrays[values_name(i)]).all()]
+    if non_finite:
+        failures.append(f"non-finite values in {non_finite}")
+    max_norm = 0.0
+    for index, spec in enumerate(weight_specs):
+        values = arrays[values_name(index)]
+        if spec["path"].endswith("embeddings") and len(arrays[rows_name(index)]) and values.ndim == 2:
+            max_norm = max(max_norm, float(np.nanmax(np.linalg.norm(values, axis=1))))
+    if not max_norm <= config.max_embedding_norm:
+        failures.append(f"a changed embedding row has L2 norm {max_norm:.2f} > {config.max_embedding_norm} "
+                        "(incremental.max_embedding_norm)")
+    increase = holdout_logloss - parent_holdout_logloss
+    if not increase <= config.max_logloss_increase:
+        failures.append(f"holdout logloss {holdout_logloss:.4f} is {increase:+.4f} over the parent's "
+                        f"{parent_holdout_logloss:.4f}, more than {config.max_logloss_increase} "
+                        "(incremental.max_logloss_increase)")
+    return DeltaGate(failures, max_norm, increase)

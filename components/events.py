@@ -40,10 +40,10 @@ import pyarrow.parquet as pq
 from scipy.special import ndtr, ndtri
 
 from components.config import ConfigError, EventsConfig, GenerateConfig
-from components.interval import _parse_time
+from components.interval import parse_time
 from components.layout import Layout
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
-from components.synthetic import SUCCESS_MARKER, _hex8, _splitmix64, generate_minute
+from components.synthetic import SUCCESS_MARKER, generate_minute, hex8, splitmix64
 
 IMPRESSIONS = "impressions"
 CLICKS = "clicks"
@@ -130,7 +130,7 @@ def user_topic(seed: int, user_ids: np.ndarray | list[str]) -> np.ndarray:
 
 
 def _user_topic(seed: int, users: np.ndarray) -> np.ndarray:
-    mixed = _splitmix64(users.astype(np.uint64) + (np.uint64(seed & 0xFFFFFFFF) << np.uint64(32)))
+    mixed = splitmix64(users.astype(np.uint64) + (np.uint64(seed & 0xFFFFFFFF) << np.uint64(32)))
     return (mixed % np.uint64(NUM_TOPICS)).astype(np.int64)
 
 
@@ -167,9 +167,9 @@ def _request_ids(seed: int, minute_index: int, n: int) -> pa.Array:
         raise ValueError(f"minute index {minute_index} is out of range [0, {1 << _MINUTE_BITS}): generate in "
                          "spans of at most two years per seed")
     key = ((seed & 0xFFFFFF) << (_ROW_BITS + _MINUTE_BITS)) + (minute_index << _ROW_BITS)
-    mixed = _splitmix64(np.arange(n, dtype=np.uint64) + np.uint64(key))
-    high = _hex8((mixed >> np.uint64(32)).astype(np.uint32))
-    low = _hex8((mixed & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    mixed = splitmix64(np.arange(n, dtype=np.uint64) + np.uint64(key))
+    high = hex8((mixed >> np.uint64(32)).astype(np.uint32))
+    low = hex8((mixed & np.uint64(0xFFFFFFFF)).astype(np.uint32))
     return pa.array(np.char.add(high, low), pa.binary()).cast(pa.string())
 
 
@@ -296,7 +296,7 @@ def planted_event_auc(layout: Layout, minutes: list[datetime], request_ids: np.n
 def generate_events(generate: GenerateConfig, events: EventsConfig, layout: Layout, progress=None) -> dict:
     """Writes both streams for generate.minutes minutes from generate.start; returns counts of what was made."""
     check_events_config(generate, events)
-    start = _parse_time(generate.start).replace(second=0, microsecond=0)
+    start = parse_time(generate.start).replace(second=0, microsecond=0)
     start_ms = int(start.timestamp() * 1000)
     pending: dict[int, list[pa.Table]] = {}  # click minute index -> click deliveries not yet written
     totals = dict.fromkeys(("impressions", "impression_deliveries", "lost_impressions", "clicks",

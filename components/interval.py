@@ -32,14 +32,14 @@ class Interval:
     @classmethod
     def minute(cls, minute: str) -> Interval:
         """The minute starting at `minute` (ISO time, UTC unless it says otherwise)."""
-        start = _parse_time(minute)
+        start = parse_time(minute)
         if start.second or start.microsecond:
             raise ValueError(f"minute {minute!r} must start on a whole minute, e.g. 2026-01-02T00:05")
         return cls(start, start + timedelta(minutes=1))
 
     @classmethod
     def parse(cls, start: str, end: str) -> Interval:
-        return cls(_parse_time(start), _parse_time(end))
+        return cls(parse_time(start), parse_time(end))
 
     def minutes(self) -> Iterator[datetime]:
         t = self.start.replace(second=0, microsecond=0)
@@ -61,6 +61,6 @@ def day_number(moment: datetime) -> int:
     return (moment.astimezone(UTC).date() - datetime(1970, 1, 1).date()).days
 
 
-def _parse_time(text: str) -> datetime:
+def parse_time(text: str) -> datetime:
     value = datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=UTC)

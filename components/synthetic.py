@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from components.config import GenerateConfig
-from components.interval import _parse_time
+from components.interval import parse_time
 from components.layout import Layout
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL, NUM_CATEGORICAL, NUM_DENSE
 
@@ -45,7 +45,7 @@ INTERACTIONS = ((5, 13), (8, 19), (16, 21))
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     x = (x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)) & _MASK64
     x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK64
     x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK64
@@ -56,14 +56,14 @@ def _hash_normal(seed: int, feature: int, ids: np.ndarray, salt: int = 0) -> np.
     """A standard normal draw that is a pure function of (seed, feature, id, salt)."""
     base = np.uint64((seed * 1_000_003 + feature * 7919 + salt * 104_729) & 0xFFFFFFFF) << np.uint64(32)
     with np.errstate(over="ignore"):
-        a = _splitmix64(ids.astype(np.uint64) * np.uint64(2) + base)
-        b = _splitmix64(ids.astype(np.uint64) * np.uint64(2) + np.uint64(1) + base)
+        a = splitmix64(ids.astype(np.uint64) * np.uint64(2) + base)
+        b = splitmix64(ids.astype(np.uint64) * np.uint64(2) + np.uint64(1) + base)
     u1 = (a >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     u2 = (b >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
 
 
-def _hex8(values: np.ndarray) -> np.ndarray:
+def hex8(values: np.ndarray) -> np.ndarray:
     """uint32 -> 8 lowercase hex digits (bytes), without a Python loop."""
     digits = np.frombuffer(b"0123456789abcdef", dtype="S1")
     as_bytes = values.astype(">u4").view(np.uint8).reshape(-1, 4)
@@ -170,8 +170,8 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime)
         column = dense[:, j]
         columns[name] = pa.array(np.nan_to_num(column).astype(np.int64), mask=np.isnan(column))
     for f, name in enumerate(CATEGORICAL_FEATURES):
-        hashed = _splitmix64(ids[:, f].astype(np.uint64) + np.uint64(f << 40)) & np.uint64(0xFFFFFFFF)
-        text = pa.array(_hex8(hashed.astype(np.uint32)), pa.binary()).cast(pa.string())
+        hashed = splitmix64(ids[:, f].astype(np.uint64) + np.uint64(f << 40)) & np.uint64(0xFFFFFFFF)
+        text = pa.array(hex8(hashed.astype(np.uint32)), pa.binary()).cast(pa.string())
         columns[name] = pa.array(text.to_numpy(zero_copy_only=False), pa.string(), mask=ids[:, f] < 0)
     return MinuteSlice(minute, pa.table(columns), probability)
 
@@ -205,7 +205,7 @@ def write_minute(config: GenerateConfig, layout: Layout, minute_index: int, minu
 
 def generate(config: GenerateConfig, layout: Layout, progress=None) -> dict:
     """Writes config.minutes minute partitions from config.start; returns a summary with the planted AUC."""
-    start = _parse_time(config.start).replace(second=0, microsecond=0)
+    start = parse_time(config.start).replace(second=0, microsecond=0)
     labels, probabilities = [], []
     for index in range(config.minutes):
         piece = write_minute(config, layout, index, start + timedelta(minutes=index))

@@ -17,9 +17,9 @@ from pipelines.context import Step
 def run_step_task(pipeline: str, step_name: str, context: dict) -> None:
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from components.evaluation import QualityGateError
+    from components.evaluation import DeltaGateError, QualityGateError
     from components.validation import DataValidationError
-    from pipelines.incremental import DeltaGateError, NothingToLearn
+    from pipelines.incremental import NothingToLearn
     from pipelines.runner import run_airflow_step
 
     try:

@@ -41,6 +41,13 @@ class RunContext:
         """The run's feature spec (features.spec), read once."""
         return self.config.feature_spec
 
+    @cached_property
+    def source(self):  # -> pipelines.sources.Source
+        """Where the run's labelled rows come from (features.source), chosen once."""
+        from pipelines.sources import source_for
+
+        return source_for(self.config)
+
     @property
     def run_key(self) -> str:
         return f"{self.dag_id or 'ctr_' + self.pipeline}/{self.run_id}"
@@ -57,6 +64,12 @@ class RunContext:
                           tags=tags)
         tracker.start()
         return tracker
+
+    def spark(self):  # -> pyspark.sql.SparkSession
+        """The run's Spark session (local or Spark Connect, as `spark` config says), started on first use."""
+        from spark_jobs.session import get_spark
+
+        return get_spark(self.config.spark, app_name=f"ctr-{self.pipeline}")
 
     def progress(self, message: str, *args) -> None:
         progress_log.info("[ctr %s] " + message, self.pipeline, *args)

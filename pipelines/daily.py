@@ -5,8 +5,9 @@ transaction on its data interval: it reads the manifests its predecessor committ
 under paths that are a function of the interval (re-runs replace them), and logs to the run's MLflow run.
 Heavy libraries are imported inside the steps so the DAG file parses fast.
 
-`features.source` picks the input: "click_log" (labelled Criteo-layout slices) or "events" (impression and
-click streams, labelled by the join step; the join is a no-op for the click log).
+`features.source` picks the input once (pipelines/sources.py, `ctx.source`): "click_log" (labelled minute
+slices in the spec's layout) or "events" (impression and click streams, labelled by the join step; the join
+has nothing to do for the click log). No step branches on the source's name.
 """
 
 from __future__ import annotations
@@ -22,77 +23,33 @@ from pipelines.context import RunContext, Step
 MODEL_NAME = "ctr"
 
 
-SOURCES = ("click_log", "events")
-
-
-def _source(ctx: RunContext) -> str:
-    from components.config import ConfigError
-
-    source = ctx.config.features.source
-    if source not in SOURCES:
-        raise ConfigError(f"features.source={source!r} is not a known input; expected one of {list(SOURCES)}")
-    return source
-
-
 def split_minutes(ctx: RunContext) -> tuple[list, list]:
     """The interval's minutes that hold (validated) raw data, split in time: the last `eval_fraction` of them
     are held out for evaluation, so the model is always scored on traffic later than what it trained on."""
-    minutes = [m for m in ctx.interval.minutes() if _has_data(ctx, m)]
+    minutes = [m for m in ctx.interval.minutes() if ctx.source.has_data(ctx.layout, ctx.spec, m)]
     if len(minutes) < 2:
         raise RuntimeError(
-            f"{ctx.interval.tag} has {len(minutes)} minute slice(s) of {_source(ctx)} data; at least 2 are needed "
+            f"{ctx.interval.tag} has {len(minutes)} minute slice(s) of {ctx.source.name} data; at least 2 are needed "
             f"to train on earlier minutes and evaluate on later ones (data root {ctx.layout.root})"
         )
     num_eval = max(1, math.ceil(len(minutes) * ctx.config.features.eval_fraction))
     return minutes[:-num_eval], minutes[-num_eval:]
 
 
-def _has_data(ctx: RunContext, minute) -> bool:
-    if _source(ctx) == "events":
-        from components.events import EVENT_FILE, IMPRESSIONS
-
-        return (ctx.layout.raw_events_minute_dir(IMPRESSIONS, minute) / EVENT_FILE).exists()
-    return (ctx.layout.raw_minute_dir(minute) / ctx.spec.source.file_name).exists()
-
-
-def _raw_paths(ctx: RunContext, minutes) -> list[str]:
-    paths = []
-    for minute in minutes:
-        path = ctx.layout.raw_minute_dir(minute) / ctx.spec.source.file_name
-        if path.exists():
-            paths.append(str(path))
-    return paths
-
-
-def _input_frame(ctx: RunContext, spark, minutes):
-    """Parsed, labelled rows of `minutes` (label, dense doubles, categorical strings, minute), with the number
-    of minutes they come from: click-log slices, or the join's samples."""
-    if _source(ctx) == "events":
-        from components.manifest import read_manifest
-        from spark_jobs.events import JOINED_KIND, joined_rows
-
-        directory = ctx.layout.joined_dir(ctx.interval)
-        read_manifest(directory, kind=JOINED_KIND)
-        return joined_rows(spark, directory, minutes, ctx.spec), len(minutes)
-    from spark_jobs.raw import extract_raw, parse_raw
-
-    paths = _raw_paths(ctx, minutes)
-    return (parse_raw(extract_raw(spark, paths, ctx.spec), ctx.spec) if paths else None), len(paths)
+def _input_frame(ctx: RunContext, minutes):
+    """Parsed, labelled rows of `minutes` (the spec's typed columns and `minute`), and how many minutes they
+    come from."""
+    return ctx.source.rows(ctx, minutes, ctx.layout.joined_dir(ctx.interval)), len(minutes)
 
 
 def validate(ctx: RunContext) -> dict:
-    from components.validation import DataValidationError, click_log_dataset, validate_interval
+    from components.validation import DataValidationError, validate_interval
 
     minutes = list(ctx.interval.minutes())
     ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
     tracker = ctx.tracker
     tracker.log_run_config(ctx.config)
-    if _source(ctx) == "events":
-        from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
-
-        datasets = [IMPRESSIONS_DATASET, CLICKS_DATASET]
-    else:
-        datasets = [click_log_dataset(ctx.spec)]
+    datasets = ctx.source.datasets(ctx.spec)
     out, errors = {}, []
     click_log = datasets[0] if len(datasets) == 1 else None
     for dataset in datasets:
@@ -122,21 +79,14 @@ def validate(ctx: RunContext) -> dict:
 
 
 def join(ctx: RunContext) -> dict:
-    """Events only: impressions joined with their clicks (label within the attribution window, behaviour
-    sequences), validated, as Parquet under joined/<interval>."""
-    if _source(ctx) != "events":
-        ctx.progress("join: nothing to join, the click log is labelled")
-        return {"skipped": "features.source=click_log"}
-    from spark_jobs.events import run as run_join
-    from spark_jobs.events import validate_joined
-
-    events = ctx.config.events
+    """Labels the interval's rows when its source needs it (events: impressions joined with their clicks in the
+    attribution window, with behaviour sequences, validated, as Parquet under joined/<interval>)."""
     directory = ctx.layout.joined_dir(ctx.interval)
     started = time.monotonic()
-    ctx.progress("join: impressions x clicks for %s with Spark (window %d s, sequences of %d)", ctx.interval.tag,
-                 events.attribution_window_s, events.sequence_length)
-    metrics = run_join(_spark(ctx), ctx.layout, ctx.interval, directory, window_s=events.attribution_window_s,
-                       sequence_length=events.sequence_length, lookback_s=events.history_lookback_s)
+    metrics = ctx.source.label(ctx, ctx.interval, directory)
+    if metrics is None:
+        ctx.progress("join: nothing to join, the %s source is labelled", ctx.source.name)
+        return {"skipped": f"features.source={ctx.source.name}"}
     totals = {name: value for name, value in metrics.items() if name != "per_minute"}
     ctx.tracker.log_metrics({f"join.{name}": value for name, value in totals.items()}
                             | {"join.seconds": time.monotonic() - started})
@@ -145,15 +95,7 @@ def join(ctx: RunContext) -> dict:
                  "not labelled), %d orphan, %d duplicate deliveries; %.0f s", totals["impressions"],
                  totals["positives"], totals["attributed_clicks"], totals["late_clicks"], totals["orphan_clicks"],
                  totals["duplicate_clicks"], time.monotonic() - started)
-    validate_joined(ctx.layout, directory, events.sequence_length,
-                    ctx.layout.validation_report(ctx.interval, "joined_samples"), ctx.interval.start)
     return {"joined": str(directory), **totals}
-
-
-def _spark(ctx: RunContext):
-    from spark_jobs.session import get_spark
-
-    return get_spark(ctx.config.spark, app_name=f"ctr-{ctx.pipeline}")
 
 
 def features(ctx: RunContext) -> dict:
@@ -164,8 +106,7 @@ def features(ctx: RunContext) -> dict:
 
     train_minutes, _ = split_minutes(ctx)
     started = time.monotonic()
-    spark = _spark(ctx)
-    frame, num_slices = _input_frame(ctx, spark, train_minutes)
+    frame, num_slices = _input_frame(ctx, train_minutes)
     if frame is None:
         raise RuntimeError(f"no validated raw slices to build features from in {ctx.interval.tag}; run validate first")
     ctx.progress("features: building vocabularies from %d training minute slices with Spark", num_slices)
@@ -206,10 +147,9 @@ def samples(ctx: RunContext) -> dict:
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
     state = load_feature_state(state_dir)
     state_manifest = read_manifest(state_dir, verify=False)
-    spark = _spark(ctx)
     out = {}
     for split, minutes in zip(("train", "eval"), split_minutes(ctx), strict=True):
-        frame, num_slices = _input_frame(ctx, spark, minutes)
+        frame, num_slices = _input_frame(ctx, minutes)
         if frame is None:
             raise RuntimeError(f"no validated raw slices for the {split} split of {ctx.interval.tag}")
         started = time.monotonic()
@@ -218,8 +158,8 @@ def samples(ctx: RunContext) -> dict:
             frame, state, directory, spec=ctx.spec, split=split,
             block_rows=ctx.config.features.block_rows, num_shards=ctx.config.features.num_shards,
             seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
-            shuffle=_source(ctx) != "events",  # the join's samples come shuffled (joined_rows)
-            inputs={"interval": ctx.interval.tag, "raw_slices": num_slices, "source": _source(ctx),
+            shuffle=not ctx.source.rows_come_shuffled,
+            inputs={"interval": ctx.interval.tag, "raw_slices": num_slices, "source": ctx.source.name,
                     "feature_state": {"version": state.version, "path": str(state_dir),
                                       "files": {name: entry["sha256"] for name, entry in
                                                 state_manifest["files"].items()}}},
@@ -360,7 +300,6 @@ def evaluate(ctx: RunContext) -> dict:
     from components.evaluation import QualityGateError, check_gate
     from components.evaluation import evaluate as compute
     from components.manifest import write_json_atomic
-    from components.synthetic import planted_auc
 
     evaluation_dir = ctx.layout.evaluation_dir(ctx.interval)
     data = np.load(evaluation_dir / "predictions.npz")
@@ -372,12 +311,7 @@ def evaluate(ctx: RunContext) -> dict:
             "interval's last minutes held out)")
     evaluation = compute(data["labels"], data["predictions"])
     _, eval_minutes = split_minutes(ctx)
-    if _source(ctx) == "events":
-        from spark_jobs.events import planted_auc_of_joined
-
-        best = planted_auc_of_joined(ctx.layout, ctx.layout.joined_dir(ctx.interval), eval_minutes)
-    else:
-        best = planted_auc(ctx.layout, eval_minutes)
+    best = ctx.source.planted_auc(ctx, eval_minutes, ctx.layout.joined_dir(ctx.interval))
     failures = check_gate(evaluation, ctx.config.gate)
     report = {"metrics": evaluation.metrics(), "planted_auc": best, "gate": {"passed": not failures,
               "failures": failures, "config": ctx.config.gate.__dict__}}

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from components.config import PipelineConfig, load_config
-from components.interval import Interval, _parse_time
+from components.interval import Interval, parse_time
 from components.layout import Layout
 from pipelines.airflow_env import airflow_environment
 
@@ -72,7 +72,7 @@ def main() -> int:
     started = time.monotonic()
     config: PipelineConfig = load_config()
     layout = Layout(config.paths.root)
-    day_start = _parse_time(config.generate.start).replace(hour=0, minute=0)
+    day_start = parse_time(config.generate.start).replace(hour=0, minute=0)
     interval = Interval(day_start, day_start + timedelta(days=1))
     logs = layout.root / "demo-logs"
 

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from components.evaluation import DeltaGateError
 from pipelines.context import RunContext, Step
 from pipelines.daily import MODEL_NAME
 
@@ -37,10 +38,6 @@ MAX_CATCH_UP_MINUTES = 60
 
 class NothingToLearn(RuntimeError):
     """The parent model already holds this minute's data: the run has nothing to do (a task skip)."""
-
-
-class DeltaGateError(RuntimeError):
-    """A delta failed its gate: it is not published and serving stays on the last good version."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +113,8 @@ def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]
 
 
 def plan(ctx: RunContext) -> dict:
-    """Plans the run: its parent model and the minutes to learn (those whose raw slices are there)."""
-    from components.synthetic import SUCCESS_MARKER
-
+    """Plans the run: its parent model and the minutes to learn (those whose raw slices are there and whose
+    labels are final)."""
     config = ctx.config.incremental
     if config.catch_up not in CATCH_UP_POLICIES:
         from components.config import ConfigError
@@ -127,32 +123,39 @@ def plan(ctx: RunContext) -> dict:
     ctx.tracker.log_run_config(ctx.config)
     parent, manifest = resolve_parent(ctx)
     parent_end = datetime.fromisoformat(manifest["data_end"])
-    if parent_end >= ctx.interval.end:
-        raise NothingToLearn(f"version {parent} already holds data up to {parent_end.isoformat()}, past this run's "
-                             f"minute {ctx.interval.tag}: nothing to learn")
-    wanted = [m for m in _minutes_between(max(parent_end, ctx.interval.end - timedelta(minutes=MAX_CATCH_UP_MINUTES)),
-                                          ctx.interval.end)]
+    # Minutes whose labels are final by the end of this run's minute (all of them for a labelled click log).
+    delay = ctx.source.label_delay(ctx.config)
+    learn_end = ctx.interval.end - delay
+    if parent_end >= learn_end:
+        raise NothingToLearn(f"version {parent} already holds data up to {parent_end.isoformat()}, past what this "
+                             f"run's minute {ctx.interval.tag} can learn (up to {learn_end.isoformat()}): nothing "
+                             "to learn")
+    wanted = [m for m in _minutes_between(max(parent_end, learn_end - timedelta(minutes=MAX_CATCH_UP_MINUTES)),
+                                          learn_end)]
+    target = learn_end - timedelta(minutes=1)  # the newest minute this run can learn
     skipped: list[datetime] = []
     if config.catch_up == "latest_only":
-        skipped, wanted = [m for m in wanted if m < ctx.interval.start], [m for m in wanted if m >= ctx.interval.start]
+        skipped, wanted = [m for m in wanted if m < target], [m for m in wanted if m >= target]
     if skipped:
         ctx.progress("plan: catch_up=latest_only: skipping %d missed minutes %s..%s", len(skipped),
                      skipped[0].isoformat(), skipped[-1].isoformat())
-    own = ctx.layout.raw_minute_dir(ctx.interval.start)
     deadline = time.monotonic() + config.wait_for_data_s
-    while not (own / SUCCESS_MARKER).exists() and time.monotonic() < deadline:
+    while not ctx.source.ready(ctx.layout, ctx.interval.start) and time.monotonic() < deadline:
         time.sleep(0.2)  # the minute's partition is written right after the minute closes
-    present = [m for m in wanted if (ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name).exists()]
-    if ctx.interval.start not in present and ctx.layout.quarantine_minute_dir(ctx.interval.start).exists():
+    present = [m for m in wanted if ctx.source.has_data(ctx.layout, ctx.spec, m)]
+    quarantine = ctx.source.datasets(ctx.spec)[0].quarantine_dir(ctx.layout, target)
+    if target not in present and quarantine.exists():
         from components.validation import DataValidationError
 
         raise DataValidationError(
-            f"the raw slice of minute {ctx.interval.start.isoformat()} failed validation earlier and is in "
-            f"{ctx.layout.quarantine_minute_dir(ctx.interval.start)} with its report; nothing trains on it. The "
-            "next minute's run learns the minutes around it")
-    if ctx.interval.start not in present:
-        raise RuntimeError(f"the raw slice of minute {ctx.interval.start.isoformat()} is not at {own} after waiting "
+            f"the raw slice of minute {target.isoformat()} failed validation earlier and is in {quarantine} with "
+            "its report; nothing trains on it. The next minute's run learns the minutes around it")
+    if target not in present:
+        raise RuntimeError(f"the {ctx.source.name} data of minute {target.isoformat()} is not there after waiting "
                            f"{config.wait_for_data_s:.0f} s (incremental.wait_for_data_s); the task retries")
+    if delay:
+        ctx.progress("plan: labels are final %d minute(s) after their impressions (the attribution window): "
+                     "this run learns up to %s", delay.total_seconds() // 60, learn_end.isoformat())
     training_state = _training_state(ctx, manifest)
     plan = Plan(
         version=model_version(ctx), parent=parent, chain_root=str(manifest.get("chain_root") or parent),
@@ -174,19 +177,27 @@ def plan(ctx: RunContext) -> dict:
 def validate(ctx: RunContext) -> dict:
     """Validates the planned minutes' raw slices. One that fails is quarantined (raw data kept, with its
     report) and fails the run: training waits for this step, so nothing trains on it."""
-    from components.validation import click_log_dataset, validate_interval
+    from components.validation import validate_interval
 
     plan = read_plan(ctx)
-    report_path = ctx.layout.validation_report(ctx.interval, "report")
-    report = validate_interval(ctx.layout, [datetime.fromisoformat(m) for m in plan.minutes], report_path,
-                               dataset=click_log_dataset(ctx.spec))
-    ctx.tracker.log_artifact(report_path, "validation")
+    # The rows' dataset (the click log; the impressions) on the planned minutes; any other (the clicks) from
+    # the first planned minute up to this run's, which hold the clicks that label them.
+    planned = [datetime.fromisoformat(m) for m in plan.minutes]
+    labelling = _minutes_between(planned[0], ctx.interval.end)
+    reports = []
+    for index, dataset in enumerate(ctx.source.datasets(ctx.spec)):
+        minutes = planned if index == 0 else labelling
+        report_path = ctx.layout.validation_report(ctx.interval, "report" if index == 0 else dataset.name)
+        reports.append(validate_interval(ctx.layout, minutes, report_path, dataset=dataset))
+        ctx.tracker.log_artifact(report_path, "validation")
+    report = reports[0]  # the dataset that holds the rows (the click log; the impressions)
     missing = [m for m in plan.minutes if m not in {p["minute"] for p in report["passed"]}]
     if missing:  # moved away between planning and now (quarantined by another run, or deleted)
         from components.validation import DataValidationError
 
-        raise DataValidationError(f"planned minute(s) {missing} are no longer in the raw data (see {report_path}); "
-                                  "nothing trains on this plan. The next minute's run plans again")
+        raise DataValidationError(f"planned minute(s) {missing} are no longer in the raw data (see "
+                                  f"{ctx.layout.validation_report(ctx.interval, 'report')}); nothing trains on this "
+                                  "plan. The next minute's run plans again")
     ctx.tracker.log_metrics({"validation.rows": report["num_rows"]})
     ctx.progress("validate: %d minute(s) passed, %d rows", len(report["passed"]), report["num_rows"])
     return {"minutes": list(plan.minutes), "rows": report["num_rows"]}
@@ -207,26 +218,17 @@ def _daily_run_key(ctx: RunContext, manifest: dict[str, Any]) -> str:
     return str(_store(ctx).manifest(MODEL_NAME, str(manifest["chain_root"])).get("run_key", ""))
 
 
-def _split(raw, holdout_fraction: float):
-    """Training rows and held-out rows of the raw (unparsed) rows, by a hash of each row's text: the same on
-    every re-run. Hashing before parsing keeps the plan small (a hash over the parsed expressions, inlined
-    into the vocabulary count, made Spark's optimizer run out of memory)."""
-    from pyspark.sql import functions as F
-
-    bucket = F.pmod(F.xxhash64(*raw.columns), F.lit(1000))
-    cut = int(round(holdout_fraction * 1000))
-    return raw.filter(bucket >= cut), raw.filter(bucket < cut)
-
-
 def _frames(ctx: RunContext, plan: Plan):
-    from pipelines.daily import _spark
-    from spark_jobs.raw import extract_raw, parse_raw
+    """The planned minutes' training and held-out rows (a stable hash split, incremental.holdout_fraction),
+    labelled first when the source needs it (events: the join of those minutes, under incremental/<minute>/)."""
+    from components.interval import Interval
 
-    spark = _spark(ctx)
-    paths = [str(ctx.layout.raw_minute_dir(datetime.fromisoformat(m)) / ctx.spec.source.file_name)
-             for m in plan.minutes]
-    train, holdout = _split(extract_raw(spark, paths, ctx.spec), ctx.config.incremental.holdout_fraction)
-    return parse_raw(train, ctx.spec), parse_raw(holdout, ctx.spec)
+    minutes = [datetime.fromisoformat(m) for m in plan.minutes]
+    directory = _dir(ctx) / "joined"
+    ctx.source.label(ctx, Interval(minutes[0], minutes[-1] + timedelta(minutes=1)), directory)
+    fraction = ctx.config.incremental.holdout_fraction
+    return (ctx.source.rows(ctx, minutes, directory, holdout=(fraction, False)),
+            ctx.source.rows(ctx, minutes, directory, holdout=(fraction, True)))
 
 
 def samples(ctx: RunContext) -> dict:
@@ -361,33 +363,16 @@ def _full_model_bytes(ctx: RunContext, version: str) -> int:
 def gate(ctx: RunContext) -> dict:
     """Every value finite, changed embedding rows within the norm bound, holdout logloss no worse than the
     parent's by more than the margin. Writes gate.json either way; raises DeltaGateError on failure."""
-    import numpy as np
-
-    from components.delta import read_delta, rows_name, values_name
+    from components.delta import read_delta
+    from components.evaluation import check_delta_gate
     from components.manifest import write_json_atomic
 
-    config = ctx.config.incremental
     manifest, arrays = read_delta(_dir(ctx) / "delta")
     evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
-    failures = []
-    non_finite = [spec["path"] for i, spec in enumerate(manifest["weight_specs"])
-                  if not np.isfinite(arrays[values_name(i)]).all()]
-    if non_finite:
-        failures.append(f"non-finite values in {non_finite}")
-    max_norm = 0.0
-    for index, spec in enumerate(manifest["weight_specs"]):
-        values = arrays[values_name(index)]
-        if spec["path"].endswith("embeddings") and len(arrays[rows_name(index)]) and values.ndim == 2:
-            max_norm = max(max_norm, float(np.nanmax(np.linalg.norm(values, axis=1))))
-    if not max_norm <= config.max_embedding_norm:
-        failures.append(f"a changed embedding row has L2 norm {max_norm:.2f} > {config.max_embedding_norm} "
-                        "(incremental.max_embedding_norm)")
-    increase = evaluation["holdout_logloss"] - evaluation["parent_holdout_logloss"]
-    if not increase <= config.max_logloss_increase:
-        failures.append(f"holdout logloss {evaluation['holdout_logloss']:.4f} is {increase:+.4f} over the parent's "
-                        f"{evaluation['parent_holdout_logloss']:.4f}, more than {config.max_logloss_increase} "
-                        "(incremental.max_logloss_increase)")
-    report = {"passed": not failures, "failures": failures, "max_embedding_norm": max_norm,
+    result = check_delta_gate(manifest["weight_specs"], arrays, evaluation["holdout_logloss"],
+                              evaluation["parent_holdout_logloss"], ctx.config.incremental)
+    failures, max_norm, increase = result.failures, result.max_embedding_norm, result.logloss_increase
+    report = {"passed": result.passed, "failures": failures, "max_embedding_norm": max_norm,
               "holdout_logloss": evaluation["holdout_logloss"],
               "parent_holdout_logloss": evaluation["parent_holdout_logloss"], "logloss_increase": increase}
     write_json_atomic(_dir(ctx) / GATE_FILE, report)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -457,10 +457,12 @@ def _joined_table(directory: Path, columns: list[str]) -> pa.Table:
     return pq.read_table(directory / "samples", columns=columns)
 
 
-def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], spec: FeatureSpec) -> DataFrame:
+def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], spec: FeatureSpec,
+                keep: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
     """The join's samples of `minutes` as the feature and sample jobs read rows: the spec's typed columns and
     the minute ('YYYY-MM-DD HH:MM'), through the same spark_jobs.raw.parse_raw as the click log's, in a fixed
-    pseudo-random order (write_samples(..., shuffle=False))."""
+    pseudo-random order (write_samples(..., shuffle=False)). `keep`, when given, filters the joined rows (all
+    their columns, request_id included) before they are parsed."""
     from spark_jobs.raw import MINUTE_COLUMN, parse_raw
 
     start = int(min(minutes).timestamp() * 1000)
@@ -472,7 +474,8 @@ def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], s
     if missing:
         raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples do not "
                               f"have; they have {frame.columns}: use --spec events (or criteo) with the events source")
-    raw = frame.where((F.col(TS) >= start) & (F.col(TS) < end)).select(
+    frame = frame.where((F.col(TS) >= start) & (F.col(TS) < end))
+    raw = (keep(frame) if keep is not None else frame).select(
         *spec.input_columns,
         F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE_COLUMN),
     )

@@ -21,7 +21,7 @@ from components.schema import CATEGORICAL_FEATURES
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
-from trainer.train import _save_checkpoint, _ThroughputMeter, load_checkpoint
+from trainer.train import ThroughputMeter, load_checkpoint, save_checkpoint
 
 
 def checkpoint_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
@@ -76,7 +76,7 @@ def train_increment(
     holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout,
                               inputs=inputs)
     parent_logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
-    meter = _ThroughputMeter()
+    meter = ThroughputMeter()
     for epoch in range(epochs):
         data = samples_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch, layout=layout,
                                inputs=inputs)
@@ -88,7 +88,7 @@ def train_increment(
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
-    _save_checkpoint(model, checkpoint_dir, version=version, extra_files=[weights_file],
+    save_checkpoint(model, checkpoint_dir, version=version, extra_files=[weights_file],
                      inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
                              "holdout_files": list(holdout_files)},
                      row_counts={"train": train_rows, "holdout": holdout_rows},

@@ -112,7 +112,8 @@ def block_dataset(
     return blocks.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-_PACKED_ROW_FEATURES = {
+# The packed row layout's Example keys (bench/bench_input.py parses them one Example at a time).
+PACKED_ROW_FEATURES = {
     row_layout.PACKED_LABEL_KEY: tf.io.FixedLenFeature([], tf.float32),
     row_layout.PACKED_DENSE_KEY: tf.io.FixedLenFeature([DENSE_INPUT_DIM], tf.float32),
     row_layout.PACKED_CATEGORICAL_KEY: tf.io.FixedLenFeature([NUM_CATEGORICAL], tf.int64),
@@ -127,7 +128,7 @@ _PER_COLUMN_ROW_FEATURES = {
 
 def parse_packed_rows(records: tf.Tensor) -> tuple[Features, tf.Tensor]:
     """A batch of serialized packed-row Examples -> (features, label), as `block_dataset` yields them."""
-    parsed = tf.io.parse_example(records, _PACKED_ROW_FEATURES)
+    parsed = tf.io.parse_example(records, PACKED_ROW_FEATURES)
     features = {DENSE_INPUT: parsed[row_layout.PACKED_DENSE_KEY],
                 CATEGORICAL_INPUT: parsed[row_layout.PACKED_CATEGORICAL_KEY]}
     return features, parsed[row_layout.PACKED_LABEL_KEY]

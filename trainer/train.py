@@ -97,7 +97,7 @@ class StepMetricsLogger(keras.callbacks.Callback):
         self.log_fn(_floats(logs), self.step)
 
 
-class _ThroughputMeter(keras.callbacks.Callback):
+class ThroughputMeter(keras.callbacks.Callback):
     """Training rows and seconds per epoch, leaving out the first step and validation."""
 
     def __init__(self) -> None:
@@ -202,7 +202,7 @@ def train_model(
                 warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
         eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
                                     inputs=inputs)
-        meter = _ThroughputMeter()
+        meter = ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
         best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta)
         for callback in callbacks:
@@ -252,7 +252,7 @@ def train_model(
 
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for delta exports
-    _save_checkpoint(
+    save_checkpoint(
         model,
         checkpoint_dir,
         version=version or identity,
@@ -351,7 +351,7 @@ def _speed_flags(config: TrainConfig, num_replicas: int) -> dict[str, Any]:
     }
 
 
-def _save_checkpoint(model: keras.Model, directory: Path, *, version: str, extra_files: Sequence[str] = (),
+def save_checkpoint(model: keras.Model, directory: Path, *, version: str, extra_files: Sequence[str] = (),
                      **manifest: Any) -> None:
     """model.keras (and `extra_files`, already written into `directory`) with the manifest written last."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,9 @@ import pytest
 from sklearn.metrics import log_loss as sklearn_log_loss
 from sklearn.metrics import roc_auc_score
 
-from components.config import GateConfig
-from components.evaluation import Evaluation, check_gate, evaluate, log_loss, roc_auc
+from components.config import GateConfig, IncrementalConfig
+from components.delta import rows_name, values_name
+from components.evaluation import Evaluation, check_delta_gate, check_gate, evaluate, log_loss, roc_auc
 
 pytestmark = pytest.mark.unit
 
@@ -136,3 +137,33 @@ def test_gate_fails_non_finite_metrics():
 def test_gate_lists_every_failure():
     failures = check_gate(_evaluation(auc=0.5, logloss=0.9, mean_prediction=0.1, mean_label=0.2), GATE)
     assert [f.split(" ")[0] for f in failures] == ["AUC", "logloss", "calibration"]
+
+
+DELTA_SPECS = [{"path": "categorical_embedding/C1/embeddings"}, {"path": "dense/kernel"}]
+
+
+def _delta(embedding_rows: np.ndarray, kernel: np.ndarray) -> dict[str, np.ndarray]:
+    return {rows_name(0): np.arange(len(embedding_rows)), values_name(0): embedding_rows,
+            rows_name(1): np.arange(len(kernel)), values_name(1): kernel}
+
+
+@pytest.mark.unit
+def test_delta_gate_passes_a_small_finite_delta_no_worse_than_its_parent():
+    config = IncrementalConfig(max_embedding_norm=10.0, max_logloss_increase=0.01)
+    gate = check_delta_gate(DELTA_SPECS, _delta(np.array([[3.0, 4.0], [0.0, 1.0]]), np.ones((2, 2))), 0.40, 0.395,
+                            config)
+    assert gate.passed and gate.failures == []
+    assert gate.max_embedding_norm == 5.0  # the kernel's rows are not embedding rows
+    assert gate.logloss_increase == pytest.approx(0.005)
+
+
+@pytest.mark.unit
+def test_delta_gate_names_every_failure_and_the_setting_to_change():
+    config = IncrementalConfig(max_embedding_norm=4.0, max_logloss_increase=0.01)
+    gate = check_delta_gate(DELTA_SPECS, _delta(np.array([[3.0, 4.0]]), np.array([[np.nan, 1.0]])), 0.45, 0.40,
+                            config)
+    assert not gate.passed and len(gate.failures) == 3
+    assert gate.failures[0] == "non-finite values in ['dense/kernel']"
+    assert "L2 norm 5.00 > 4.0 (incremental.max_embedding_norm)" in gate.failures[1]
+    assert "holdout logloss 0.4500 is +0.0500 over the parent's 0.4000" in gate.failures[2]
+    assert "(incremental.max_logloss_increase)" in gate.failures[2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -122,3 +123,49 @@ def test_the_events_spec_with_din_trains_exports_and_serves(din_pipeline, pipeli
     instance = {name: row[name] for name in ("user_id", "item_id", "device", "slot", "ts", "history",
                                              *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)))}
     assert 0.0 < model.predict([instance])[0] < 1.0
+
+
+def test_minute_runs_on_the_event_streams_learn_final_minutes_and_serve_like_the_trainer(din_pipeline, tmp_path):
+    """After the daily DIN model, minute runs on the streams: each learns the newest minute whose labels are
+    final (the attribution window after it), through its own join; serving the full model plus the deltas
+    answers like the last minute run's checkpoint exported whole."""
+    from components.feature_state import load_feature_state
+    from components.manifest import write_manifest
+    from components.model_store import open_model_store
+    from serving.model import LoadedModel
+    from serving.watcher import ModelWatcher
+    from trainer.export import export_serving_model
+    from trainer.train import load_checkpoint
+
+    config = din_pipeline["config"].with_overrides({"incremental.wait_for_data_s": 0,
+                                                    "incremental.max_logloss_increase": 1.0})
+    layout = din_pipeline["layout"]
+    minutes = ("2026-01-01T00:35", "2026-01-01T00:36")
+    outputs = {minute: run_steps(RunContext(config=config, interval=Interval.minute(minute), pipeline="incremental",
+                                            run_id=f"test-events-{minute}"), select_steps("incremental", None))
+               for minute in minutes}
+    store = open_model_store(config.paths.model_store_uri)
+    assert store.versions("ctr") == ["202601010030", "202601010036", "202601010037"]
+    first, second = (store.manifest("ctr", v) for v in ("202601010036", "202601010037"))
+    # The window is 300 s: at the end of minute 00:35 the labels of minute 00:30 are final, and no later one's.
+    assert first["data_span"] == {"start": "2026-01-01T00:30:00+00:00", "end": "2026-01-01T00:31:00+00:00"}
+    assert second["data_span"] == {"start": "2026-01-01T00:31:00+00:00", "end": "2026-01-01T00:32:00+00:00"}
+    assert (second["parent"], second["chain_root"]) == ("202601010036", "202601010030")
+    assert outputs[minutes[0]]["validate"]["minutes"] == ["2026-01-01T00:30:00+00:00"]
+    assert 400 < second["num_rows"] < 600  # the minute's ~600 impressions less the ~10 % held out
+
+    last = layout.incremental_dir(Interval.minute(minutes[-1]))
+    child = tmp_path / "child"
+    files = export_serving_model(load_checkpoint(last / "checkpoint"), load_feature_state(last / "feature_state"),
+                                 child, din_pipeline["ctx"].spec)
+    write_manifest(child, kind="full_model", version="child", files=files,
+                   extra={"feature_spec": store.manifest("ctr", "202601010030")["feature_spec"]})
+    rows = pq.read_table(next((last / "joined" / "samples").glob("part-*.parquet"))).slice(0, 200).to_pylist()
+    instances = [{name: row[name] for name in (
+        "user_id", "item_id", "device", "slot", "ts", "history", *(f"I{i}" for i in range(1, 14)),
+        *(f"C{i}" for i in range(1, 27)))} for row in rows]
+    watcher = ModelWatcher(store, "ctr", tmp_path / "cache", poll_seconds=60)
+    assert watcher.poll_once() and watcher.version == "202601010037"
+    served = watcher.current().predict(instances)
+    np.testing.assert_allclose(served, LoadedModel.load(child).predict(instances), rtol=0, atol=1e-6)
+    assert served.std() > 0.01  # the rows differ, and so do their scores

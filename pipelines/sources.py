@@ -1,0 +1,176 @@
+"""Where a pipeline's labelled rows come from, chosen once from `features.source` (RunContext.source).
+
+Both pipelines ask their source the same questions and never branch on its name:
+
+- `datasets(spec)`: the raw datasets validation checks (great-expectations suites per minute partition);
+- `has_data(layout, spec, minute)`: whether a minute's raw partition (of the rows) is there;
+- `ready(layout, minute)`: whether everything a minute brings has arrived (its _SUCCESS markers);
+- `label_delay(config)`: how long after a minute its labels are final (0 for a labelled click log; the
+  attribution window, rounded up to whole minutes, for impression and click streams);
+- `label(ctx, span, directory)`: makes the span's labelled rows under `directory` (the impression x click
+  join, validated) and returns its metrics; None when the raw rows carry their labels;
+- `rows(ctx, minutes, directory, holdout=None)`: the parsed rows of `minutes` (spark_jobs.raw.parse_raw's
+  typed columns and `minute`), or None when there are none; `holdout=(fraction, True|False)` keeps only the
+  held-out or only the training rows of a stable hash split;
+- `rows_come_shuffled`: whether `rows` are already in a pseudo-random order (the sample writer then keeps it);
+- `planted_auc(ctx, minutes, directory)`: the generator's own model on those minutes' labels, for generated
+  data (None otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from components.config import PipelineConfig
+    from components.feature_spec import FeatureSpec
+    from components.interval import Interval
+    from components.layout import Layout
+    from pipelines.context import RunContext
+
+SOURCE_NAMES = ("click_log", "events")
+# Rows whose hash bucket (of 1000) is below fraction x 1000 are held out.
+HASH_BUCKETS = 1000
+
+
+class Source(Protocol):
+    name: str
+    rows_come_shuffled: bool
+
+    def datasets(self, spec: FeatureSpec) -> list[Any]: ...
+
+    def has_data(self, layout: Layout, spec: FeatureSpec, minute: datetime) -> bool: ...
+
+    def ready(self, layout: Layout, minute: datetime) -> bool: ...
+
+    def label_delay(self, config: PipelineConfig) -> timedelta: ...
+
+    def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None: ...
+
+    def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
+             holdout: tuple[float, bool] | None = None): ...
+
+    def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None: ...
+
+
+def _hash_split(frame, columns: list[str], holdout: tuple[float, bool] | None):
+    if holdout is None:
+        return frame
+    from pyspark.sql import functions as F
+
+    fraction, held_out = holdout
+    bucket = F.pmod(F.xxhash64(*[F.col(c) for c in columns]), F.lit(HASH_BUCKETS))
+    cut = int(round(fraction * HASH_BUCKETS))
+    return frame.filter(bucket < cut if held_out else bucket >= cut)
+
+
+class ClickLogSource:
+    """Labelled minute partitions in the spec's layout (Criteo TSV, CSV, Parquet): raw/date=/minute=/."""
+
+    name = "click_log"
+    rows_come_shuffled = False
+
+    def datasets(self, spec: FeatureSpec) -> list[Any]:
+        from components.validation import click_log_dataset
+
+        return [click_log_dataset(spec)]
+
+    def has_data(self, layout: Layout, spec: FeatureSpec, minute: datetime) -> bool:
+        return (layout.raw_minute_dir(minute) / spec.source.file_name).exists()
+
+    def ready(self, layout: Layout, minute: datetime) -> bool:
+        from components.synthetic import SUCCESS_MARKER
+
+        return (layout.raw_minute_dir(minute) / SUCCESS_MARKER).exists()
+
+    def label_delay(self, config: PipelineConfig) -> timedelta:
+        return timedelta(0)
+
+    def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None:
+        return None
+
+    def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
+             holdout: tuple[float, bool] | None = None):
+        from spark_jobs.raw import extract_raw, parse_raw
+
+        paths = [str(ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name) for m in minutes
+                 if self.has_data(ctx.layout, ctx.spec, m)]
+        if not paths:
+            return None
+        raw = extract_raw(ctx.spark(), paths, ctx.spec)
+        # Split on the raw text, before parsing: a hash over the parsed expressions, inlined into the
+        # vocabulary count, made Spark's optimizer run out of memory.
+        return parse_raw(_hash_split(raw, raw.columns, holdout), ctx.spec)
+
+    def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
+        from components.synthetic import planted_auc
+
+        return planted_auc(ctx.layout, minutes)
+
+
+class EventsSource:
+    """Impression and click streams (raw/impressions, raw/clicks), labelled by a Spark join: an impression is
+    a click when one arrives within `events.attribution_window_s`; behaviour sequences come with it."""
+
+    name = "events"
+    rows_come_shuffled = True  # spark_jobs.events.joined_rows: a fixed pseudo-random order
+
+    def datasets(self, spec: FeatureSpec) -> list[Any]:
+        from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
+
+        return [IMPRESSIONS_DATASET, CLICKS_DATASET]
+
+    def has_data(self, layout: Layout, spec: FeatureSpec, minute: datetime) -> bool:
+        from components.events import EVENT_FILE, IMPRESSIONS
+
+        return (layout.raw_events_minute_dir(IMPRESSIONS, minute) / EVENT_FILE).exists()
+
+    def ready(self, layout: Layout, minute: datetime) -> bool:
+        from components.events import STREAMS
+        from components.synthetic import SUCCESS_MARKER
+
+        return all((layout.raw_events_minute_dir(stream, minute) / SUCCESS_MARKER).exists() for stream in STREAMS)
+
+    def label_delay(self, config: PipelineConfig) -> timedelta:
+        return timedelta(minutes=math.ceil(config.events.attribution_window_s / 60))
+
+    def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None:
+        from spark_jobs.events import run, validate_joined
+
+        events = ctx.config.events
+        ctx.progress("join: impressions x clicks for %s with Spark (window %d s, sequences of %d)", span.tag,
+                     events.attribution_window_s, events.sequence_length)
+        metrics = run(ctx.spark(), ctx.layout, span, directory, window_s=events.attribution_window_s,
+                      sequence_length=events.sequence_length, lookback_s=events.history_lookback_s)
+        validate_joined(ctx.layout, directory, events.sequence_length,
+                        ctx.layout.validation_report(span, "joined_samples"), span.start)
+        return metrics
+
+    def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
+             holdout: tuple[float, bool] | None = None):
+        from components.manifest import read_manifest
+        from spark_jobs.events import JOINED_KIND, REQUEST_ID, joined_rows
+
+        read_manifest(directory, kind=JOINED_KIND)
+        return joined_rows(ctx.spark(), directory, minutes, ctx.spec,
+                           keep=lambda frame: _hash_split(frame, [REQUEST_ID], holdout))
+
+    def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
+        from spark_jobs.events import planted_auc_of_joined
+
+        return planted_auc_of_joined(ctx.layout, directory, minutes)
+
+
+def source_for(config: PipelineConfig) -> Source:
+    """The source `features.source` names; ConfigError for any other value."""
+    from components.config import ConfigError
+
+    name = config.features.source
+    if name == "events":
+        return EventsSource()
+    if name == "click_log":
+        return ClickLogSource()
+    raise ConfigError(f"features.source={name!r} is not a known input; expected one of {list(SOURCE_NAMES)}")
