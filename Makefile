@@ -9,7 +9,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax clean
+	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -65,6 +65,10 @@ bench-naive:
 
 bench-quality:
 	@$(WITH_ENV); $(BENCH) bench/bench_quality.py $(BENCH_QUALITY_ARGS)
+
+# The events spec's columns and sequence models on 1 M generated impressions (~30 min here).
+bench-events-quality:
+	@$(WITH_ENV); $(BENCH) bench/bench_events_quality.py $(BENCH_EVENTS_QUALITY_ARGS)
 
 bench-spark:
 	@$(WITH_ENV); $(BENCH) bench/bench_spark.py $(BENCH_SPARK_ARGS)
