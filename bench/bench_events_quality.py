@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import sys
 import tempfile
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", metavar="DIR", help="write the data here and keep it (default: a temporary dir)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "events_quality.json"))
     args = parser.parse_args(argv)
+    # The steps' progress lines (rows, epochs, held-out AUC by epoch), as `ctr run` prints them.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("ctr.progress").setLevel(logging.INFO)
     overrides = parse_override_args(args.set)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
