@@ -21,8 +21,9 @@ into every manifest. No module outside this one names a column.
 Kinds and their keys (every key but `name`/`names` and `kind` is optional):
 
 - dense: `transform` log_standardize (signed log1p, clipped at the `clip_quantile` and 1 - `clip_quantile`
-  quantiles, standardized; the default) or standardize (the same without log1p) or buckets (`num_buckets`
-  quantile buckets into an embedding of `embedding_dim`); `missing_indicator` (default true).
+  quantiles, standardized; the default) or standardize (the same without log1p); buckets (`num_buckets`
+  quantile buckets into an embedding of `embedding_dim`) is a known value but refused until it is built;
+  `missing_indicator` (default true).
 - categorical (one value a row, string or integer id): `dtype` string | int, `min_count` (admission),
   `evict_after_days`, `max_rows`, `embedding_dim`, `hashing` ({functions, buckets, combiner}: the admitted
   rows are compressed into `functions` small tables, for very-high-cardinality features), `table` (share
@@ -557,6 +558,10 @@ def _check_feature(feature: Feature, where: str) -> None:
         raise FeatureSpecError(f"{where}: evict_after_days must be 0 (never) or more, got {feature.evict_after_days!r}")  # type: ignore[union-attr]
     if isinstance(feature, DenseFeature):
         _literal(feature.transform, DenseTransformKind, f"{where}: transform")
+        if feature.transform == "buckets":
+            # Refused rather than trained as something else: a run would not be what the spec says.
+            raise FeatureSpecError(f"{where}: transform 'buckets' (quantile buckets into an embedding) is not built "
+                                   "yet; use log_standardize (heavy-tailed counts) or standardize")
         if not 0 <= feature.clip_quantile < 0.5:
             raise FeatureSpecError(f"{where}: clip_quantile must be in [0, 0.5), got {feature.clip_quantile!r}")
     if isinstance(feature, CategoricalFeature | MultiCategoricalFeature):

@@ -133,6 +133,9 @@ def test_a_shared_table_is_declared_once_and_read_by_both_features():
         ({"features": [{"name": "x", "kind": "categorical", "min_count": "many"}]},
          r"min_count must be int, got 'many'"),
         ({"features": [{"name": "x", "kind": "dense", "transform": "sqrt"}]}, r"transform: unknown value 'sqrt'"),
+        ({"features": [{"name": "x", "kind": "dense", "transform": "buckets"}]},
+         r"features\[0\] \('x'\): transform 'buckets' \(quantile buckets into an embedding\) is not built yet; use "
+         r"log_standardize"),
         ({"features": [{"name": "x", "kind": "categorical"}, {"name": "y", "kind": "categorical", "table": "x",
                                                               "min_count": 2}]},
          r"'y' shares the table of 'x', so it cannot set \['min_count'\]"),
