@@ -17,7 +17,6 @@ import numpy as np
 from components.block_codec import BLOCK_LAYOUT
 from components.delta import save_weights, saved_weights
 from components.feature_spec import FeatureSpec
-from components.schema import CATEGORICAL_FEATURES
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -34,8 +33,7 @@ def checkpoint_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list
     return weight_specs(model), [np.array(v) for v in model.weights]
 
 
-def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]],
-               table_names: Sequence[str] = CATEGORICAL_FEATURES) -> int:
+def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]], table_names: Sequence[str]) -> int:
     """Re-draws the embedding rows of newly admitted values (by table name; `table_names` in the model's table
     order, FeatureState.vocabularies') from the table's initializer; returns how many."""
     num_reset = 0

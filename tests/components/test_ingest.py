@@ -11,15 +11,10 @@ from components.feature_spec import load_spec, spec_from_dict
 from components.ingest import IngestError, coarser_than_a_minute, ingest, parse_timestamp
 from components.layout import Layout
 from pipelines.cli import main as ctr
+from tests.real_samples import SAMPLES, SHARED_DATA
 
 pytestmark = pytest.mark.unit
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-SAMPLES = {
-    "criteo": "criteo_sample_deepctr.txt",
-    "avazu": "avazu_sample_deepctr.txt",
-    "taobao": "taobao_ad_tiny_fuxictr_train.csv",
-}
 
 
 def _sample(name: str) -> Path:

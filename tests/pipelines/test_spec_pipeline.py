@@ -24,15 +24,11 @@ from pipelines.context import RunContext
 from pipelines.daily import split_minutes
 from pipelines.runner import run_steps, select_steps
 from serving.model import LoadedModel
+from tests.real_samples import SAMPLES
+from tests.real_samples import SHARED_DATA as DATA
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-SAMPLES = {
-    "criteo": "criteo_sample_deepctr.txt",
-    "avazu": "avazu_sample_deepctr.txt",
-    "taobao": "taobao_ad_tiny_fuxictr_train.csv",
-}
 
 
 def _instance(row: dict, spec: FeatureSpec) -> dict:
