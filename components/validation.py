@@ -285,20 +285,35 @@ class SliceValidator:
         )
 
 
-def quarantine(layout: Layout, result: SliceResult, full_report: dict[str, Any],
-               dataset: PartitionedDataset | None = None) -> Path:
-    """Moves a failed partition out of the raw data, with its report. The raw bytes are kept untouched."""
-    dataset = dataset or click_log_dataset(_criteo())
-    target = dataset.quarantine_dir(layout, result.minute)
-    target.mkdir(parents=True, exist_ok=True)
-    source_dir = dataset.minute_dir(layout, result.minute)
-    write_json_atomic(target / "report.json", {"summary": result.summary(), "failures": result.failures,
-                                              "num_rows": result.num_rows, "source": str(source_dir),
-                                              "great_expectations": full_report})
-    for item in sorted(source_dir.iterdir()):
-        os.replace(item, target / item.name)
-    source_dir.rmdir()
-    return target
+QUARANTINE_REPORT = "report.json"
+
+
+def quarantine(source: Path, target: Path, result: SliceResult, full_report: dict[str, Any]) -> Path:
+    """The one quarantine, for raw partitions and written outputs alike: moves every file of `source` into
+    `target` with the validation report beside them (report.json), and removes `source`, so nothing reads
+    them as data and a re-run goes on without them. Bytes are moved, never changed or dropped: when `target`
+    is taken (the same partition failed before), the new one goes to `target`.2, .3, ... Returns where it went.
+    """
+    final, attempt = target, 1
+    while final.exists():
+        attempt += 1
+        final = target.with_name(f"{target.name}.{attempt}")
+    staging = final.with_name(f".{final.name}.moving")
+    staging.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(staging / QUARANTINE_REPORT, {
+        "summary": result.summary(), "failures": result.failures, "num_rows": result.num_rows,
+        "source": str(source), "great_expectations": full_report})
+    for item in sorted(source.iterdir()):
+        os.replace(item, staging / item.name)
+    source.rmdir()
+    os.replace(staging, final)
+    return final
+
+
+def quarantined(layout: Layout, dataset: PartitionedDataset, minute: datetime) -> Path | None:
+    """Where `dataset`'s partition of `minute` is in quarantine, or None when it is not there."""
+    target = dataset.quarantine_dir(layout, minute)
+    return target if target.exists() else None
 
 
 def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path,
@@ -317,11 +332,9 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
         directory = dataset.minute_dir(layout, minute)
         path = directory / dataset.file_name
         if not path.exists():
-            quarantined = dataset.quarantine_dir(layout, minute)
-            (failed if quarantined.exists() else missing).append(
-                {"minute": minute.isoformat(), "quarantined": str(quarantined)} if quarantined.exists()
-                else minute.isoformat()
-            )
+            moved = quarantined(layout, dataset, minute)
+            (failed if moved else missing).append(
+                {"minute": minute.isoformat(), "quarantined": str(moved)} if moved else minute.isoformat())
             continue
         marker = directory / VALIDATED_MARKER
         checksum = file_sha256(path)
@@ -337,7 +350,7 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
                                        "num_rows": result.num_rows})
             passed.append({"minute": minute.isoformat(), "rows": result.num_rows})
         else:
-            target = quarantine(layout, result, full_report, dataset)
+            target = quarantine(directory, dataset.quarantine_dir(layout, minute), result, full_report)
             log.error("quarantined %s: %s", minute.isoformat(), result.summary())
             failed.append({"minute": minute.isoformat(), "quarantined": str(target), "summary": result.summary(),
                            "failures": result.failures, "newly_quarantined": True})

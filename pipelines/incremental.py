@@ -143,12 +143,12 @@ def plan(ctx: RunContext) -> dict:
     while not ctx.source.ready(ctx.layout, ctx.interval.start) and time.monotonic() < deadline:
         time.sleep(0.2)  # the minute's partition is written right after the minute closes
     present = [m for m in wanted if ctx.source.has_data(ctx.layout, ctx.spec, m)]
-    quarantine = ctx.source.datasets(ctx.spec)[0].quarantine_dir(ctx.layout, target)
-    if target not in present and quarantine.exists():
-        from components.validation import DataValidationError
+    from components.validation import DataValidationError, quarantined
 
+    moved = quarantined(ctx.layout, ctx.source.datasets(ctx.spec)[0], target)
+    if target not in present and moved:
         raise DataValidationError(
-            f"the raw slice of minute {target.isoformat()} failed validation earlier and is in {quarantine} with "
+            f"the raw slice of minute {target.isoformat()} failed validation earlier and is in {moved} with "
             "its report; nothing trains on it. The next minute's run learns the minutes around it")
     if target not in present:
         raise RuntimeError(f"the {ctx.source.name} data of minute {target.isoformat()} is not there after waiting "

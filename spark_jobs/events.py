@@ -487,11 +487,9 @@ def validate_joined(layout: Layout, directory: Path, sequence_length: int, repor
     """Runs the joined-samples suite (components.event_validation) on the join's output. On failure the
     output moves to quarantine/joined/<span> with its report (nothing trains on it) and DataValidationError
     says why; the raw streams are untouched, so a fixed join can be re-run."""
-    import shutil
-
     from components.event_validation import HISTORY_LENGTH_COLUMN, SUITE_VERSION, joined_samples_suite
     from components.manifest import write_json_atomic
-    from components.validation import DataValidationError, PartitionedDataset, SliceValidator
+    from components.validation import DataValidationError, PartitionedDataset, SliceValidator, quarantine
 
     table = _joined_table(directory, [LABEL, REQUEST_ID, HISTORY])
     frame = table.select([LABEL, REQUEST_ID]).to_pandas()
@@ -508,10 +506,7 @@ def validate_joined(layout: Layout, directory: Path, sequence_length: int, repor
               "failures": result.failures, "great_expectations": full_report}
     write_json_atomic(report_path, report)
     if not result.success:
-        target = dataset.quarantine_dir(layout, None)
-        shutil.rmtree(target, ignore_errors=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        directory.rename(target)
+        target = quarantine(directory, dataset.quarantine_dir(layout, None), result, full_report)
         reasons = "; ".join(f"{f['expectation']}({f.get('column') or 'table'}): {f['detail']}"
                             for f in result.failures)
         raise DataValidationError(

@@ -316,3 +316,33 @@ def test_a_taobao_slice_with_a_bad_time_stamp_and_garbage_ids_is_quarantined_nam
         validate_interval(layout, minutes, tmp_path / "report.json", dataset=click_log_dataset(spec))
     quarantined = layout.quarantine_minute_dir(minutes[0]) / spec.source.file_name
     assert quarantined.read_bytes() == damaged
+
+
+def test_a_partition_quarantined_twice_keeps_both_deliveries_bytes(tmp_path):
+    """The same minute delivered twice, bad both times: the second quarantine goes beside the first (.2),
+    neither's bytes are changed or dropped, and each has its own report."""
+    layout = Layout(tmp_path)
+    generate(GenerateConfig(start="2026-01-01T00:00", minutes=1, rows_per_minute=20, seed=5), layout)
+    raw = layout.raw_minute_dir(START) / RAW_FILE
+    deliveries = []
+    for label in ("7", "9"):
+        lines = raw.read_text().splitlines(keepends=True)
+        lines[0] = label + lines[0][lines[0].index("\t"):]
+        raw.write_text("".join(lines))
+        deliveries.append(raw.read_bytes())
+        with pytest.raises(DataValidationError, match=r"1 raw slice\(s\) failed"):
+            validate_interval(layout, [START], tmp_path / f"report-{label}.json")
+        if label == "7":  # delivered again: the same partition, fresh bytes
+            layout.raw_minute_dir(START).mkdir(parents=True)
+            raw.write_bytes(deliveries[0])
+            (layout.raw_minute_dir(START) / SUCCESS_MARKER).touch()
+    first = layout.quarantine_minute_dir(START)
+    second = first.with_name(first.name + ".2")
+    assert (first / RAW_FILE).read_bytes() == deliveries[0]
+    assert (second / RAW_FILE).read_bytes() == deliveries[1]
+    for directory in (first, second):
+        report = json.loads((directory / "report.json").read_text())
+        assert report["source"] == str(layout.raw_minute_dir(START))
+        assert any(f["column"] == "label" for f in report["failures"]), report["failures"]
+    assert not layout.raw_minute_dir(START).exists()
+    assert not list(first.parent.glob(".*moving"))
