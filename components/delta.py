@@ -100,7 +100,8 @@ def delta_arrays(parent_weights: Sequence[np.ndarray], weights: Sequence[np.ndar
 
 
 def write_delta(directory: Path, arrays: Mapping[str, np.ndarray], *, version: str, parent: str, chain_root: str,
-                weight_specs: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> dict[str, Any]:
+                weight_specs: Sequence[Mapping[str, Any]], extra: Mapping[str, Any],
+                spec_hash: str | None = None) -> dict[str, Any]:
     """Writes `directory` (replacing an older one) atomically: delta.npz, then the manifest, then rename."""
     if int(version) <= int(parent):
         raise DeltaError(f"delta version {version} must be above its parent's, {parent}")
@@ -109,7 +110,7 @@ def write_delta(directory: Path, arrays: Mapping[str, np.ndarray], *, version: s
         np.savez(handle, **arrays)
     changed = {spec["path"]: int(len(arrays[rows_name(i)])) for i, spec in enumerate(weight_specs)}
     manifest = write_manifest(
-        staging, kind=DELTA_KIND, version=version, files=[DELTA_FILE],
+        staging, kind=DELTA_KIND, version=version, files=[DELTA_FILE], spec_hash=spec_hash,
         extra={"parent": parent, "chain_root": chain_root, "weight_specs": list(weight_specs),
                "rows_changed": changed, "num_vocabulary_entries": int(len(arrays["vocab_keys"])),
                "delta_bytes": (staging / DELTA_FILE).stat().st_size, **dict(extra)},

@@ -19,13 +19,32 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from components.schema import schema_hash
-
 MANIFEST_NAME = "manifest.json"
 
 
 class ManifestError(RuntimeError):
     """A manifest is missing, malformed, or does not match the files beside it."""
+
+
+@lru_cache(maxsize=1)
+def format_hash() -> str:
+    """A short hash of what every reader must agree on whatever the columns: the reserved vocabulary rows and
+    the block TFRecord layout. The columns themselves are the feature spec's, recorded as its hash."""
+    from components.block_codec import (
+        BLOCK_CATEGORICAL_KEY,
+        BLOCK_DENSE_KEY,
+        BLOCK_LABEL_KEY,
+        BLOCK_LAYOUT,
+        BLOCK_NUM_ROWS_KEY,
+    )
+    from components.feature_spec import MISSING_ROW, RARE_ROW
+
+    description = {
+        "reserved_rows": {"rare": RARE_ROW, "missing": MISSING_ROW},
+        "block_layout": BLOCK_LAYOUT,
+        "block_keys": [BLOCK_NUM_ROWS_KEY, BLOCK_LABEL_KEY, BLOCK_DENSE_KEY, BLOCK_CATEGORICAL_KEY],
+    }
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def file_sha256(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
@@ -59,6 +78,7 @@ def write_manifest(
     kind: str,
     version: str,
     files: Iterable[str],
+    spec_hash: str | None = None,
     inputs: Mapping[str, Any] | None = None,
     row_counts: Mapping[str, int] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -67,7 +87,9 @@ def write_manifest(
     """Checksums `files` (paths relative to `directory`) and writes the manifest atomically, last.
 
     The manifest is a function of what it describes: no write time is recorded unless `created_at` is given
-    (from the run's data interval, never the clock), so re-running a step writes byte-identical manifests."""
+    (from the run's data interval, never the clock), so re-running a step writes byte-identical manifests.
+    `spec_hash` is the hash of the feature spec the output was made with (components.feature_spec); readers
+    that depend on the columns pass theirs to `read_manifest`."""
     directory = Path(directory)
     entries = {}
     for name in sorted(files):
@@ -78,7 +100,8 @@ def write_manifest(
     manifest = {
         "kind": kind,
         "version": version,
-        "schema_hash": schema_hash(),
+        "format_hash": format_hash(),
+        **({"feature_spec_hash": spec_hash} if spec_hash is not None else {}),
         "code_version": code_version(),
         **({"created_at": created_at.isoformat()} if created_at is not None else {}),
         "inputs": dict(inputs or {}),
@@ -90,8 +113,10 @@ def write_manifest(
     return manifest
 
 
-def read_manifest(directory: str | Path, *, kind: str | None = None, verify: bool = True) -> dict[str, Any]:
-    """Reads and (by default) verifies a manifest. Raises ManifestError with what is wrong."""
+def read_manifest(directory: str | Path, *, kind: str | None = None, verify: bool = True,
+                  spec_hash: str | None = None) -> dict[str, Any]:
+    """Reads and (by default) verifies a manifest. Given `spec_hash`, the output must have been made with that
+    feature spec. Raises ManifestError with what is wrong."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not path.is_file():
@@ -105,10 +130,15 @@ def read_manifest(directory: str | Path, *, kind: str | None = None, verify: boo
         raise ManifestError(f"{path} is not valid JSON ({err}); re-run the step that produces it") from err
     if kind is not None and manifest.get("kind") != kind:
         raise ManifestError(f"{path} describes a {manifest.get('kind')!r}, expected a {kind!r}")
-    if manifest.get("schema_hash") != schema_hash():
+    if manifest.get("format_hash") != format_hash():
         raise ManifestError(
-            f"{path} was written with schema {manifest.get('schema_hash')!r}, this code reads {schema_hash()!r}; "
+            f"{path} was written in format {manifest.get('format_hash')!r}, this code reads {format_hash()!r}; "
             "regenerate it with this code version"
+        )
+    if spec_hash is not None and manifest.get("feature_spec_hash") != spec_hash:
+        raise ManifestError(
+            f"{path} was made with feature spec {manifest.get('feature_spec_hash')!r}, this run uses {spec_hash!r}; "
+            "re-run the step that produces it with this spec (features.spec), or run with the spec it was made with"
         )
     if verify:
         for name, entry in manifest.get("files", {}).items():

@@ -120,7 +120,8 @@ def features(ctx: RunContext) -> dict:
                                 version=f"daily-{ctx.interval.tag}", evict=True, spec=ctx.spec)
     frame.unpersist()
     directory = ctx.layout.feature_state_dir(ctx.interval)
-    write_feature_state(state, directory, inputs={"interval": ctx.interval.as_dict(), "raw_slices": num_slices,
+    write_feature_state(state, directory, spec_hash=ctx.spec.hash(),
+                        inputs={"interval": ctx.interval.as_dict(), "raw_slices": num_slices,
                                                   "parent": previous.version if previous else None},
                         num_rows=num_rows)
     manifest = read_manifest(directory)
@@ -146,7 +147,7 @@ def samples(ctx: RunContext) -> dict:
 
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
     state = load_feature_state(state_dir)
-    state_manifest = read_manifest(state_dir, verify=False)
+    state_manifest = read_manifest(state_dir, verify=False, spec_hash=ctx.spec.hash())
     out = {}
     for split, minutes in zip(("train", "eval"), split_minutes(ctx), strict=True):
         frame, num_slices = _input_frame(ctx, minutes)
@@ -174,16 +175,17 @@ def samples(ctx: RunContext) -> dict:
     return out
 
 
-def sample_files(directory: Path) -> tuple[list[str], dict]:
-    """The shard files of a committed samples directory, and its manifest (layout, row counts)."""
+def sample_files(directory: Path, spec_hash: str | None = None) -> tuple[list[str], dict]:
+    """The shard files of a committed samples directory, and its manifest (layout, row counts); given
+    `spec_hash`, the samples must have been written with that feature spec."""
     from components.manifest import read_manifest
 
-    manifest = read_manifest(directory, kind="samples")
+    manifest = read_manifest(directory, kind="samples", spec_hash=spec_hash)
     return [str(directory / shard["file"]) for shard in manifest["shards"]], manifest
 
 
 def _sample_files(ctx: RunContext, split: str) -> tuple[list[str], dict]:
-    return sample_files(ctx.layout.samples_dir(ctx.interval, split))
+    return sample_files(ctx.layout.samples_dir(ctx.interval, split), ctx.spec.hash())
 
 
 def train(ctx: RunContext) -> dict:
@@ -348,7 +350,7 @@ def export(ctx: RunContext) -> dict:
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
     state = load_feature_state(state_dir)
     checkpoint = ctx.layout.checkpoint_dir(ctx.interval)
-    read_manifest(checkpoint, kind="checkpoint")
+    read_manifest(checkpoint, kind="checkpoint", spec_hash=ctx.spec.hash())
     report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
     if not report["gate"]["passed"]:
         raise RuntimeError("refusing to export: the evaluation report says the gate failed")
@@ -358,7 +360,7 @@ def export(ctx: RunContext) -> dict:
     staging = staging_dir(directory)
     files = export_serving_model(model, state, staging, ctx.spec)
     write_manifest(
-        staging, kind="full_model", version=version, files=files,
+        staging, kind="full_model", version=version, files=files, spec_hash=ctx.spec.hash(),
         inputs={"interval": ctx.interval.as_dict(), "feature_state": state.version,
                 "samples": {s: str(ctx.layout.samples_dir(ctx.interval, s)) for s in ("train", "eval")}},
         extra={"parent": None, "chain_root": version, "model": ctx.config.train.model, "metrics": report["metrics"],

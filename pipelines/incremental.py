@@ -105,6 +105,13 @@ def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]
     if not state:
         raise RuntimeError(f"version {manifest.get('version')} names no training_state (its checkpoint and feature "
                            "state): it was exported by an older daily run; run ctr_daily again to start a chain")
+    chain_spec = manifest.get("feature_spec_hash")
+    if chain_spec != ctx.spec.hash():
+        spec_name = (manifest.get("feature_spec") or {}).get("name")
+        raise RuntimeError(
+            f"version {manifest.get('version')} was trained with feature spec {spec_name!r} (hash {chain_spec!r}); "
+            f"this run uses {ctx.spec.name!r} (hash {ctx.spec.hash()!r}). A delta must keep its chain's columns: "
+            "run ctr_daily with the new spec to start a chain, or set features.spec back")
     for key in ("checkpoint", "feature_state"):
         if not (Path(state[key]) / "manifest.json").is_file():
             raise RuntimeError(f"the {key} of version {manifest.get('version')} is not on this machine at "
@@ -269,6 +276,7 @@ def samples(ctx: RunContext) -> dict:
         raise RuntimeError(f"{ctx.interval.tag}: {rows['train']} training and {rows['holdout']} held-out rows; a "
                            "minute run needs both (incremental.holdout_fraction)")
     manifest = write_feature_state(state, _dir(ctx) / "feature_state", num_rows=rows["train"],
+                                   spec_hash=ctx.spec.hash(),
                                    inputs={"parent": parent.version, "minutes": list(plan.minutes)})
     lap("save_state")
     ctx.tracker.log_metrics({**{f"samples.seconds.{name}": value for name, value in seconds.items()},
@@ -296,7 +304,7 @@ def train(ctx: RunContext) -> dict:
     started = time.monotonic()
     from pipelines.daily import sample_files
 
-    (train_files, manifest), (holdout_files, _) = (sample_files(_dir(ctx) / "samples" / split)
+    (train_files, manifest), (holdout_files, _) = (sample_files(_dir(ctx) / "samples" / split, ctx.spec.hash())
                                                    for split in ("train", "holdout"))
     result = train_increment(
         Path(plan.parent_checkpoint), train_files, holdout_files, _dir(ctx) / "checkpoint",
@@ -335,7 +343,7 @@ def export_delta(ctx: RunContext) -> dict:
     full_bytes = _full_model_bytes(ctx, plan.chain_root)
     manifest = write_delta(
         _dir(ctx) / "delta", arrays, version=plan.version, parent=plan.parent, chain_root=plan.chain_root,
-        weight_specs=specs,
+        weight_specs=specs, spec_hash=ctx.spec.hash(),
         extra={"data_span": plan.data_span, "data_end": plan.data_span["end"], "minutes": list(plan.minutes),
                "skipped_minutes": list(plan.skipped_minutes), "global_step": evaluation["global_step"],
                "num_rows": evaluation["train_rows"], "run_key": ctx.run_key, "daily_run": plan.daily_run_key,

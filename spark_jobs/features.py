@@ -133,11 +133,12 @@ def build_feature_state(
     )
 
 
-def write_feature_state(state: FeatureState, directory: Path, inputs: dict, num_rows: int) -> dict:
+def write_feature_state(state: FeatureState, directory: Path, inputs: dict, num_rows: int,
+                        spec_hash: str | None = None) -> dict:
     staging = staging_dir(directory)
     files = save_feature_state(state, staging)
     manifest = write_manifest(
-        staging, kind=FEATURE_STATE_KIND, version=state.version, files=files, inputs=inputs,
+        staging, kind=FEATURE_STATE_KIND, version=state.version, files=files, spec_hash=spec_hash, inputs=inputs,
         row_counts={"training_rows": num_rows},
         extra={**state.summary(), "evicted_rows": {k: list(v) for k, v in state.evicted_rows.items() if v}},
     )

@@ -227,7 +227,7 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spe
     (staging / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block" else row_schema(state))
     manifest = write_manifest(
         staging, kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{split}",
-        files=[*(s["file"] for s in shards), SCHEMA_FILE], inputs=inputs,
+        files=[*(s["file"] for s in shards), SCHEMA_FILE], spec_hash=spec.hash(), inputs=inputs,
         row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in shards)},
         extra={"split": split, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
                "shards": shards, "compression": "none", "feature_state_version": state.version,

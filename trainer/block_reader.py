@@ -18,15 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from components.block_codec import masked_crc
-from components.schema import (
+from components.block_codec import (
     BLOCK_CATEGORICAL_KEY,
     BLOCK_DENSE_KEY,
     BLOCK_LABEL_KEY,
     BLOCK_NUM_ROWS_KEY,
-    DENSE_INPUT_DIM,
-    NUM_CATEGORICAL,
+    masked_crc,
 )
+from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL
 from trainer.arguments import require_integer
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from components.block_codec import BLOCK_LAYOUT
 from components.delta import save_weights, saved_weights
-from components.feature_spec import FeatureSpec
+from components.feature_spec import FeatureSpec, load_spec
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -87,6 +87,7 @@ def train_increment(
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
     save_checkpoint(model, checkpoint_dir, version=version, extra_files=[weights_file],
+                     spec_hash=(spec or load_spec("criteo")).hash(),
                      inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
                              "holdout_files": list(holdout_files)},
                      row_counts={"train": train_rows, "holdout": holdout_rows},

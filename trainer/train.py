@@ -19,7 +19,7 @@ import numpy as np
 
 from components.block_codec import BLOCK_LAYOUT
 from components.config import TrainConfig
-from components.feature_spec import FeatureSpec
+from components.feature_spec import FeatureSpec, load_spec
 from components.manifest import read_manifest, write_manifest
 from trainer.arguments import even_batch_size, require_integer
 from trainer.calibration import calibrate_level
@@ -257,6 +257,7 @@ def train_model(
         checkpoint_dir,
         version=version or identity,
         extra_files=[weights_file],
+        spec_hash=(spec or load_spec("criteo")).hash(),
         inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
                 "warm_start": str(warm_start.checkpoint_dir) if warm_start_summary is not None else None},
         row_counts={"train": num_train_examples, "eval": len(eval_labels)},

@@ -3,15 +3,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.block_codec import encode_blocks, frame_records, read_framed_records
-from components.schema import (
+from components.block_codec import (
     BLOCK_CATEGORICAL_KEY,
     BLOCK_DENSE_KEY,
     BLOCK_LABEL_KEY,
     BLOCK_NUM_ROWS_KEY,
-    DENSE_INPUT_DIM,
-    NUM_CATEGORICAL,
+    encode_blocks,
+    frame_records,
+    read_framed_records,
 )
+from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL
 
 pytestmark = pytest.mark.unit
 

@@ -12,12 +12,12 @@ from components.manifest import (
     ManifestError,
     commit_dir,
     file_sha256,
+    format_hash,
     read_manifest,
     staging_dir,
     write_json_atomic,
     write_manifest,
 )
-from components.schema import schema_hash
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,8 @@ def test_write_then_read_round_trip_with_checksums(tmp_path):
     }
     assert read["kind"] == "dataset"
     assert read["version"] == "v1"
-    assert read["schema_hash"] == schema_hash()
+    assert read["format_hash"] == format_hash()
+    assert "feature_spec_hash" not in read  # not given: the output does not depend on the columns
     assert read["created_at"] == "2026-01-02T03:04:00+00:00"
     assert read["inputs"] == {"raw": "/raw/x"}
     assert read["row_counts"] == {"train": 12}
@@ -118,13 +119,26 @@ def test_wrong_kind_is_rejected(tmp_path):
         read_manifest(tmp_path, kind="feature_state")
 
 
-def test_other_schema_is_rejected(tmp_path):
+def test_other_format_is_rejected(tmp_path):
     _build(tmp_path, {"a.bin": b"x"})
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
-    manifest["schema_hash"] = "0123456789abcdef"
+    manifest["format_hash"] = "0123456789abcdef"
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
-    with pytest.raises(ManifestError, match=r"written with schema '0123456789abcdef', this code reads"):
+    with pytest.raises(ManifestError, match=r"written in format '0123456789abcdef', this code reads"):
         read_manifest(tmp_path)
+
+
+def test_the_feature_spec_hash_is_recorded_and_checked_when_the_reader_gives_one(tmp_path):
+    from components.feature_spec import load_spec
+
+    criteo, events = load_spec("criteo"), load_spec("events")
+    assert criteo.hash() != events.hash()
+    _build(tmp_path, {"a.bin": b"x"}, spec_hash=criteo.hash())
+    assert read_manifest(tmp_path)["feature_spec_hash"] == criteo.hash()
+    assert read_manifest(tmp_path, spec_hash=criteo.hash())["feature_spec_hash"] == criteo.hash()
+    with pytest.raises(ManifestError, match=rf"made with feature spec '{criteo.hash()}', this run uses "
+                                            rf"'{events.hash()}'; re-run the step that produces it with this spec"):
+        read_manifest(tmp_path, spec_hash=events.hash())
 
 
 def test_write_json_atomic_replaces_and_creates_parents(tmp_path):

@@ -209,8 +209,8 @@ def test_row_layout_holds_the_block_layouts_rows_one_example_per_row(spark, raw_
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
 
+    from components.block_codec import BLOCK_LAYOUT
     from components.row_codec import ROW_LAYOUT
-    from components.schema import BLOCK_LAYOUT
     from trainer.input import samples_dataset
 
     frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
