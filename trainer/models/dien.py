@@ -27,19 +27,16 @@ import keras
 from keras import ops
 
 from components.config import TrainConfig
-from trainer.arguments import require_integer, require_integer_list
+from trainer.arguments import require_integer_list
 from trainer.layers.attentional_update_gru import AttentionalUpdateGRU
-from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.simple_recurrent_unit import SimpleRecurrentUnit
 from trainer.layers.target_attention import TargetAttention
-from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, HISTORY_INPUT, ModelInputs
+from trainer.model_inputs import CRITEO_INPUTS, DENSE_INPUT, HISTORY_INPUT, ModelInputs
+from trainer.models.base import CTRModel, model_arguments
 from trainer.models.blocks import (
     behaviour_sequence,
-    embed_fields,
-    embedding_options,
     flatten_features,
     mlp,
-    num_fields,
     probability_head,
     require_item_feature,
     sequence_feature_index,
@@ -49,61 +46,49 @@ INTEREST_CELLS = ("gru", "sru")
 
 
 @keras.saving.register_keras_serializable(package="ctr")
-class DIEN(keras.Model):
-    """Inputs: {"dense": float32 [B, DENSE_INPUT_DIM], "categorical": int [B, len(table_sizes)],
-    "history": int [B, K] row ids of feature `item_feature`, negative at padding}.
-    Output: click probability, float32 [B, 1].
+class DIEN(CTRModel):
+    """Inputs: CTRModel's and `sequence_key`: int [B, K] row ids of feature `item_feature`'s table, padding 1
+    or negative. Output: click probability, float32 [B, 1].
 
     `interest_cell`: "gru" (keras.layers.GRU) or "sru" (SimpleRecurrentUnit, whose steps are elementwise).
-    Interest states have `embedding_dim` units, so the target attention compares like with like.
-    `embedding_options`: further CategoricalEmbedding arguments (multi-hash compression)."""
+    Interest states have `embedding_dim` units, so the target attention compares like with like."""
+
+    CONFIG_KEYS = ("item_feature", "interest_cell", "attention_units", "mlp_units", "sequence_key")
 
     def __init__(
         self,
         table_sizes: Sequence[int],
         item_feature: int = 0,
-        embedding_dim: int = 16,
         interest_cell: str = "gru",
         attention_units: Sequence[int] = (80, 40),
         mlp_units: Sequence[int] = (512, 256, 128),
-        embedding_options: Mapping[str, Any] | None = None,
-        bags: Sequence[Mapping[str, Any]] = (),
         sequence_key: str = HISTORY_INPUT,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        require_integer("embedding_dim", embedding_dim)
+        super().__init__(table_sizes, **kwargs)
         require_integer_list("mlp_units", mlp_units)
         if interest_cell not in INTEREST_CELLS:
             raise ValueError(
                 f"`interest_cell` must be one of {list(INTEREST_CELLS)}. Received: interest_cell={interest_cell!r}"
             )
-        self.table_sizes = list(table_sizes)
+        require_item_feature(item_feature, range(self.embedding.num_features))
         self.item_feature = int(item_feature)
-        self.embedding_dim = embedding_dim
         self.interest_cell = interest_cell
         self.attention_units = list(attention_units)
         self.mlp_units = list(mlp_units)
-        self.embedding_options = dict(embedding_options or {})
-        self.bags = [dict(bag) for bag in bags]
         self.sequence_key = sequence_key
-
-        self.embedding = CategoricalEmbedding(
-            self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
-        )
-        self.num_fields = num_fields(self.embedding, self.bags)
-        require_item_feature(item_feature, range(self.embedding.num_features))
         if interest_cell == "gru":
-            self.interest_extractor = keras.layers.GRU(embedding_dim, return_sequences=True, name="interest_extractor")
+            self.interest_extractor = keras.layers.GRU(self.embedding_dim, return_sequences=True,
+                                                       name="interest_extractor")
         else:
-            self.interest_extractor = SimpleRecurrentUnit(embedding_dim, name="interest_extractor")
+            self.interest_extractor = SimpleRecurrentUnit(self.embedding_dim, name="interest_extractor")
         self.attention = TargetAttention(self.attention_units, use_softmax=True, name="attention")
-        self.interest_evolution = AttentionalUpdateGRU(embedding_dim, name="interest_evolution")
+        self.interest_evolution = AttentionalUpdateGRU(self.embedding_dim, name="interest_evolution")
         self.deep_network = mlp(self.mlp_units, "deep_network")
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any]) -> Any:
-        embedded = embed_fields(self.embedding, inputs, self.bags)
+        embedded = self.embed(inputs)
         target = ops.take(embedded, self.item_feature, axis=1)
         behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)
         interests = self.interest_extractor(behaviours, mask=valid)
@@ -112,9 +97,7 @@ class DIEN(keras.Model):
         features = ops.concatenate([flatten_features(embedded, inputs[DENSE_INPUT]), interest], axis=-1)
         return self.head(self.deep_network(features))
 
-    def build(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
-        # Explicit so a loaded .keras model gets its weights before they are restored.
-        self.embedding.build(tuple(input_shape[CATEGORICAL_INPUT]))
+    def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         sequence_shape = (None, input_shape[self.sequence_key][-1], self.embedding_dim)
         self.interest_extractor.build(sequence_shape)
         self.attention.build((None, self.embedding_dim), sequence_shape)
@@ -123,38 +106,13 @@ class DIEN(keras.Model):
         self.deep_network.build((None, width))
         self.head.build((None, self.mlp_units[-1]))
 
-    def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        config.update(
-            {
-                "table_sizes": list(self.table_sizes),
-                "item_feature": self.item_feature,
-                "embedding_dim": self.embedding_dim,
-                "interest_cell": self.interest_cell,
-                "attention_units": list(self.attention_units),
-                "mlp_units": list(self.mlp_units),
-                "embedding_options": dict(self.embedding_options),
-                "bags": [dict(bag) for bag in self.bags],
-                "sequence_key": self.sequence_key,
-            }
-        )
-        return config
-
 
 def build_dien(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
-             spec_options: Mapping[str, Any] | None = None) -> DIEN:
-    model = DIEN(
-        table_sizes,
-        item_feature=sequence_feature_index(config, inputs),
-        sequence_key=inputs.sequence or HISTORY_INPUT,
-        embedding_dim=config.embedding_dim,
-        interest_cell=config.interest_cell,
-        attention_units=config.attention_units,
-        mlp_units=config.mlp_units,
-        embedding_options=embedding_options(config, inputs, dict(spec_options or {})),
-        bags=inputs.bags(attended=True),
-        name="dien",
-    )
+               spec_options: Mapping[str, Any] | None = None) -> DIEN:
+    model = DIEN(table_sizes, item_feature=sequence_feature_index(config, inputs),
+                 sequence_key=inputs.sequence or HISTORY_INPUT, interest_cell=config.interest_cell,
+                 attention_units=config.attention_units, mlp_units=config.mlp_units,
+                 **model_arguments(config, inputs, spec_options, attended=True), name="dien")
     model.build(inputs.shapes if inputs.sequence else
                 {**inputs.shapes, HISTORY_INPUT: (None, config.sequence_length)})
     return model

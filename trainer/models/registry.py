@@ -1,4 +1,5 @@
-"""Model builders by name: `TrainConfig.model` picks one. A new model is one entry in MODEL_BUILDERS."""
+"""Model builders by name: `TrainConfig.model` picks one. A new model is a CTRModel subclass (its layers, its
+`CONFIG_KEYS`, `call` and `build_layers`; trainer.models.base) and one entry in MODEL_BUILDERS."""
 
 from __future__ import annotations
 
