@@ -236,6 +236,11 @@ def generate_event_minute(generate: GenerateConfig, events: EventsConfig, minute
         REQUEST_ID: request_id,
         TS: pa.array(ts, pa.int64()),
         "probability": pa.array(probability),
+        # What the learnable ceiling needs (learnable_event_auc): the logit without the user-item affinity,
+        # the user's number and the item's topic.
+        "logit_without_affinity": pa.array(logit - AFFINITY * (match - expected_match)),
+        "user": pa.array(users, pa.int64()),
+        "item_topic": pa.array(items % NUM_TOPICS, pa.int64()),
         "clicked": pa.array(clicked),
         "delay_ms": pa.array(delay_ms, mask=~clicked),
         "late": pa.array(late & clicked),
@@ -293,6 +298,56 @@ def planted_event_auc(layout: Layout, minutes: list[datetime], request_ids: np.n
     return roc_auc(np.asarray(labels)[known], scores[known]) if known.any() else None
 
 
+def learnable_event_auc(layout: Layout, train_minutes: list[datetime], minutes: list[datetime],
+                        request_ids: np.ndarray, labels: np.ndarray) -> float | None:
+    """A ceiling for models that learn from labels: the AUC on samples of `minutes` of a predictor that knows
+    the planted model's form and every parameter except each user's preferred topic, which it infers from the
+    labels of that user's impressions in `train_minutes` (the exact posterior over topics, uniform prior).
+
+    The planted AUC knows every user's topic; no model trained on these labels can, so the distance between
+    the two is out of any model's reach. (The posterior here uses labels only: the items a user was shown
+    also reveal the topic, but a click model is not given them.) None when the generator's files are absent.
+    """
+    from components.evaluation import roc_auc
+
+    paths = [planted_events_path(layout, minute) for minute in (*train_minutes, *minutes)]
+    if not minutes or not all(path.exists() for path in paths):
+        return None
+    columns = ["clicked", "logit_without_affinity", "user", "item_topic"]
+    train = pa.concat_tables([pa.schema([(name, pq.read_schema(paths[-1]).field(name).type) for name in columns])
+                              .empty_table(),
+                              *(pq.read_table(planted_events_path(layout, m), columns=columns) for m in train_minutes)])
+    users = train.column("user").to_numpy()
+    topics = train.column("item_topic").to_numpy()
+    clicked = train.column("clicked").to_numpy(zero_copy_only=False)
+    rest = train.column("logit_without_affinity").to_numpy()
+    user_index, users = np.unique(users, return_inverse=True)
+    expected_match = TARGETED_SHARE + (1.0 - TARGETED_SHARE) / NUM_TOPICS
+    log_likelihood = np.zeros((len(user_index), NUM_TOPICS))
+    for topic in range(NUM_TOPICS):
+        p = 1.0 / (1.0 + np.exp(-(rest + AFFINITY * ((topics == topic) - expected_match))))
+        log_likelihood[:, topic] = np.bincount(users, np.where(clicked, np.log(p), np.log1p(-p)),
+                                               minlength=len(user_index))
+    posterior = np.exp(log_likelihood - log_likelihood.max(axis=1, keepdims=True))
+    posterior /= posterior.sum(axis=1, keepdims=True)
+
+    scored = pa.concat_tables([pq.read_table(planted_events_path(layout, m), columns=[REQUEST_ID, *columns[1:]])
+                               for m in minutes])
+    position = dict(zip(scored.column(REQUEST_ID).to_pylist(), range(scored.num_rows), strict=True))
+    rows = np.array([position.get(r, -1) for r in request_ids], dtype=np.int64)
+    known = rows >= 0
+    rows = rows[known]
+    user = scored.column("user").to_numpy()[rows]
+    slot = np.minimum(np.searchsorted(user_index, user), max(len(user_index) - 1, 0))
+    seen = (user_index[slot] == user) if len(user_index) else np.zeros(len(rows), dtype=bool)
+    match = np.full(len(rows), 1.0 / NUM_TOPICS)  # a user never seen in training: the prior
+    match[seen] = posterior[slot[seen], scored.column("item_topic").to_numpy()[rows][seen]]
+    rest = scored.column("logit_without_affinity").to_numpy()[rows]
+    score = (match / (1.0 + np.exp(-(rest + AFFINITY * (1.0 - expected_match))))
+             + (1.0 - match) / (1.0 + np.exp(-(rest - AFFINITY * expected_match))))
+    return roc_auc(np.asarray(labels)[known], score) if known.any() else None
+
+
 def generate_events(generate: GenerateConfig, events: EventsConfig, layout: Layout, progress=None) -> dict:
     """Writes both streams for generate.minutes minutes from generate.start; returns counts of what was made."""
     check_events_config(generate, events)
@@ -317,7 +372,8 @@ def generate_events(generate: GenerateConfig, events: EventsConfig, layout: Layo
         truth = piece.truth
         planted = planted_events_path(layout, minute)
         planted.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(truth.select([REQUEST_ID, "probability"]), planted)
+        pq.write_table(truth.select([REQUEST_ID, "probability", "clicked", "logit_without_affinity", "user",
+                                     "item_topic"]), planted)
         clicked = truth.column("clicked").to_numpy(zero_copy_only=False)
         click_ts = truth.column(TS).to_numpy() + truth.column("delay_ms").fill_null(0).to_numpy()
         totals["impressions"] += truth.num_rows - int(pc.sum(truth.column("lost")).as_py())

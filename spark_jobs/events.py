@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
@@ -516,17 +517,31 @@ def validate_joined(layout: Layout, directory: Path, sequence_length: int, repor
     return report
 
 
-def planted_auc_of_joined(layout: Layout, directory: Path, minutes: list[datetime]) -> float | None:
-    """The planted model's AUC on the joined labels of `minutes`, or None for data the generator did not make."""
-    from components.events import planted_event_auc
-
+def _joined_labels(directory: Path, minutes: list[datetime]) -> tuple[np.ndarray, np.ndarray]:
+    """The request ids and joined labels of the samples of `minutes`."""
     table = _joined_table(directory, [REQUEST_ID, TS, LABEL])
     start = int(min(minutes).timestamp() * 1000)
     end = int(max(minutes).timestamp() * 1000) + 60_000
     ts = table.column(TS).to_numpy()
     keep = (ts >= start) & (ts < end)
-    return planted_event_auc(layout, minutes, table.column(REQUEST_ID).to_numpy(zero_copy_only=False)[keep],
-                             table.column(LABEL).to_numpy(zero_copy_only=False)[keep])
+    return (table.column(REQUEST_ID).to_numpy(zero_copy_only=False)[keep],
+            table.column(LABEL).to_numpy(zero_copy_only=False)[keep])
+
+
+def planted_auc_of_joined(layout: Layout, directory: Path, minutes: list[datetime]) -> float | None:
+    """The planted model's AUC on the joined labels of `minutes`, or None for data the generator did not make."""
+    from components.events import planted_event_auc
+
+    return planted_event_auc(layout, minutes, *_joined_labels(directory, minutes))
+
+
+def learnable_auc_of_joined(layout: Layout, directory: Path, train_minutes: list[datetime],
+                            minutes: list[datetime]) -> float | None:
+    """components.events.learnable_event_auc on the joined labels of `minutes`, users' topics inferred from
+    `train_minutes`; None for data the generator did not make."""
+    from components.events import learnable_event_auc
+
+    return learnable_event_auc(layout, train_minutes, minutes, *_joined_labels(directory, minutes))
 
 
 def main(argv: list[str] | None = None) -> None:

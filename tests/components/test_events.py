@@ -180,3 +180,28 @@ def test_write_event_minute_refuses_a_complete_partition_without_data(tmp_path):
 def test_bad_config_names_the_key_and_value(key, value, message):
     with pytest.raises(ConfigError, match=message + r".*--set events\."):
         generate_event_minute(GENERATE, dataclasses.replace(EVENTS, **{key: value}), 0, START)
+
+
+def test_the_learnable_ceiling_lies_between_knowing_no_user_and_knowing_every_users_topic(tmp_path):
+    """learnable_event_auc infers each user's topic from the labels of the training minutes: with many
+    labels per user it nears the planted AUC; with none it knows no user's topic and scores lower."""
+    from components.evaluation import roc_auc
+    from components.events import learnable_event_auc, planted_event_auc, planted_events_path
+
+    layout = Layout(tmp_path)
+    generate = GenerateConfig(start="2026-01-01T00:00", minutes=24, rows_per_minute=2000, seed=11)
+    generate_events(generate, EventsConfig(num_users=60, num_items=320), layout)
+    minutes = [START + timedelta(minutes=i) for i in range(24)]
+    train, held_out = minutes[:20], minutes[20:]
+    truth = pa.concat_tables([pq.read_table(planted_events_path(layout, m)) for m in held_out])
+    ids = truth.column("request_id").to_numpy(zero_copy_only=False)
+    labels = truth.column("clicked").to_numpy(zero_copy_only=False).astype(np.int8)
+    planted = planted_event_auc(layout, held_out, ids, labels)
+    learned = learnable_event_auc(layout, train, held_out, ids, labels)
+    unknown = learnable_event_auc(layout, [], held_out, ids, labels)
+    without_affinity = roc_auc(labels, truth.column("logit_without_affinity").to_numpy())
+    # 60 users x ~660 training impressions each: their topics are all but known.
+    assert planted - 0.003 < learned <= planted + 1e-9
+    assert unknown == pytest.approx(without_affinity, abs=1e-9)  # the prior: the same score shifted per row
+    assert learned > unknown + 0.01
+    assert learnable_event_auc(Layout(tmp_path / "elsewhere"), train, held_out, ids, labels) is None
