@@ -18,6 +18,10 @@ from components.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 RUN_KEY_TAG = "ctr.run_key"
+# The MLflow UI opens an experiment on the view its kind names; without it, MLflow 3 opens on the GenAI
+# overview (traces, prompts). These runs train models.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 class Tracker:
@@ -51,8 +55,13 @@ class Tracker:
             Path(self._uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         self._client = client = MlflowClient(tracking_uri=self._uri)
         experiment = client.get_experiment_by_name(self._experiment)
-        experiment_id = (experiment.experiment_id if experiment else
-                         client.create_experiment(self._experiment, artifact_location=self._artifact_root))
+        if experiment is None:
+            experiment_id = client.create_experiment(self._experiment, artifact_location=self._artifact_root,
+                                                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        else:
+            experiment_id = experiment.experiment_id
+            if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made by an earlier version
+                client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{self._run_key}'",
                                    max_results=1)
         if found:

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from components.config import load_config
-from components.tracking import RUN_KEY_TAG, Tracker
+from components.tracking import EXPERIMENT_KIND_TAG, RUN_KEY_TAG, Tracker
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +41,16 @@ def test_the_tracking_uri_defaults_to_sqlite_under_the_data_root(data_root, clie
     assert (data_root / "mlflow" / "mlflow.db").is_file()
     experiment = client.get_experiment_by_name("ctr")
     assert experiment.artifact_location == (data_root / "mlflow" / "artifacts").as_uri()
+
+
+def test_the_experiment_opens_on_model_training_not_genai(data_root, client):
+    """MLflow 3's UI opens an experiment without a kind on its GenAI overview; ours is marked as model
+    training, and one made before (without the tag) gets it on the next start."""
+    assert client.get_experiment_by_name("ctr").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    older = client.create_experiment("made-by-an-earlier-version")
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(older).tags
+    Tracker(_config(data_root, **{"tracking.experiment": "made-by-an-earlier-version"}), "k", "k", {}).start()
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
 
 
 def test_start_twice_with_the_same_run_key_returns_the_same_run(data_root, client):
