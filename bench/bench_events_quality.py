@@ -9,7 +9,10 @@ the same samples and the same held-out minutes:
     auc_dcnv2             DCNv2, events spec
     auc_din               DIN (target attention over the behaviour sequence), events spec
     auc_criteo_columns    DCNv2, criteo spec
-    planted_auc           the generator's own model on the held-out labels: the best any model can reach
+    planted_auc           the generator's own model on the held-out labels, every user's preferred topic known
+    learnable_auc         the generator's model with each user's topic inferred from that user's training labels
+                          (exact posterior; components.events.learnable_event_auc): a ceiling for models that
+                          learn from these labels, which planted_auc is not
     dien_gru              DIEN, GRU interest extractor           {"ex_per_s", "auc"}
     dien_sru              DIEN, SRU interest extractor           {"ex_per_s", "auc"}
     dien_gru_micro2       DIEN, GRU, 2 micro-batches per step    {"ex_per_s", "auc"}
@@ -70,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-minute", type=int, default=5000)
     parser.add_argument("--dien-epochs", type=int, default=1)
     parser.add_argument("--skip-dien", action="store_true", help="leave out the three DIEN runs")
+    parser.add_argument("--extra-model", action="append", default=[], metavar="NAME",
+                        help="also train this model of the zoo on the events spec, reported as auc_NAME "
+                             "(repeatable; e.g. deepfm, dlrm, wide_deep)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="config overrides for every run")
     parser.add_argument("--keep", metavar="DIR", help="write the data here and keep it (default: a temporary dir)")
@@ -111,6 +117,15 @@ def main(argv: list[str] | None = None) -> int:
                 split: read_manifest(Path(directory), kind="samples")["row_counts"]["rows"]
                 for split, directory in outputs["samples"].items()}
             log(f"{spec}: join, features and samples in {seconds[f'data_{spec}']:.0f} s")
+            if spec == "events":
+                from pipelines.daily import split_minutes
+                from spark_jobs.events import learnable_auc_of_joined
+
+                context = RunContext(config=config, interval=span, pipeline="daily", run_id="bench-ceiling")
+                train_minutes, eval_minutes = split_minutes(context)
+                result["learnable_auc"] = learnable_auc_of_joined(context.layout, context.layout.joined_dir(span),
+                                                                  train_minutes, eval_minutes)
+                log(f"learnable ceiling (users' topics from their training labels): AUC {result['learnable_auc']:.4f}")
 
         def train_and_evaluate(name: str, spec: str, extra: dict) -> dict:
             config = config_for(spec, extra)
@@ -129,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{seconds[name]:.0f} s")
             return out
 
-        runs = {name: train_and_evaluate(name, spec, extra) for name, (spec, extra) in MODELS.items()}
+        extra_models = {f"auc_{name}": ("events", {"train.model": name}) for name in args.extra_model}
+        runs = {name: train_and_evaluate(name, spec, extra)
+                for name, (spec, extra) in {**MODELS, **extra_models}.items()}
         if not args.skip_dien:
             dien_settings = {"train.epochs": args.dien_epochs, "train.early_stopping_patience": 0}
             runs.update({name: train_and_evaluate(name, "events", {**dien_settings, **extra})
@@ -137,10 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     planted = runs["auc_dcnv2"]["planted_auc"]
     best = max(runs[name]["auc"] for name in runs)
     result.update({
-        **{name: runs[name]["auc"] for name in MODELS},
+        **{name: runs[name]["auc"] for name in {**MODELS, **extra_models}},
         "planted_auc": planted,
         **{name: {"ex_per_s": runs[name]["ex_per_s"], "auc": runs[name]["auc"]} for name in DIEN if name in runs},
         "best_gap_to_planted": planted - best,
+        "best_gap_to_learnable": result["learnable_auc"] - best,
+        "learnable_gap_to_planted": planted - result["learnable_auc"],
         "goal_best_within_0.01_of_planted": planted - best <= 0.01,
         "goal_din_at_least_dcnv2": runs["auc_din"]["auc"] >= runs["auc_dcnv2"]["auc"],
         "runs": runs,
