@@ -21,9 +21,11 @@ into every manifest. No module outside this one names a column.
 Kinds and their keys (every key but `name`/`names` and `kind` is optional):
 
 - dense: `transform` log_standardize (signed log1p, clipped at the `clip_quantile` and 1 - `clip_quantile`
-  quantiles, standardized; the default) or standardize (the same without log1p); buckets (`num_buckets`
-  quantile buckets into an embedding of `embedding_dim`) is a known value but refused until it is built;
-  `missing_indicator` (default true).
+  quantiles, standardized; the default), standardize (the same without log1p) or buckets: the value's
+  quantile bucket (`num_buckets`, default 16, boundaries from the daily run's data) becomes a categorical
+  feature `<name>_bucket` whose embedding the model reads instead of the value (a missing value has the
+  missing row, so `missing_indicator` applies to the other transforms only); `missing_indicator` (default
+  true).
 - categorical (one value a row, string or integer id): `dtype` string | int, `min_count` (admission),
   `evict_after_days`, `max_rows`, `embedding_dim`, `hashing` ({functions, buckets, combiner}: the admitted
   rows are compressed into `functions` small tables, for very-high-cardinality features), `table` (share
@@ -77,6 +79,10 @@ DERIVED_VOCABULARIES: dict[str, tuple[str, ...]] = {
     "hour_of_day": tuple(str(h) for h in range(24)),
     "day_of_week": tuple(str(d) for d in range(7)),  # 0 = Monday
 }
+# The derivation of a dense feature's quantile bucket (transform: buckets): the categorical feature
+# <name>_bucket, whose values are the bucket numbers "0" .. str(num_buckets - 1).
+BUCKET_DERIVATION = "buckets"
+BUCKET_SUFFIX = "_bucket"
 
 
 class FeatureSpecError(ConfigError):
@@ -120,8 +126,11 @@ class DenseFeature:
     clip_quantile: float = 0.001
     missing_indicator: bool = True
     num_buckets: int = 16  # transform: buckets
-    embedding_dim: int | None = None  # transform: buckets
     kind: str = field(default="dense", init=False)
+
+    @property
+    def bucketized(self) -> bool:
+        return self.transform == "buckets"
 
 
 @dataclass(frozen=True)
@@ -282,10 +291,15 @@ class FeatureSpec:
         return tuple(f for f in self.features if isinstance(f, MultiCategoricalFeature | SequenceFeature))
 
     @property
+    def scaled_dense(self) -> tuple[DenseFeature, ...]:
+        """The dense features the model reads as values (the dense input): all but the bucketized ones."""
+        return tuple(f for f in self.dense if not f.bucketized)
+
+    @property
     def dense_input_dim(self) -> int:
-        """Width of the model's dense input: one value per dense feature, then one missing flag per dense
-        feature that has one."""
-        return len(self.dense) + sum(1 for f in self.dense if f.missing_indicator)
+        """Width of the model's dense input: one value per scaled dense feature, then one missing flag per
+        scaled dense feature that has one."""
+        return len(self.scaled_dense) + sum(1 for f in self.scaled_dense if f.missing_indicator)
 
     @property
     def timestamp(self) -> TimestampFeature | None:
@@ -334,7 +348,7 @@ class FeatureSpec:
                 readers.setdefault(feature.shares, []).append(feature.name)
         out = {}
         for table, owner in owners.items():
-            fixed = DERIVED_VOCABULARIES[owner.derivation] if getattr(owner, "derivation", "") else ()
+            fixed = self.fixed_values(owner)
             out[table] = TableSpec(
                 name=table, features=tuple(readers[table]),
                 min_count=1 if fixed else _or(owner.min_count, defaults.min_count),
@@ -345,6 +359,14 @@ class FeatureSpec:
             )
         return out
 
+    def fixed_values(self, feature: TableFeature) -> tuple[str, ...]:
+        """The values of a derived feature's table (hours, days, bucket numbers); () for a counted one."""
+        derivation = getattr(feature, "derivation", "")
+        if derivation == BUCKET_DERIVATION:
+            source = self.feature(feature.derived_from)  # type: ignore[union-attr]
+            return tuple(str(b) for b in range(source.num_buckets))  # type: ignore[union-attr]
+        return DERIVED_VOCABULARIES[derivation] if derivation else ()
+
     def table_of(self, feature_name: str) -> str:
         feature = self.feature(feature_name)
         if isinstance(feature, SequenceFeature):
@@ -354,11 +376,12 @@ class FeatureSpec:
         raise KeyError(f"feature {feature_name!r} is {feature.kind}, which has no table")
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec as plain data (what `hash` and MLflow's spec.json hold); declared features only."""
+        """The spec as plain data (what `hash` and MLflow's spec.json hold; `spec_from_dict` reads it back);
+        declared features only."""
         return {
             "name": self.name,
             "description": self.description,
-            "source": dataclasses.asdict(self.source),
+            "source": _plain(dataclasses.asdict(self.source)),
             "label": dataclasses.asdict(self.label),
             "features": [_feature_dict(f) for f in self.features if not getattr(f, "derived_from", "")],
         }
@@ -382,7 +405,12 @@ def _feature_dict(feature: Feature) -> dict[str, Any]:
     out = dataclasses.asdict(feature)
     for key in ("derived_from", "derivation"):
         out.pop(key, None)
-    return out
+    return _plain(out)
+
+
+def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+    """Tuples as lists (the same JSON), so that `spec_from_dict` reads what `as_dict` wrote."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in entry.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -511,6 +539,8 @@ def _features(entry: Any, where: str) -> list[Feature]:
     settings = {k: v for k, v in entry.items() if k not in {"kind", "name", "names"}}
     if "column" in settings and len(names) > 1:
         raise FeatureSpecError(f"{where}: column={settings['column']!r} cannot be shared by names {list(names)}")
+    if settings.get("hashing", ...) is None:  # as_dict writes an unset hashing as null
+        del settings["hashing"]
     if "hashing" in settings:
         hashing = settings["hashing"]
         if not isinstance(hashing, Mapping):
@@ -558,10 +588,8 @@ def _check_feature(feature: Feature, where: str) -> None:
         raise FeatureSpecError(f"{where}: evict_after_days must be 0 (never) or more, got {feature.evict_after_days!r}")  # type: ignore[union-attr]
     if isinstance(feature, DenseFeature):
         _literal(feature.transform, DenseTransformKind, f"{where}: transform")
-        if feature.transform == "buckets":
-            # Refused rather than trained as something else: a run would not be what the spec says.
-            raise FeatureSpecError(f"{where}: transform 'buckets' (quantile buckets into an embedding) is not built "
-                                   "yet; use log_standardize (heavy-tailed counts) or standardize")
+        if feature.bucketized and feature.num_buckets < 2:
+            raise FeatureSpecError(f"{where}: transform 'buckets' needs num_buckets >= 2, got {feature.num_buckets!r}")
         if not 0 <= feature.clip_quantile < 0.5:
             raise FeatureSpecError(f"{where}: clip_quantile must be in [0, 0.5), got {feature.clip_quantile!r}")
     if isinstance(feature, CategoricalFeature | MultiCategoricalFeature):
@@ -592,6 +620,9 @@ def _derived(features: list[Feature]) -> list[Feature]:
                 name = f"{feature.name}_{derived}"
                 out.append(CategoricalFeature(name=name, column=feature.column, derived_from=feature.name,
                                               derivation=derived))
+        if isinstance(feature, DenseFeature) and feature.bucketized:
+            out.append(CategoricalFeature(name=feature.name + BUCKET_SUFFIX, column=feature.column,
+                                          derived_from=feature.name, derivation=BUCKET_DERIVATION))
     return out
 
 

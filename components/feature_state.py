@@ -44,7 +44,10 @@ VOCABULARY_SCHEMA = pa.schema([("feature", pa.string()), ("value", pa.string()),
 @dataclass(frozen=True)
 class DenseTransform:
     """x -> standardize(clip(sign(x) * log1p(|x|), low, high)) (without the log1p when `log` is false);
-    missing -> 0, with a missing flag of 1 when `indicator`."""
+    missing -> 0, with a missing flag of 1 when `indicator`.
+
+    A bucketized feature (transform: buckets) has `boundaries` instead: x -> its bucket number
+    (`bucket_values`), which its derived categorical feature looks up; the other fields are unused."""
 
     name: str
     low: float
@@ -53,6 +56,11 @@ class DenseTransform:
     std: float
     log: bool = True
     indicator: bool = True
+    boundaries: tuple[float, ...] = ()
+
+    @property
+    def bucketized(self) -> bool:
+        return bool(self.boundaries)
 
 
 @dataclass(frozen=True)
@@ -137,11 +145,25 @@ class FeatureState:
     def dense_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dense)
 
+    @property
+    def scaled(self) -> tuple[DenseTransform, ...]:
+        """The transforms of the dense input (all but the bucketized features)."""
+        return tuple(d for d in self.dense if not d.bucketized)
+
     def dense_arrays(self) -> dict[str, np.ndarray]:
+        """The scaled transforms' fields as arrays, one entry per feature of the dense input."""
         return {
-            key: np.array([getattr(d, key) for d in self.dense], dtype=np.float64)
+            key: np.array([getattr(d, key) for d in self.scaled], dtype=np.float64)
             for key in ("low", "high", "mean", "std", "log", "indicator")
         }
+
+    def boundaries(self, name: str) -> tuple[float, ...]:
+        """The bucket boundaries of the bucketized dense feature `name`."""
+        for transform in self.dense:
+            if transform.name == name and transform.bucketized:
+                return transform.boundaries
+        raise KeyError(f"feature state {self.version}: dense feature {name!r} has no bucket boundaries; "
+                       f"bucketized: {[d.name for d in self.dense if d.bucketized]}")
 
     def lookup(self, feature: str) -> tuple[pa.Array, np.ndarray]:
         """(admitted values, their rows) of one feature, as `categorical_rows` takes them."""
@@ -261,7 +283,9 @@ def advance_feature_state(
             values=tuple(v for v, _ in ordered), rows=tuple(e[0] for _, e in ordered),
             counts=tuple(e[1] for _, e in ordered), last_seen=tuple(e[2] for _, e in ordered),
             num_rows=num_rows, free_rows=tuple(free_sorted),
-            capacity=old.table_size if fixed_tables else min(max_rows_per_feature, num_rows + growth_rows),
+            # A table of fixed values (hours, days, buckets) holds exactly them: no room to grow.
+            capacity=old.table_size if fixed_tables or settings.fixed_values
+            else min(max_rows_per_feature, num_rows + growth_rows),
         )
         if evicted:
             evicted_rows[name] = tuple(sorted(evicted))
@@ -355,7 +379,7 @@ def load_feature_state(directory: str | Path, verify: bool = True, spec: Feature
                                 table_doc["num_rows"], tuple(table_doc["free_rows"]), table_doc.get("capacity", 0))
         _check_rows(vocabulary, name, directory)
         vocabularies[name] = vocabulary
-    dense = tuple(DenseTransform(**d) for d in doc["dense"])
+    dense = tuple(DenseTransform(**{**d, "boundaries": tuple(d.get("boundaries", ()))}) for d in doc["dense"])
     if spec is not None:
         check_state_matches(list(vocabularies), [d.name for d in dense], spec, directory)
     return FeatureState(
@@ -429,13 +453,26 @@ def signed_log1p(values: np.ndarray) -> np.ndarray:
     return np.sign(values) * np.log1p(np.abs(values))
 
 
+def bucket_values(values: np.ndarray, boundaries: Sequence[float]) -> pa.Array:
+    """Raw values of a bucketized dense feature (NaN = missing) -> their bucket numbers as strings, the values
+    of its derived categorical feature: bucket b holds boundaries[b - 1] <= x < boundaries[b] ("0" below the
+    first boundary, str(len(boundaries)) from the last); missing -> "" (the missing row)."""
+    values = np.asarray(values, dtype=np.float64)
+    buckets = np.searchsorted(np.asarray(boundaries, dtype=np.float64), values, side="right")
+    text = pc.cast(pa.array(buckets, pa.int64()), pa.string())
+    return pc.if_else(pa.array(np.isnan(values)), "", text)
+
+
 def transform_dense(values: np.ndarray, state: FeatureState) -> np.ndarray:
-    """[n, D] raw dense values of the state's dense features (NaN = missing) -> float32 [n, D + flags]:
-    standardized values, then the missing flags of the features that have one (criteo: [n, 13] -> [n, 26])."""
+    """[n, D] raw dense values of the state's dense features (NaN = missing) -> float32 [n, S + flags]:
+    the S scaled (not bucketized) features' standardized values, then the missing flags of those that have one
+    (criteo: [n, 13] -> [n, 26])."""
     stats = state.dense_arrays()
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[1] != len(state.dense):
         values = values.reshape(-1, len(state.dense))
+    if len(state.scaled) != len(state.dense):
+        values = values[:, [i for i, d in enumerate(state.dense) if not d.bucketized]]
     missing = np.isnan(values)
     filled = np.where(missing, 0.0, values)
     logged = np.where(stats["log"].astype(bool), signed_log1p(filled), filled)

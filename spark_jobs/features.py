@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from components.config import FeatureConfig
-from components.feature_spec import FeatureSpec
+from components.feature_spec import DenseFeature, FeatureSpec
 from components.feature_state import (
     FEATURE_STATE_KIND,
     DenseTransform,
@@ -71,8 +71,12 @@ def signed_log1p(column):
 
 
 def dense_statistics(frame: DataFrame, spec: FeatureSpec) -> tuple[DenseTransform, ...]:
-    """Per dense feature of the spec: its clip bounds (the clip_quantile and 1 - clip_quantile quantiles of the
-    (log-)transformed values) and the mean and standard deviation of the clipped values."""
+    """Per dense feature of the spec, in its order:
+    - scaled (log_standardize, standardize): its clip bounds (the clip_quantile and 1 - clip_quantile quantiles
+      of the (log-)transformed values) and the mean and standard deviation of the clipped values;
+    - bucketized: its num_buckets - 1 boundaries, the 1/num_buckets, 2/num_buckets, ... quantiles of its values
+      (all 0.0 when it has no values).
+    One approxQuantile pass computes every quantile, one aggregation the moments."""
     features = spec.dense
     if not features:
         return ()
@@ -81,29 +85,43 @@ def dense_statistics(frame: DataFrame, spec: FeatureSpec) -> tuple[DenseTransfor
         (signed_log1p(F.col(f.name)) if f.transform == "log_standardize" else F.col(f.name)).alias(f.name)
         for f in features
     ])
-    levels = sorted({q for f in features for q in (f.clip_quantile, 1 - f.clip_quantile)})
+    levels = sorted({q for f in features for q in _quantile_levels(f)})
     table = transformed.approxQuantile(names, levels, QUANTILE_RELATIVE_ERROR)
-    bounds = []
+    quantiles = []
     for feature, values in zip(features, table, strict=True):
         by_level = dict(zip(levels, values, strict=True)) if values else {}
-        bounds.append((by_level.get(feature.clip_quantile, 0.0), by_level.get(1 - feature.clip_quantile, 0.0)))
-    # least/greatest skip nulls, so missing values are kept missing explicitly (not clipped to `low`).
-    clipped = transformed.select(*[
-        F.when(F.col(name).isNull(), None)
-        .otherwise(F.least(F.greatest(F.col(name), F.lit(low)), F.lit(high))).alias(name)
-        for name, (low, high) in zip(names, bounds, strict=True)
-    ])
-    moments = clipped.agg(*[F.mean(name).alias(f"{name}_mean") for name in names],
-                          *[F.stddev_pop(name).alias(f"{name}_std") for name in names]).first()
+        quantiles.append([float(by_level.get(q, 0.0)) for q in _quantile_levels(feature)])
+    scaled = [(f.name, q) for f, q in zip(features, quantiles, strict=True) if not f.bucketized]
+    moments = {}
+    if scaled:
+        # least/greatest skip nulls, so missing values are kept missing explicitly (not clipped to `low`).
+        clipped = transformed.select(*[
+            F.when(F.col(name).isNull(), None)
+            .otherwise(F.least(F.greatest(F.col(name), F.lit(low)), F.lit(high))).alias(name)
+            for name, (low, high) in scaled
+        ])
+        moments = clipped.agg(*[F.mean(name).alias(f"{name}_mean") for name, _ in scaled],
+                              *[F.stddev_pop(name).alias(f"{name}_std") for name, _ in scaled]).first().asDict()
     out = []
-    for feature, (low, high) in zip(features, bounds, strict=True):
+    for feature, bounds in zip(features, quantiles, strict=True):
         name = feature.name
+        if feature.bucketized:
+            out.append(DenseTransform(name, 0.0, 0.0, 0.0, 1.0, log=False, indicator=False,
+                                      boundaries=tuple(bounds)))
+            continue
+        low, high = bounds
         mean = moments[f"{name}_mean"] if moments[f"{name}_mean"] is not None else 0.0
         std = moments[f"{name}_std"] or 0.0
         out.append(DenseTransform(name, float(low), float(high), float(mean), float(std) if std > 1e-6 else 1.0,
                                   log=feature.transform == "log_standardize",
                                   indicator=feature.missing_indicator))
     return tuple(out)
+
+
+def _quantile_levels(feature: DenseFeature) -> tuple[float, ...]:
+    if feature.bucketized:
+        return tuple(b / feature.num_buckets for b in range(1, feature.num_buckets))
+    return (feature.clip_quantile, 1 - feature.clip_quantile)
 
 
 def build_feature_state(

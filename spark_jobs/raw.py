@@ -7,7 +7,8 @@ columns named after the features:
 - `label`: int 0/1 (from the spec's label column);
 - a dense feature: double, null when missing;
 - a categorical feature: string, null when missing; those derived from the timestamp (hour of day, day of
-  week) as their number, e.g. "13";
+  week) as their number, e.g. "13"; a dense feature's quantile bucket (`<name>_bucket`) is not a column here:
+  its boundaries are the feature state's, so the sample writer computes it from the dense column;
 - a multi-valued or sequence feature: array<string> without empty elements, the newest `max_length` kept
   (values are newest last);
 - `minute`.
@@ -23,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from components.feature_spec import (
+    BUCKET_DERIVATION,
     CategoricalFeature,
     FeatureSpec,
     FeatureSpecError,
@@ -135,7 +137,8 @@ def parse_raw(frame: DataFrame, spec: FeatureSpec) -> DataFrame:
     for feature in spec.dense:
         columns.append(F.col(feature.column).cast("double").alias(feature.name))
     for feature in spec.categorical:
-        columns.append(_categorical(feature, seconds).alias(feature.name))
+        if feature.derivation != BUCKET_DERIVATION:
+            columns.append(_categorical(feature, seconds).alias(feature.name))
     for feature in spec.lists:
         dtype = spec.feature(spec.table_of(feature.name)).dtype  # type: ignore[union-attr]
         columns.append(id_list(F.col(feature.column), feature, dtype).alias(feature.name))

@@ -32,8 +32,15 @@ from components.block_codec import (
     encode_blocks,
     frame_records,
 )
-from components.feature_spec import FeatureSpec
-from components.feature_state import FeatureState, categorical_rows, check_state_matches, list_rows, transform_dense
+from components.feature_spec import BUCKET_DERIVATION, FeatureSpec
+from components.feature_state import (
+    FeatureState,
+    bucket_values,
+    categorical_rows,
+    check_state_matches,
+    list_rows,
+    transform_dense,
+)
 from components.manifest import commit_dir, staging_dir, write_manifest
 from components.row_codec import PER_COLUMN, ROW_LAYOUT, encode_rows
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
@@ -79,7 +86,10 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dir: str, b
     if layout == "row":
         check_row_layout_spec(spec)
     check_state_matches(list(state.vocabularies), state.dense_names, spec, f"feature state {state.version}")
-    categorical = [(f.name, state.lookup(spec.table_of(f.name))) for f in spec.categorical]
+    # Per categorical column: its name, the dense feature whose bucket it is (or None) and its table's lookup.
+    categorical = [(f.name, f.derived_from if f.derivation == BUCKET_DERIVATION else None,
+                    state.lookup(spec.table_of(f.name))) for f in spec.categorical]
+    boundaries = {source: state.boundaries(source) for _, source, _ in categorical if source}
     lists = [(f.name, f.max_length, state.lookup(spec.table_of(f.name))) for f in spec.lists]
     dense_names = spec.dense_names
     # The function is pickled into every task: it carries the vocabularies but not the candidates (values
@@ -103,8 +113,11 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dir: str, b
                 dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
                                       for n in dense_names], axis=1) if dense_names else np.zeros((num, 0))
                 dense = transform_dense(dense_raw, state)
-                ids = np.stack([categorical_rows(table.column(n).combine_chunks(), *lookup)
-                                for n, lookup in categorical], axis=1) if categorical else np.zeros((num, 0), np.int64)
+                ids = np.stack([
+                    categorical_rows(bucket_values(dense_raw[:, dense_names.index(source)], boundaries[source])
+                                     if source else table.column(n).combine_chunks(), *lookup)
+                    for n, source, lookup in categorical
+                ], axis=1) if categorical else np.zeros((num, 0), np.int64)
                 id_lists = {n: list_rows(table.column(n), *lookup, length) for n, length, lookup in lists}
                 if layout == "block":
                     records = encode_blocks(labels, dense, ids, block_rows, id_lists)
@@ -151,12 +164,13 @@ def block_schema(state: FeatureState, spec: FeatureSpec) -> str:
     schema = schema_pb2.Schema()
     sizes = state.table_sizes()
     largest_table = max(sizes.values(), default=1)
-    flagged = [f.name for f in spec.dense if f.missing_indicator]
+    flagged = [f.name for f in spec.scaled_dense if f.missing_indicator]
+    scaled = ", ".join(f.name for f in spec.scaled_dense) or "(none)"
     keys = [
         (BLOCK_NUM_ROWS_KEY, schema_pb2.INT, "rows in this block: n"),
         (BLOCK_LABEL_KEY, schema_pb2.FLOAT, f"n labels (0 or 1), from column {spec.label.column!r}"),
         (BLOCK_DENSE_KEY, schema_pb2.FLOAT,
-         f"n x {spec.dense_input_dim}, row-major: standardized {', '.join(spec.dense_names) or '(none)'}, then "
+         f"n x {spec.dense_input_dim}, row-major: standardized {scaled}, then "
          f"the missing flags of {', '.join(flagged) or '(none)'}"),
         (BLOCK_CATEGORICAL_KEY, schema_pb2.INT,
          f"n x {len(spec.categorical)}, row-major: embedding rows of {', '.join(spec.categorical_names)} "

@@ -26,7 +26,7 @@ import trainer.metrics  # noqa: F401
 import trainer.models  # noqa: F401
 import trainer.optimizers  # noqa: F401
 from components.delta import KEY_SEPARATOR, rows_name, values_name
-from components.feature_spec import MISSING_ROW, RARE_ROW, FeatureSpec, derive_time, load_spec
+from components.feature_spec import BUCKET_DERIVATION, MISSING_ROW, RARE_ROW, FeatureSpec, derive_time, load_spec
 from components.feature_state import FeatureState, check_state_matches
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 
@@ -80,6 +80,8 @@ class RawFeaturePreprocessor(tf.Module):
         )
         self.log = tf.constant(stats["log"].astype(bool))
         self.flagged = tf.constant([i for i, flag in enumerate(stats["indicator"]) if flag], tf.int32)
+        self.boundaries = {f.derived_from: state.boundaries(f.derived_from)
+                           for f in spec.categorical if f.derivation == BUCKET_DERIVATION}
 
     def __call__(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         out = {DENSE_INPUT: self.dense(features), CATEGORICAL_INPUT: self.categorical(features)}
@@ -89,7 +91,7 @@ class RawFeaturePreprocessor(tf.Module):
 
     def dense(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
         """Same arithmetic as components.feature_state.transform_dense, in float64 like numpy."""
-        names = self.spec.dense_names
+        names = [f.name for f in self.spec.scaled_dense]
         if not names:
             batch = tf.shape(next(iter(features.values())))[0]
             return tf.zeros([batch, 0], tf.float32)
@@ -106,12 +108,20 @@ class RawFeaturePreprocessor(tf.Module):
         """[batch, F] strings: the categorical inputs, derived ones computed from the timestamp."""
         columns = []
         for feature in self.spec.categorical:
-            if feature.derived_from:
+            if feature.derivation == BUCKET_DERIVATION:
+                columns.append(self.bucket(features[feature.derived_from], feature.derived_from))
+            elif feature.derived_from:
                 seconds = features[feature.derived_from]
                 columns.append(tf.strings.as_string(derive_time(seconds, feature.derivation)))
             else:
                 columns.append(features[feature.name])
         return tf.stack(columns, axis=1)
+
+    def bucket(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        """Same strings as components.feature_state.bucket_values: the bucket number, "" when NaN."""
+        values = tf.cast(values, tf.float64)
+        buckets = tf.searchsorted(tf.constant(self.boundaries[name], tf.float64), values, side="right")
+        return tf.where(tf.math.is_nan(values), "", tf.strings.as_string(buckets))
 
     def categorical(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
         """Same rows as components.feature_state.categorical_rows: "" -> MISSING_ROW, unknown -> RARE_ROW."""

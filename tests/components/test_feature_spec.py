@@ -38,7 +38,10 @@ def _minimal(**extra):
 def test_the_presets_are_shipped_and_load():
     assert preset_names() == ("avazu", "criteo", "events", "taobao")
     for name in preset_names():
-        assert load_spec(name).name == name
+        spec = load_spec(name)
+        assert spec.name == name
+        # The plain data logged to MLflow (spec.json) is a spec again, with the same hash.
+        assert spec_from_dict(spec.as_dict()).hash() == spec.hash()
 
 
 def test_the_criteo_preset_is_todays_fixed_layout():
@@ -66,6 +69,32 @@ def test_avazu_derives_time_features_and_hashes_the_per_user_ids():
     assert tables["site_id"].hashing is None
     # "id" is in the files but not a feature: it is not read.
     assert "id" not in spec.input_columns
+
+
+def test_a_bucketized_dense_feature_is_read_through_its_bucket_table():
+    spec = spec_from_dict(_minimal(features=[
+        {"name": "user", "kind": "categorical"},
+        {"name": "price", "kind": "dense", "transform": "buckets", "num_buckets": 5},
+        {"name": "age", "kind": "dense"},
+    ]))
+    assert spec.dense_names == ("price", "age")  # both are raw dense inputs of the signature
+    assert [f.name for f in spec.scaled_dense] == ["age"]
+    assert spec.dense_input_dim == 2  # age and its missing flag; price enters as an embedding
+    bucket = spec.feature("price_bucket")
+    assert (bucket.kind, bucket.derived_from, bucket.derivation) == ("categorical", "price", "buckets")
+    assert spec.categorical_names == ("user", "price_bucket")
+    table = spec.tables()["price_bucket"]
+    assert table.fixed_values == ("0", "1", "2", "3", "4")
+    assert (table.min_count, table.evict_after_days) == (1, 0)
+    assert spec.input_columns == ("clicked", "user", "price", "age")
+    # The derived feature is not declared: the spec's plain data holds the dense feature only.
+    assert [f["name"] for f in spec.as_dict()["features"]] == ["user", "price", "age"]
+    other = spec_from_dict(_minimal(features=[
+        {"name": "user", "kind": "categorical"},
+        {"name": "price", "kind": "dense", "transform": "buckets", "num_buckets": 6},
+        {"name": "age", "kind": "dense"},
+    ]))
+    assert other.hash() != spec.hash()
 
 
 def test_a_sequence_reads_the_table_of_the_feature_it_shares():
@@ -133,9 +162,13 @@ def test_a_shared_table_is_declared_once_and_read_by_both_features():
         ({"features": [{"name": "x", "kind": "categorical", "min_count": "many"}]},
          r"min_count must be int, got 'many'"),
         ({"features": [{"name": "x", "kind": "dense", "transform": "sqrt"}]}, r"transform: unknown value 'sqrt'"),
-        ({"features": [{"name": "x", "kind": "dense", "transform": "buckets"}]},
-         r"features\[0\] \('x'\): transform 'buckets' \(quantile buckets into an embedding\) is not built yet; use "
-         r"log_standardize"),
+        ({"features": [{"name": "x", "kind": "dense", "transform": "buckets", "num_buckets": 1}]},
+         r"features\[0\] \('x'\): transform 'buckets' needs num_buckets >= 2, got 1"),
+        ({"features": [{"name": "x", "kind": "dense", "transform": "buckets", "embedding_dim": 8}]},
+         r"features\[0\]: unknown key 'embedding_dim' \(value 8\)"),
+        ({"features": [{"name": "x", "kind": "dense", "transform": "buckets"}, {"name": "x_bucket",
+                                                                              "kind": "categorical"}]},
+         r"duplicate feature name 'x_bucket'"),
         ({"features": [{"name": "x", "kind": "categorical"}, {"name": "y", "kind": "categorical", "table": "x",
                                                               "min_count": 2}]},
          r"'y' shares the table of 'x', so it cannot set \['min_count'\]"),

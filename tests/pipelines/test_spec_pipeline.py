@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from components.config import load_config
-from components.feature_spec import DenseFeature, FeatureSpec
+from components.feature_spec import PRESET_DIR, DenseFeature, FeatureSpec
 from components.ingest import ingest
 from components.interval import Interval
 from components.validation import read_raw_slice
@@ -69,13 +69,29 @@ def _spread_over_minutes(sample: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("preset", sorted(SAMPLES))
+def _criteo_with_buckets(directory: Path) -> Path:
+    """The criteo preset with I1..I6 as quantile buckets into an embedding (transform: buckets)."""
+    import yaml
+
+    spec = yaml.safe_load((PRESET_DIR / "criteo.yaml").read_text())
+    spec["name"] = "criteo_buckets"
+    dense = spec["features"][0]["names"]
+    spec["features"][0:1] = [{"names": dense[:6], "kind": "dense", "transform": "buckets", "num_buckets": 8},
+                             {"names": dense[6:], "kind": "dense"}]
+    path = directory / "criteo_buckets.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset):
-    sample = DATA / SAMPLES[preset]
+    layout_name = "criteo" if preset == "criteo_buckets" else preset
+    sample = DATA / SAMPLES[layout_name]
     if not sample.is_file():
-        pytest.skip(f"the real {preset} sample is read from {sample}, which is absent (../shared is not beside the "
-                    "checkout)")
-    overrides = {"paths.data_root": str(tmp_path), "features.spec": preset, "features.min_count": 2,
+        pytest.skip(f"the real {layout_name} sample is read from {sample}, which is absent (../shared is not "
+                    "beside the checkout)")
+    spec_name = str(_criteo_with_buckets(tmp_path)) if preset == "criteo_buckets" else preset
+    overrides = {"paths.data_root": str(tmp_path), "features.spec": spec_name, "features.min_count": 2,
                  "features.block_rows": 16, "features.num_shards": 1, "train.epochs": 1, "train.batch_size": 16,
                  "train.mlp_units": [16], "train.embedding_dim": 4, "train.checkpoint_every_steps": 1000,
                  "gate.min_auc": 0.0, "gate.max_logloss": 100.0, "gate.max_calibration_error": 100.0,
@@ -87,8 +103,9 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
         sample = _spread_over_minutes(sample, tmp_path / "taobao.csv")
         # 4 clicks in 100 rows: the last quarter of the minutes holds one of them.
         config = load_config(overrides={**overrides, "features.eval_fraction": 0.25}, environ={})
-    report = ingest(spec, [sample], layout, start="2026-01-01T00:00" if preset == "criteo" else None,
-                    rows_per_minute=10 if preset == "criteo" else None)
+    criteo = layout_name == "criteo"
+    report = ingest(spec, [sample], layout, start="2026-01-01T00:00" if criteo else None,
+                    rows_per_minute=10 if criteo else None)
     assert report.rejected == 0
     ctx = RunContext(config=config, interval=Interval.parse(report.first_minute, report.end_minute),
                      pipeline="daily", run_id=f"spec-{preset}")
@@ -118,6 +135,15 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
 
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
+    if preset == "criteo_buckets":
+        dense = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "dense.json").read_text())["dense"]
+        boundaries = {d["name"]: d["boundaries"] for d in dense}
+        assert [len(boundaries[f"I{i}"]) for i in range(1, 14)] == [7] * 6 + [0] * 7
+        for name in ("I1", "I2", "I3", "I4", "I5", "I6"):
+            assert boundaries[name] == sorted(boundaries[name]) and len(set(boundaries[name])) > 1, boundaries
+        assert state["table_sizes"]["I2_bucket"] == 2 + 8  # reserved rows and the eight buckets
+        assert model.signature_metadata()["signature_def"]["signature_def"]["serving_default"]["inputs"]["I2"][
+            "dtype"] == "DT_FLOAT"
 
 
 def test_a_held_out_slice_without_clicks_stops_at_the_gate_saying_what_to_change(tmp_path):

@@ -243,3 +243,22 @@ def test_every_model_predicts_the_same_on_jax(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [word for name in sorted(MODEL_CLASSES) for word in (name, "ok")]
+
+
+def test_a_spec_that_pins_another_embedding_width_is_refused_naming_the_feature():
+    from components.feature_spec import spec_from_dict
+
+    spec = spec_from_dict({"name": "widths", "source": {"format": "parquet"}, "label": "y", "features": [
+        {"name": "user", "kind": "categorical", "embedding_dim": 8},
+        {"name": "item", "kind": "categorical", "embedding_dim": 4},
+        {"name": "price", "kind": "dense", "transform": "buckets", "num_buckets": 4},
+    ]})
+    sizes = {"user": 10, "item": 10, "price_bucket": 6}
+    with pytest.raises(ValueError, match=re.escape("feature spec 'widths' sets embedding_dim {'user': 8}, but the "
+                                                   "models give every table one width, train.embedding_dim=4")):
+        build_model(TrainConfig(embedding_dim=4, mlp_units=(8,)), sizes, spec)
+    model = build_model(TrainConfig(embedding_dim=8, model="deepfm", mlp_units=(8,)), sizes,
+                        spec_from_dict({**spec.as_dict(), "features": [
+                            {"name": "user", "kind": "categorical", "embedding_dim": 8},
+                            {"name": "price", "kind": "dense", "transform": "buckets", "num_buckets": 4}]}))
+    assert model.embedding.table_sizes == [10, 6]

@@ -17,6 +17,7 @@ from components.feature_state import (
     DenseTransform,
     FeatureState,
     Vocabulary,
+    bucket_values,
     categorical_rows,
     list_rows,
     transform_dense,
@@ -37,6 +38,7 @@ SPEC = spec_from_dict({
         {"name": "ts", "kind": "timestamp", "format": "%Y-%m-%d %H:%M:%S", "derive": ["hour_of_day", "day_of_week"]},
         {"name": "price", "kind": "dense", "transform": "standardize", "missing_indicator": False},
         {"name": "clicks", "kind": "dense"},
+        {"name": "bid", "kind": "dense", "transform": "buckets", "num_buckets": 4},
         {"name": "user", "kind": "categorical"},
         {"name": "item", "kind": "categorical", "dtype": "int"},
         {"name": "last_item", "kind": "categorical", "dtype": "int", "table": "item"},
@@ -47,12 +49,12 @@ SPEC = spec_from_dict({
 
 # Raw rows as a client sends them (JSON): missing values left out or null.
 INSTANCES = [
-    {"ts": "2026-01-05 13:20:00", "price": 12.5, "clicks": 3, "user": "u1", "item": 7, "last_item": "9",
+    {"ts": "2026-01-05 13:20:00", "price": 12.5, "clicks": 3, "bid": 0.5, "user": "u1", "item": 7, "last_item": "9",
      "tags": ["a", "b"], "history": [9, 7, 8, 7]},
-    {"ts": "2026-01-10 02:00:59", "price": None, "user": "never-seen", "item": "8", "tags": ["c", "zz", "a"],
-     "history": ["7"]},
-    {"ts": "2026-01-06 23:59:59", "clicks": -40, "user": "", "item": 123456, "tags": [], "history": []},
-    {"ts": "2026-01-07 00:00:00", "price": 0.0, "clicks": 0, "user": "u2", "item": 9, "last_item": 7,
+    {"ts": "2026-01-10 02:00:59", "price": None, "bid": 5.0, "user": "never-seen", "item": "8",
+     "tags": ["c", "zz", "a"], "history": ["7"]},
+    {"ts": "2026-01-06 23:59:59", "clicks": -40, "bid": None, "user": "", "item": 123456, "tags": [], "history": []},
+    {"ts": "2026-01-07 00:00:00", "price": 0.0, "clicks": 0, "bid": 1e9, "user": "u2", "item": 9, "last_item": 7,
      "tags": ["b"], "history": [8, 123, 9]},
 ]
 
@@ -65,9 +67,11 @@ def _state() -> FeatureState:
         "tags": Vocabulary.of(("a", "b", "c")),
         "ts_hour_of_day": Vocabulary.of(tuple(str(h) for h in range(24))),
         "ts_day_of_week": Vocabulary.of(tuple(str(d) for d in range(7))),
+        "bid_bucket": Vocabulary.of(("0", "1", "2", "3")),
     }
     dense = (DenseTransform("price", 0.0, 20.0, 10.0, 4.0, log=False, indicator=False),
-             DenseTransform("clicks", -2.0, 3.0, 0.5, 1.5))
+             DenseTransform("clicks", -2.0, 3.0, 0.5, 1.5),
+             DenseTransform("bid", 0.0, 0.0, 0.0, 1.0, log=False, indicator=False, boundaries=(1.0, 5.0, 10.0)))
     return FeatureState(version="kinds", min_count=1, vocabularies=vocabularies, dense=dense)
 
 
@@ -77,13 +81,17 @@ def _reference_inputs(state: FeatureState) -> dict[str, np.ndarray]:
         return [None if row.get(name) is None else str(row[name]) for row in INSTANCES]
 
     seconds = np.array([SPEC.timestamp.epoch_seconds(row["ts"]) for row in INSTANCES])
-    dense_raw = np.array([[np.nan if row.get(n) is None else row[n] for n in ("price", "clicks")]
+    dense_raw = np.array([[np.nan if row.get(n) is None else row[n] for n in ("price", "clicks", "bid")]
                           for row in INSTANCES], dtype=np.float64)
     categorical = []
     for feature in SPEC.categorical:
-        values = ([str(v) for v in derive_time(seconds, feature.derivation)] if feature.derived_from
-                  else column(feature.name))
-        categorical.append(categorical_rows(pa.array(values, pa.string()), *state.lookup(SPEC.table_of(feature.name))))
+        if feature.derivation == "buckets":
+            values = bucket_values(dense_raw[:, SPEC.dense_names.index(feature.derived_from)],
+                                   state.boundaries(feature.derived_from))
+        else:
+            values = pa.array([str(v) for v in derive_time(seconds, feature.derivation)] if feature.derived_from
+                              else column(feature.name), pa.string())
+        categorical.append(categorical_rows(values, *state.lookup(SPEC.table_of(feature.name))))
     out = {DENSE_INPUT: transform_dense(dense_raw, state), CATEGORICAL_INPUT: np.stack(categorical, axis=1)}
     for feature in SPEC.lists:
         lists = pa.array([[str(v) for v in row.get(feature.name, [])] for row in INSTANCES], pa.list_(pa.string()))
@@ -106,12 +114,13 @@ def exported(tmp_path_factory):
 def test_the_reference_rows_are_what_the_spec_says():
     state = _state()
     inputs = _reference_inputs(state)
-    # Columns: user, item, last_item (the item table), ts_hour_of_day, ts_day_of_week.
+    # Columns: user, item, last_item (the item table), ts_hour_of_day, ts_day_of_week, bid_bucket (boundaries
+    # 1, 5, 10: 0.5 -> bucket 0, 5.0 -> bucket 2 (a boundary opens its bucket), missing -> 1, 1e9 -> bucket 3).
     assert inputs[CATEGORICAL_INPUT].tolist() == [
-        [2, 4, 3, 2 + 13, 2 + 0],   # 2026-01-05 is a Monday
-        [0, 2, 1, 2 + 2, 2 + 5],    # unseen user -> rare; no last_item -> missing
-        [1, 0, 1, 2 + 23, 2 + 1],   # "" user -> missing; unseen item id -> rare
-        [3, 3, 4, 2 + 0, 2 + 2],
+        [2, 4, 3, 2 + 13, 2 + 0, 2 + 0],   # 2026-01-05 is a Monday
+        [0, 2, 1, 2 + 2, 2 + 5, 2 + 2],    # unseen user -> rare; no last_item -> missing
+        [1, 0, 1, 2 + 23, 2 + 1, 1],       # "" user -> missing; unseen item id -> rare
+        [3, 3, 4, 2 + 0, 2 + 2, 2 + 3],
     ]
     assert inputs["tags"].tolist() == [[1, 2, 3], [4, 0, 2], [1, 1, 1], [1, 1, 3]]  # front-padded with 1
     assert inputs["history"].tolist() == [[3, 4, 2, 4], [1, 1, 1, 4], [1, 1, 1, 1], [1, 2, 0, 3]]
@@ -132,8 +141,9 @@ def test_serving_raw_values_gives_the_models_predictions_on_the_written_rows(exp
 
 def test_the_model_reads_the_spec_inputs():
     inputs = model_inputs(SPEC)
-    assert inputs.tables == ("user", "item", "tags", "ts_hour_of_day", "ts_day_of_week")
-    assert inputs.feature_tables == (0, 1, 1, 3, 4)
+    assert inputs.tables == ("user", "item", "tags", "ts_hour_of_day", "ts_day_of_week", "bid_bucket")
+    assert inputs.feature_tables == (0, 1, 1, 3, 4, 5)
+    assert inputs.dense_dim == 3  # price, clicks, clicks' flag: bid enters through its bucket's embedding
     assert (inputs.sequence, inputs.target_column) == ("history", 1)
     assert [bag["key"] for bag in inputs.bags(attended=True)] == ["tags"]
     assert [bag["key"] for bag in inputs.bags(attended=False)] == ["tags", "history"]
@@ -160,7 +170,8 @@ def test_metadata_lists_the_signature_in_tf_serving_form(exported):
     inputs = metadata["signature_def"]["signature_def"]["serving_default"]["inputs"]
     assert {name: (info["dtype"], [d["size"] for d in info["tensor_shape"]["dim"]]) for name, info in
             inputs.items()} == {
-        "price": ("DT_FLOAT", ["-1"]), "clicks": ("DT_FLOAT", ["-1"]), "user": ("DT_STRING", ["-1"]),
+        "price": ("DT_FLOAT", ["-1"]), "clicks": ("DT_FLOAT", ["-1"]), "bid": ("DT_FLOAT", ["-1"]),
+        "user": ("DT_STRING", ["-1"]),
         "item": ("DT_STRING", ["-1"]), "last_item": ("DT_STRING", ["-1"]), "ts": ("DT_INT64", ["-1"]),
         "tags": ("DT_STRING", ["-1", "3"]), "history": ("DT_STRING", ["-1", "4"]),
     }

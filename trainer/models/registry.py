@@ -52,6 +52,14 @@ def build_model(config: TrainConfig, table_sizes: Mapping[str, int], spec: Featu
             f"table_sizes has no entry for {missing}; expected one per table of feature spec {spec.name!r} "
             f"(FeatureState.table_sizes())"
         )
+    pinned = {f.name: f.embedding_dim for f in spec.features
+              if getattr(f, "embedding_dim", None) not in (None, config.embedding_dim)}
+    if pinned:
+        raise ValueError(
+            f"feature spec {spec.name!r} sets embedding_dim {pinned}, but the models give every table one width, "
+            f"train.embedding_dim={config.embedding_dim}: remove embedding_dim from those features or set "
+            f"train.embedding_dim to their value"
+        )
     model = builder(config, [int(table_sizes[name]) for name in inputs.tables], inputs,
                     inputs.embedding_options(spec))
     if not model.built:  # the sequence models' builders build with the sequence's shape
