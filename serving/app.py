@@ -1,7 +1,8 @@
 """The TF-Serving REST API for one model name: predict, version status, and a health check.
 
-    POST /v1/models/{name}:predict                     {"instances": [...]} or {"inputs": {...}}
-                                                       -> {"predictions": [...]}
+    POST /v1/models/{name}:predict                     {"instances": [...]} -> {"predictions": [...]}
+                                                       {"inputs": {...}} -> {"outputs": [...]} (TF Serving's
+                                                       columnar form)
     POST /v1/models/{name}/versions/{version}:predict  the same, answered only by that version
     GET  /v1/models/{name}[/versions/{version}]        TF-Serving's model_version_status, plus the served
                                                        version, its parent, chain_root, data_end and
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -103,9 +105,11 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
             raise NoModelLoaded(f"model {config.model_name!r} changed version {STALE_RETRIES} times during one "
                                 "request; retry")
         metrics.count_predictions(len(predictions))
-        return JSONResponse(
-            {"predictions": predictions.tolist()}, headers={MODEL_VERSION_HEADER: model.version}
-        )
+        # TF Serving answers the row form with "predictions" and the columnar form with "outputs" (a list, the
+        # signature having one output).
+        key = "outputs" if predictions.columnar else "predictions"
+        return Response(orjson.dumps({key: predictions.tolist()}), media_type="application/json",
+                        headers={MODEL_VERSION_HEADER: model.version})
 
     async def model_status(request: Request) -> JSONResponse:
         model = served_model(request)
@@ -242,7 +246,13 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> np.ndarray:
+class Predictions(np.ndarray):
+    """The probabilities of one request, and whether it came in the columnar ("inputs") form."""
+
+    columnar: bool = False
+
+
+def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> Predictions:
     """Parses and checks a predict request body and runs the model on it (in a worker thread)."""
     payload = parse_body(body)
     key = "instances" if "instances" in payload else "inputs"
@@ -263,9 +273,12 @@ def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> np.ndar
             "(serving.max_instances); split it into smaller requests"
         )
     try:
-        return model.predict(data) if key == "instances" else model.predict_columns(data)
+        probabilities = model.predict(data) if key == "instances" else model.predict_columns(data)
     except InvalidInput as err:
         raise BadRequest(str(err)) from None
+    out = probabilities.view(Predictions)
+    out.columnar = key == "inputs"
+    return out
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -273,7 +286,14 @@ def parse_body(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise BadRequest(f"request body is empty; expected {EXPECTED_BODY}")
     try:
-        payload = json.loads(body)
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None  # not strict JSON: the standard parser says why, or reads NaN and Infinity
+    except RecursionError:
+        raise BadRequest(f"request body is nested too deeply; expected {EXPECTED_BODY}") from None
+    try:
+        if payload is None:
+            payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BadRequest(f"request body is not valid JSON ({err}); expected {EXPECTED_BODY}") from None
     except RecursionError:

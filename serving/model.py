@@ -21,6 +21,7 @@ The feature spec travels in the model's manifest ("feature_spec"); without one, 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -214,8 +215,27 @@ class LoadedModel:
     def input_names(self) -> list[str]:
         return sorted(self.input_specs, key=_natural_key)
 
+    @functools.cached_property
+    def column_converters(self) -> dict[str, Callable[[list[Any]], Any]]:
+        """Per input, a function from its values (one per instance) to an array for its tensor; it raises
+        InvalidInput on the first value that does not fit (the per-value converters say which and why)."""
+        return {name: _column_converter(self.input_specs[name], convert) for name, convert in
+                self._converters().items()}
+
     def predict(self, instances: Sequence[Any]) -> np.ndarray:
-        """Predicts a list of instances in TF-Serving's row form: one {feature: value} object each."""
+        """Predicts a list of instances in TF-Serving's row form: one {feature: value} object each.
+
+        Values are converted a column at a time; a request with any value that does not fit is converted
+        again instance by instance, so that the error names the first bad instance and feature."""
+        known = self.input_specs.keys()
+        if all(type(instance) is dict and instance.keys() <= known for instance in instances):
+            try:
+                columns = {name: convert([instance.get(name) for instance in instances])
+                           for name, convert in self.column_converters.items()}
+            except InvalidInput:
+                pass
+            else:
+                return self._run(columns, len(instances))
         converters = self._converters()
         columns: dict[str, list[Any]] = {name: [] for name in converters}
         for index, instance in enumerate(instances):
@@ -244,15 +264,19 @@ class LoadedModel:
         if len(set(lengths.values())) > 1:
             raise InvalidInput(f"inputs must all hold the same number of values, got lengths {lengths}")
         num_instances = next(iter(lengths.values()), 0)
-        columns: dict[str, list[Any]] = {}
-        for name, convert in self._converters().items():
+        columns: dict[str, Any] = {}
+        converters = self._converters()
+        for name, convert_column in self.column_converters.items():
             values = inputs.get(name, [None] * num_instances)
-            converted = columns[name] = []
-            for index, value in enumerate(values):
-                try:
-                    converted.append(convert(value))
-                except InvalidInput as err:
-                    raise InvalidInput(f"inputs[{name!r}][{index}] {err}") from None
+            try:
+                columns[name] = convert_column(values)
+            except InvalidInput:
+                for index, value in enumerate(values):  # which value, and why
+                    try:
+                        converters[name](value)
+                    except InvalidInput as err:
+                        raise InvalidInput(f"inputs[{name!r}][{index}] {err}") from None
+                raise
         return self._run(columns, num_instances)
 
     def _converters(self) -> dict[str, Callable[[Any], Any]]:
@@ -284,9 +308,10 @@ class LoadedModel:
         if unknown:
             raise InvalidInput(f"{where} has unknown features {unknown}; the model takes {self.input_names}")
 
-    def _run(self, columns: Mapping[str, list[Any]], num_instances: int) -> np.ndarray:
+    def _run(self, columns: Mapping[str, Any], num_instances: int) -> np.ndarray:
+        # From numpy arrays: a list of Python strings takes tf.constant about ten times longer.
         tensors = {
-            name: tf.constant(columns[name], dtype=spec.dtype, shape=[num_instances, *spec.shape[1:]])
+            name: tf.constant(_array(columns[name], spec).reshape([num_instances, *spec.shape[1:]]), dtype=spec.dtype)
             for name, spec in self.input_specs.items()
         }
         assert self.guard is not None
@@ -299,6 +324,34 @@ class LoadedModel:
                 f"for {num_instances} instances"
             )
         return probability
+
+
+def _array(values: Any, spec: tf.TensorSpec) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values
+    return np.array(values, dtype=object if spec.dtype == tf.string else spec.dtype.as_numpy_dtype)
+
+
+def _column_converter(tensor: tf.TensorSpec, convert: Callable[[Any], Any]) -> Callable[[list[Any]], Any]:
+    """One input's values -> an array: float inputs vectorized (the common case: numbers and nulls), the
+    others value by value with `convert`."""
+    if not tensor.dtype.is_floating:
+        return lambda values: [convert(value) for value in values]
+    numpy_dtype = tensor.dtype.as_numpy_dtype
+    largest = float(np.finfo(numpy_dtype).max)
+
+    def floats(values: list[Any]) -> np.ndarray:
+        if not all(value is None or type(value) is float or type(value) is int for value in values):
+            return np.array([convert(value) for value in values], dtype=numpy_dtype)  # raises on the bad one
+        try:
+            array = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
+        except OverflowError:  # an integer beyond float64
+            return np.array([convert(value) for value in values], dtype=numpy_dtype)
+        if np.any(np.abs(array) > largest):
+            return np.array([convert(value) for value in values], dtype=numpy_dtype)
+        return array.astype(numpy_dtype)
+
+    return floats
 
 
 def _declared(spec: Mapping[str, Any], name: str) -> dict[str, Any]:

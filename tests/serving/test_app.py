@@ -107,8 +107,22 @@ def test_predicts_columnar_inputs(client: TestClient) -> None:
     response = client.post(PREDICT, json=body)
 
     assert response.status_code == 200
-    # sigmoid(0.2 + 0.5), sigmoid(0), sigmoid(0.1)
-    np.testing.assert_allclose(response.json()["predictions"], [0.6681878, 0.5, 0.5249792], rtol=1e-6)
+    # TF Serving answers the columnar form with "outputs": sigmoid(0.2 + 0.5), sigmoid(0), sigmoid(0.1).
+    assert list(response.json()) == ["outputs"]
+    np.testing.assert_allclose(response.json()["outputs"], [0.6681878, 0.5, 0.5249792], rtol=1e-6)
+
+
+def test_the_row_and_columnar_forms_agree_and_nan_reads_as_missing(client: TestClient) -> None:
+    # Python's json.dumps writes NaN, which is not strict JSON: it is read, as a missing value.
+    rows = b'{"instances": [{"I1": 2, "C1": "abc"}, {"I1": NaN, "C1": null}, {"I1": 1.0, "I2": -3}]}'
+    columns = b'{"inputs": {"I1": [2, NaN, 1.0], "I2": [null, null, -3], "C1": ["abc", null, ""]}}'
+    by_row = client.post(PREDICT, content=rows, headers={"content-type": "application/json"})
+    by_column = client.post(PREDICT, content=columns, headers={"content-type": "application/json"})
+
+    assert by_row.status_code == by_column.status_code == 200
+    # sigmoid(0.1 * 2 + 0.5), sigmoid(0), sigmoid(0.1 * (1 - 3))
+    np.testing.assert_allclose(by_row.json()["predictions"], [0.6681878, 0.5, 0.4501660], rtol=1e-6)
+    assert by_column.json()["outputs"] == by_row.json()["predictions"]
 
 
 def test_served_prediction_equals_the_signature_called_directly(
@@ -176,6 +190,12 @@ def test_versioned_predict_answers_only_for_the_loaded_version(client: TestClien
             b'{"inputs": {"I1": [1, true]}}',
             r"^inputs\['I1'\]\[1\] must be a number or null \(missing\), got True$",
         ),
+        (b'{"inputs": {"I1": [1, 1e39]}}', r"^inputs\['I1'\]\[1\] is 1e\+39, outside the range of float32"),
+        (
+            b'{"instances": [{"I1": 1}, {"I1": 10000000000000000000000000000000000000000000000000000000000000}]}',
+            r"^instance 1: feature 'I1' is 1e\+61, outside the range of float32",
+        ),
+        (b'{"instances": [{"I1": 1}, {"C1": ["a"]}]}', r"^instance 1: feature 'C1' must be a string or null"),
     ],
 )
 def test_malformed_requests_get_400_saying_what_is_wrong(

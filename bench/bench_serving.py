@@ -1,0 +1,406 @@
+"""Serving latency: the model server pinned to one core, answering requests of 1, 100 and 1,000 candidates.
+
+    make bench-serving                          # -> bench/results/serving.json (~4 min here)
+    make bench-serving BENCH_SERVING_ARGS="--requests 100"
+
+What it builds: a DCNv2 with the default training settings and the criteo spec, its feature state made from
+generated rows (every value seen once admitted: about 60 K vocabulary entries over 26 tables), exported as the
+pipeline exports it (raw inputs, the feature state inside the graph) and published to a local model store. A
+second full model and a delta on it (1 % of the embedding rows and every dense weight changed, one value
+admitted) are published during the swap phase. Candidates are generated rows the state has not seen (so some
+values are out of vocabulary, some missing), sent as TF-Serving `instances`.
+
+Phases, in one run:
+- in-process (this process pinned to the server's core, before the server starts): the SavedModel's signature
+  called on tensors already built (`inprocess_*`), and `LoadedModel.predict` on the instances (the request's
+  conversion included, `inprocess_convert_*`);
+- closed loop (one request in flight, keep-alive): p50 and p99 per size;
+- open loop at rising rates of 100-candidate requests until p99 passes 10 ms: the highest rate held, as
+  candidates/s;
+- swaps: an open loop at half that rate while a new full model, then a delta, are published; the p99 of the
+  requests sent in the 3 s after each publish over the p99 before the first.
+
+The server runs in its own process (`python -m serving.server`) under `taskset -c 0`; this process (the client)
+pins itself to the other core. Latency is wall time at the client, HTTP included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.loadgen import run_load
+from components.config import GenerateConfig, TrainConfig
+from components.delta import delta_arrays, write_delta
+from components.feature_spec import NUM_RESERVED_ROWS, load_spec
+from components.feature_state import DenseTransform, FeatureState, Vocabulary, signed_log1p
+from components.manifest import write_manifest
+from components.model_store import LocalModelStore
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+from components.synthetic import generate_minute
+
+MODEL_NAME = "ctr"
+SIZES = (1, 100, 1000)
+FIRST_VERSION = "202601010000"
+SECOND_VERSION = "202601010100"
+DELTA_VERSION = "202601010101"
+P99_LIMIT_MS = 10.0
+SERVER_CORE, CLIENT_CORE = 0, 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentiles(latencies_ms: list[float]) -> dict[str, float]:
+    values = np.asarray(latencies_ms)
+    return {"p50_ms": float(np.percentile(values, 50)), "p99_ms": float(np.percentile(values, 99)),
+            "mean_ms": float(values.mean()), "n": int(values.size)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The model
+
+def feature_state(rows: int, seed: int) -> FeatureState:
+    """Every value of `rows` generated rows admitted; room for 64 more rows a table; dense transforms from the
+    rows' quantiles and moments (as the feature job computes them)."""
+    table = generate_minute(GenerateConfig(rows_per_minute=rows, seed=seed), 0, datetime(2026, 1, 1, tzinfo=UTC)).table
+    vocabularies = {}
+    for name in CATEGORICAL_FEATURES:
+        values = sorted({v for v in table.column(name).to_pylist() if v})
+        count = len(values)
+        vocabularies[name] = Vocabulary(tuple(values), tuple(range(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + count)),
+                                        (5,) * count, (0,) * count, NUM_RESERVED_ROWS + count, (),
+                                        NUM_RESERVED_ROWS + count + 64)
+    dense = []
+    for name in DENSE_FEATURES:
+        values = signed_log1p(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
+        values = values[~np.isnan(values)]
+        low, high = np.quantile(values, [0.001, 0.999])
+        clipped = np.clip(values, low, high)
+        dense.append(DenseTransform(name, float(low), float(high), float(clipped.mean()),
+                                    float(clipped.std()) or 1.0))
+    return FeatureState(version="bench", min_count=1, vocabularies=vocabularies, dense=tuple(dense))
+
+
+def candidates(num: int, seed: int) -> list[dict[str, Any]]:
+    """Generated rows as a client sends them: numbers and strings, missing values left out."""
+    table = generate_minute(GenerateConfig(rows_per_minute=num, seed=seed), 1,
+                            datetime(2026, 1, 2, tzinfo=UTC)).table
+    columns = {name: table.column(name).to_pylist() for name in (*DENSE_FEATURES, *CATEGORICAL_FEATURES)}
+    out = []
+    for index in range(num):
+        instance = {}
+        for name in DENSE_FEATURES:
+            if columns[name][index] is not None:
+                instance[name] = float(columns[name][index])
+        for name in CATEGORICAL_FEATURES:
+            if columns[name][index]:
+                instance[name] = columns[name][index]
+        out.append(instance)
+    return out
+
+
+def export_full(model, state: FeatureState, spec, directory: Path, version: str) -> Path:
+    from trainer.export import export_serving_model, weight_specs
+
+    files = export_serving_model(model, state, directory, spec)
+    write_manifest(directory, kind="full_model", version=version, files=files, spec_hash=spec.hash(),
+                   extra={"parent": None, "chain_root": version, "weight_specs": weight_specs(model),
+                          "feature_spec": {**spec.as_dict(), "hash": spec.hash()},
+                          "data_end": "2026-01-01T00:00:00+00:00"})
+    return directory
+
+
+def build_models(work: Path, rows: int) -> dict[str, Any]:
+    """The first full model, a second full model of the same weights, and a delta on the second."""
+    import keras
+
+    from trainer.export import weight_specs
+    from trainer.models import build_model
+
+    keras.utils.set_random_seed(7)
+    spec = load_spec("criteo")
+    state = feature_state(rows, seed=3)
+    model = build_model(TrainConfig(), state.table_sizes(), spec)
+    first = export_full(model, state, spec, work / "export" / FIRST_VERSION, FIRST_VERSION)
+    second = export_full(model, state, spec, work / "export" / SECOND_VERSION, SECOND_VERSION)
+    # The delta: what a minute's training changes (a share of the embedding rows, every dense weight) and one
+    # admitted value.
+    rng = np.random.default_rng(5)
+    parent_weights = [np.array(v) for v in model.weights]
+    weights = []
+    for value in parent_weights:
+        changed = value.copy()
+        if value.ndim == 2 and value.shape[0] > 10_000:  # the embedding table
+            rows_changed = rng.choice(value.shape[0], size=value.shape[0] // 100, replace=False)
+            changed[rows_changed] += rng.normal(0, 0.01, (len(rows_changed), value.shape[1])).astype(value.dtype)
+        elif value.size:
+            changed = changed + rng.normal(0, 1e-3, value.shape).astype(value.dtype)
+        weights.append(changed)
+    vocabulary = state.vocabularies["C1"]
+    grown = Vocabulary((*vocabulary.values, "new-value"), (*vocabulary.rows, vocabulary.num_rows),
+                       (*vocabulary.counts, 5), (*vocabulary.last_seen, 0), vocabulary.num_rows + 1, (),
+                       vocabulary.capacity)
+    next_state = FeatureState(version="bench-1", min_count=1, vocabularies={**state.vocabularies, "C1": grown},
+                              dense=state.dense)
+    delta = work / "export" / DELTA_VERSION
+    manifest = write_delta(delta, delta_arrays(parent_weights, weights, state, next_state), version=DELTA_VERSION,
+                           parent=SECOND_VERSION, chain_root=SECOND_VERSION, weight_specs=weight_specs(model),
+                           extra={"data_end": "2026-01-01T01:01:00+00:00"}, spec_hash=spec.hash())
+    return {"first": first, "second": second, "delta": delta, "delta_bytes": manifest["delta_bytes"],
+            "vocabulary_entries": sum(len(v) for v in state.vocabularies.values()),
+            "embedding_rows": sum(state.table_sizes().values()), "num_weights": len(parent_weights)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Phases
+
+def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int) -> dict[str, Any]:
+    """The signature on ready tensors, and LoadedModel.predict (conversion included), on the server's core."""
+    import tensorflow as tf
+
+    from serving.model import LoadedModel
+
+    model = LoadedModel.load(directory)
+    out: dict[str, Any] = {}
+    for size, instances in batches.items():
+        converters = model._converters()
+        tensors = {name: tf.constant([converters[name](row.get(name)) for row in instances], dtype=spec.dtype)
+                   for name, spec in model.input_specs.items()}
+        for _ in range(10):
+            model.function(**tensors)
+            model.predict(instances)
+        signature, converting = [], []
+        for _ in range(max(10, repeats // max(1, size // 100))):
+            start = time.perf_counter()
+            model.function(**tensors)
+            signature.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            model.predict(instances)
+            converting.append((time.perf_counter() - start) * 1000)
+        out[size] = {"signature": percentiles(signature), "predict_with_conversion": percentiles(converting)}
+    return out
+
+
+def closed_loop(url: str, bodies: dict[int, list[bytes]], repeats: int) -> dict[int, dict[str, Any]]:
+    import httpx
+
+    out = {}
+    with httpx.Client(timeout=30.0) as client:
+        for size, payloads in bodies.items():
+            count = max(20, repeats // max(1, size // 100))
+            latencies, failed = [], 0
+            for index in range(count + 10):
+                body = payloads[index % len(payloads)]
+                start = time.perf_counter()
+                response = client.post(url, content=body, headers={"Content-Type": "application/json"})
+                elapsed = (time.perf_counter() - start) * 1000
+                if response.status_code != 200:
+                    failed += 1
+                elif index >= 10:  # the first requests warm the connection and the server's code paths
+                    latencies.append(elapsed)
+            out[size] = {**percentiles(latencies), "failed_requests": failed}
+    return out
+
+
+def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float) -> dict[str, Any]:
+    """Rising rates of 100-candidate requests (x1.4 each step) until p99 passes P99_LIMIT_MS."""
+    def make(index: int) -> list[dict]:
+        offset = (index * 100) % (len(instances) - 100)
+        return instances[offset:offset + 100]
+
+    steps, held, failed = [], None, 0
+    rate = start_rate
+    while rate < 10_000:
+        result = run_load(url, make, rate_per_s=rate, duration_s=seconds, concurrency=16, timeout_s=10.0)
+        failed += result.failed_requests
+        p99 = result.latency_p99_ms
+        steps.append({"rate_per_s": round(rate, 1), "p50_ms": result.latency_p50_ms, "p99_ms": p99,
+                      "sent": result.num_requests, "skipped": result.skipped, "failed": result.failed_requests})
+        print(f"  open loop {rate:7.1f} req/s: p50 {result.latency_p50_ms:.2f} ms, p99 {p99:.2f} ms, "
+              f"skipped {result.skipped}, failed {result.failed_requests}", flush=True)
+        if p99 is None or p99 > P99_LIMIT_MS or result.skipped or result.failed_requests:
+            break
+        held = rate
+        rate *= 1.4
+    return {"steps": steps, "max_rate_per_s_at_p99_10ms": held,
+            "max_candidates_per_s_at_p99_10ms": None if held is None else held * 100, "failed_requests": failed}
+
+
+def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float
+          ) -> dict[str, Any]:
+    """An open loop at `rate` while a second full model and then a delta on it are published."""
+    def make(index: int) -> list[dict]:
+        offset = (index * 100) % (len(instances) - 100)
+        return instances[offset:offset + 100]
+
+    published: dict[str, float] = {}
+
+    def publish() -> None:
+        time.sleep(6.0)
+        published["full"] = time.time()
+        store.publish(MODEL_NAME, SECOND_VERSION, models["second"])
+        time.sleep(8.0)
+        published["delta"] = time.time()
+        store.publish(MODEL_NAME, DELTA_VERSION, models["delta"])
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    result = run_load(url, make, rate_per_s=rate, duration_s=22.0, concurrency=16, timeout_s=10.0)
+    thread.join()
+    records = [r for r in result.records if r.status == 200]
+
+    def window(start: float, end: float) -> list[float]:
+        return [r.latency_s * 1000 for r in records if start <= r.sent_at_s < end]
+
+    steady = window(0, published["full"])
+    out: dict[str, Any] = {"rate_per_s": rate, "failed_requests": result.failed_requests, "skipped": result.skipped,
+                           "steady": percentiles(steady)}
+    for kind in ("full", "delta"):
+        during = window(published[kind], published[kind] + 3.0)
+        out[f"{kind}_swap"] = percentiles(during) if during else None
+        # When the new version first answered, seconds after its publish.
+        version = SECOND_VERSION if kind == "full" else DELTA_VERSION
+        first = next((sent for sent, v in result.versions if v == version), None)
+        out[f"{kind}_swap"]["answered_after_s"] = None if first is None else round(first - published[kind], 2)
+    out["versions_seen"] = sorted({v for _, v in result.versions if v})
+    return out
+
+
+def start_server(work: Path, store_root: Path, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "serving.server", "--set", f"paths.data_root={work / 'data'}",
+               "--set", f"paths.model_store={store_root}", "--set", f"serving.port={port}",
+               "--set", "serving.poll_seconds=0.5"]
+    if shutil.which("taskset"):
+        command = ["taskset", "-c", str(SERVER_CORE), *command]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    log = open(work / "server.log", "wb")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout_s: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the model server exited with {process.returncode}; see {log}:\n"
+                               f"{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the model server did not answer /healthz within {timeout_s} s; see {log}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="closed-loop requests of 100 candidates "
+                        "(1 candidate: the same; 1,000: a tenth)")
+    parser.add_argument("--state-rows", type=int, default=20_000, help="generated rows the vocabularies hold")
+    parser.add_argument("--step-seconds", type=float, default=5.0, help="length of each open-loop rate step")
+    parser.add_argument("--keep", metavar="DIR", help="work here and keep it (default: a temporary directory)")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    started = time.perf_counter()
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        print("building the model, its feature state and a delta ...", flush=True)
+        models = build_models(work, args.state_rows)
+        instances = candidates(5_000, seed=11)
+        batches = {size: instances[:size] for size in SIZES}
+        bodies = {size: [json.dumps({"instances": instances[i:i + size]}).encode()
+                         for i in range(0, min(len(instances) - size, 20 * size) + 1, size)] for size in SIZES}
+        print("in-process signature calls on the server's core ...", flush=True)
+        if cores > 1:
+            os.sched_setaffinity(0, {SERVER_CORE})
+        inprocess = in_process(models["first"], batches, args.requests)
+        if cores > 1:
+            os.sched_setaffinity(0, {CLIENT_CORE})
+        store_root = work / "store"
+        store = LocalModelStore(store_root)
+        store.publish(MODEL_NAME, FIRST_VERSION, models["first"])
+        port = free_port()
+        server = start_server(work, store_root, port)
+        try:
+            wait_healthy(port, server, work / "server.log")
+            url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict"
+            print("closed loop ...", flush=True)
+            closed = closed_loop(url, bodies, args.requests)
+            for size in SIZES:
+                print(f"  {size:5d} candidates: p50 {closed[size]['p50_ms']:.2f} ms, p99 {closed[size]['p99_ms']:.2f} "
+                      f"ms (in-process signature p99 {inprocess[size]['signature']['p99_ms']:.2f} ms)", flush=True)
+            print("open loop at rising rates ...", flush=True)
+            start_rate = max(5.0, 0.2 * 1000.0 / closed[100]["p50_ms"])
+            opened = open_loop(url, instances, start_rate, args.step_seconds)
+            swap_rate = max(2.0, 0.5 * (opened["max_rate_per_s_at_p99_10ms"] or start_rate))
+            print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
+            swapped = swaps(url, instances, store, models, swap_rate)
+        finally:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    steady_p99 = swapped["steady"]["p99_ms"]
+    swap_p99 = max((swapped[k] or {}).get("p99_ms", 0.0) for k in ("full_swap", "delta_swap"))
+    result = {
+        **{f"p50_ms_{size}": closed[size]["p50_ms"] for size in SIZES},
+        **{f"p99_ms_{size}": closed[size]["p99_ms"] for size in SIZES},
+        **{f"inprocess_p99_ms_{size}": inprocess[size]["signature"]["p99_ms"] for size in SIZES},
+        **{f"inprocess_convert_p99_ms_{size}": inprocess[size]["predict_with_conversion"]["p99_ms"]
+           for size in SIZES},
+        "overhead_ratio_100": closed[100]["p99_ms"] / inprocess[100]["signature"]["p99_ms"],
+        "max_candidates_per_s_at_p99_10ms": opened["max_candidates_per_s_at_p99_10ms"],
+        "swap_p99_ratio": swap_p99 / steady_p99 if steady_p99 else None,
+        "failed_requests": sum(closed[s]["failed_requests"] for s in SIZES) + opened["failed_requests"]
+        + swapped["failed_requests"],
+        "goals": {"p99_ms_100_at_most_5": closed[100]["p99_ms"] <= 5.0,
+                  "overhead_ratio_100_at_most_1.5": closed[100]["p99_ms"] / inprocess[100]["signature"]["p99_ms"]
+                  <= 1.5,
+                  "swap_p99_ratio_at_most_2": bool(steady_p99 and swap_p99 / steady_p99 <= 2.0)},
+        "closed_loop": {str(k): v for k, v in closed.items()},
+        "in_process": {str(k): v for k, v in inprocess.items()},
+        "open_loop": opened,
+        "swaps": swapped,
+        "model": {"name": "dcnv2", **{k: v for k, v in models.items() if k not in ("first", "second", "delta")}},
+        "server": {"cores": [SERVER_CORE] if cores > 1 else "all", "pinned_with": "taskset" if shutil.which("taskset")
+                   else None},
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": platform.machine(),
+        "cpu_count": cores,
+        "python": platform.python_version(),
+        "command": "make bench-serving",
+    }
+    out = Path(__file__).parent / "results" / "serving.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
