@@ -6,6 +6,7 @@
     ctr run daily --date 2026-01-01   run the daily pipeline without Airflow
     ctr run incremental --minute 2026-01-02T00:05   one minute run: delta on the newest model, gated, published
     ctr trigger incremental [--minute T]   trigger the ctr_incremental DAG through the Airflow REST API
+    ctr trigger daily [--minute T]         trigger ctr_daily for the UTC day ending at T (default: yesterday)
     ctr rollback VERSION              retract every newer version: serving and minute runs go back to VERSION
     ctr serve                         serve the newest published model (TF-Serving REST API)
     ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
@@ -138,10 +139,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_trigger(args: argparse.Namespace) -> int:
-    from pipelines.trigger import trigger_dag
+    from pipelines.trigger import trigger_dag, trigger_interval
 
     config = _config(args)
-    run = trigger_dag(config, f"ctr_{args.pipeline}", api_url=args.api_url, minute=args.minute,
+    run = trigger_dag(config, f"ctr_{args.pipeline}", api_url=args.api_url,
+                      interval=trigger_interval(args.pipeline, args.minute),
                       overrides=parse_override_args(args.param or []))
     print(f"triggered {run['dag_id']} run {run['dag_run_id']} (data interval {run.get('data_interval_start')} - "
           f"{run.get('data_interval_end')}); state: {run.get('state')}")
@@ -253,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("trigger", parents=[common], help="trigger a DAG run through the Airflow REST API")
     p.add_argument("pipeline", choices=["daily", "incremental"])
-    p.add_argument("--minute", help="the minute (incremental) or the day's end (daily) of the run's data interval; "
-                                    "default: the last complete one")
+    p.add_argument("--minute", help="incremental: the minute to learn (its start); daily: the day's end, a UTC "
+                                    "midnight (2026-01-02T00:00 runs the day of 2026-01-01); default: the last "
+                                    "complete minute or day")
     p.add_argument("--api-url", default="http://localhost:8080", help="the Airflow API server")
     p.add_argument("--param", action="append", metavar="SECTION.KEY=VALUE", help="config override for this run")
     p.set_defaults(func=cmd_trigger)

@@ -1,16 +1,22 @@
 """Triggering a DAG run through Airflow's public REST API (POST /api/v2/dags/{dag_id}/dagRuns).
 
-The token comes from the simple auth manager (POST /auth/token) with the admin password Airflow generated
-under the project's Airflow home, which is what `ctr ui airflow` and the benchmarks start.
+The run's data interval is what its schedule would give it: a UTC day for ctr_daily, a minute for
+ctr_incremental (`trigger_interval`). The token comes from the simple auth manager (POST /auth/token): with
+the user and password of `_AIRFLOW_WWW_USER_USERNAME` and `_AIRFLOW_WWW_USER_PASSWORD` when they are set (the
+variables docker-compose.yml creates its user from), else with the admin password Airflow generated under the
+project's Airflow home, which is what `ctr ui airflow` and the benchmarks start.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from components.config import PipelineConfig
+from components.interval import Interval, parse_time
 
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 
@@ -19,14 +25,33 @@ class TriggerError(RuntimeError):
     """The Airflow API refused or could not be reached."""
 
 
-def api_token(config: PipelineConfig, api_url: str, username: str = "admin") -> str:
-    import httpx
+USER_VARIABLE = "_AIRFLOW_WWW_USER_USERNAME"
+PASSWORD_VARIABLE = "_AIRFLOW_WWW_USER_PASSWORD"
+GENERATED_USER = "admin"
 
+
+def credentials(config: PipelineConfig, environ: Mapping[str, str]) -> tuple[str, str]:
+    """(user, password) for the Airflow API: the compose stack's variables when set, else the password Airflow
+    generated for `admin` under the project's Airflow home."""
+    if environ.get(PASSWORD_VARIABLE):
+        return environ.get(USER_VARIABLE) or "airflow", environ[PASSWORD_VARIABLE]
     passwords = config.paths.root / "airflow" / PASSWORDS_FILE
     if not passwords.is_file():
         raise TriggerError(f"no {passwords}: start Airflow with `ctr ui airflow` (or the benchmark) first; it writes "
-                           "the admin password there")
-    password = json.loads(passwords.read_text()).get(username)
+                           f"the admin password there. For another Airflow (the compose stack), set "
+                           f"{USER_VARIABLE} and {PASSWORD_VARIABLE}")
+    generated = json.loads(passwords.read_text())
+    user = environ.get(USER_VARIABLE) or GENERATED_USER
+    if user not in generated:
+        raise TriggerError(f"{passwords} has no password for user {user!r} (it has {sorted(generated)}); set "
+                           f"{PASSWORD_VARIABLE}")
+    return user, generated[user]
+
+
+def api_token(config: PipelineConfig, api_url: str, environ: Mapping[str, str] | None = None) -> str:
+    import httpx
+
+    username, password = credentials(config, os.environ if environ is None else environ)
     try:
         response = httpx.post(f"{api_url}/auth/token", json={"username": username, "password": password}, timeout=10)
     except httpx.HTTPError as err:
@@ -36,19 +61,35 @@ def api_token(config: PipelineConfig, api_url: str, username: str = "admin") -> 
     return response.json()["access_token"]
 
 
-def trigger_dag(config: PipelineConfig, dag_id: str, *, api_url: str, minute: str | None = None,
-                overrides: dict[str, Any] | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """Triggers `dag_id` for the data interval ending at `minute`'s end (incremental) or the last complete
-    minute, with config overrides as the run's `config` param. Returns the created DAG run."""
+def trigger_interval(pipeline: str, at: str | None = None, now: datetime | None = None) -> Interval:
+    """The data interval a run of `pipeline` covers, as its schedule would give it:
+    - incremental: the minute starting at `at`, or the last complete minute;
+    - daily: the UTC day ending at `at` (a midnight, e.g. 2026-01-02T00:00 for the day of 2026-01-01), or the
+      last complete day."""
+    if pipeline not in ("daily", "incremental"):
+        raise ValueError(f"unknown pipeline {pipeline!r}; expected daily or incremental")
+    if pipeline == "incremental":
+        if at is not None:
+            return Interval.minute(at)
+        end = (now or datetime.now(UTC)).replace(second=0, microsecond=0)
+        return Interval(end - timedelta(minutes=1), end)
+    if at is not None:
+        end = parse_time(at)
+        if (end.hour, end.minute, end.second, end.microsecond) != (0, 0, 0, 0):
+            raise ValueError(f"--minute {at!r} for the daily pipeline is the day's end, a UTC midnight, e.g. "
+                             f"{end:%Y-%m-%d}T00:00 for the day before it")
+    else:
+        end = (now or datetime.now(UTC)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return Interval(end - timedelta(days=1), end)
+
+
+def trigger_dag(config: PipelineConfig, dag_id: str, *, api_url: str, interval: Interval,
+                overrides: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None
+                ) -> dict[str, Any]:
+    """Triggers `dag_id` for `interval` (trigger_interval), with config overrides as the run's `config` param.
+    Returns the created DAG run."""
     import httpx
 
-    from components.interval import Interval
-
-    if minute is not None:
-        interval = Interval.minute(minute)
-    else:
-        end = (now or datetime.now(UTC)).replace(second=0, microsecond=0)
-        interval = Interval(end - timedelta(minutes=1), end)
     body = {
         "dag_run_id": f"manual__{interval.tag}__{datetime.now(UTC):%H%M%S}",
         "logical_date": interval.start.isoformat(),
@@ -56,7 +97,7 @@ def trigger_dag(config: PipelineConfig, dag_id: str, *, api_url: str, minute: st
         "data_interval_end": interval.end.isoformat(),
         "conf": {"config": overrides or {}},
     }
-    headers = {"Authorization": f"Bearer {api_token(config, api_url)}"}
+    headers = {"Authorization": f"Bearer {api_token(config, api_url, environ)}"}
     try:
         response = httpx.post(f"{api_url}/api/v2/dags/{dag_id}/dagRuns", json=body, headers=headers, timeout=30)
     except httpx.HTTPError as err:

@@ -15,7 +15,7 @@ import pytest
 
 from components.config import load_config
 from pipelines.airflow_env import airflow_environment
-from pipelines.trigger import TriggerError, trigger_dag
+from pipelines.trigger import TriggerError, trigger_dag, trigger_interval
 
 pytestmark = pytest.mark.integration
 
@@ -60,8 +60,9 @@ def api(tmp_path_factory):
 
 def test_trigger_creates_the_minutes_run_with_its_overrides(api):
     config, url = api
-    run = trigger_dag(config, "ctr_incremental", api_url=url, minute="2026-01-02T00:05",
-                      overrides={"incremental.max_logloss_increase": 0.05})
+    run = trigger_dag(config, "ctr_incremental", api_url=url,
+                      interval=trigger_interval("incremental", "2026-01-02T00:05"),
+                      overrides={"incremental.max_logloss_increase": 0.05}, environ={})
     assert run["dag_id"] == "ctr_incremental"
     assert run["data_interval_start"].startswith("2026-01-02T00:05:00")
     assert run["data_interval_end"].startswith("2026-01-02T00:06:00")
@@ -70,18 +71,55 @@ def test_trigger_creates_the_minutes_run_with_its_overrides(api):
     from pipelines.trigger import api_token
 
     listed = httpx.get(f"{url}/api/v2/dags/ctr_incremental/dagRuns", timeout=30,
-                       headers={"Authorization": f"Bearer {api_token(config, url)}"}).json()
+                       headers={"Authorization": f"Bearer {api_token(config, url, {})}"}).json()
     assert [r["dag_run_id"] for r in listed["dag_runs"]] == [run["dag_run_id"]]
 
 
 def test_unknown_dag_and_unreachable_api_are_clear_errors(api, tmp_path):
     config, url = api
+    minute = trigger_interval("incremental", "2026-01-02T00:05")
     with pytest.raises(TriggerError, match="triggering ctr_nope failed: 404"):
-        trigger_dag(config, "ctr_nope", api_url=url, minute="2026-01-02T00:05")
+        trigger_dag(config, "ctr_nope", api_url=url, interval=minute, environ={})
     with pytest.raises(TriggerError, match="cannot reach the Airflow API"):
-        trigger_dag(config, "ctr_incremental", api_url=f"http://127.0.0.1:{free_port()}", minute="2026-01-02T00:05")
+        trigger_dag(config, "ctr_incremental", api_url=f"http://127.0.0.1:{free_port()}", interval=minute,
+                    environ={})
     fresh = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
     with pytest.raises(TriggerError, match="start Airflow with `ctr ui airflow`"):
-        trigger_dag(fresh, "ctr_incremental", api_url=url)
+        trigger_dag(fresh, "ctr_incremental", api_url=url, interval=minute, environ={})
+    # The compose stack's user: the variables are used, and a wrong password is Airflow's 401, said as such.
+    with pytest.raises(TriggerError, match="auth/token answered 401"):
+        trigger_dag(config, "ctr_incremental", api_url=url, interval=minute,
+                    environ={"_AIRFLOW_WWW_USER_USERNAME": "airflow", "_AIRFLOW_WWW_USER_PASSWORD": "wrong"})
     assert json.loads((config.paths.root / "airflow" / "simple_auth_manager_passwords.json.generated")
                       .read_text())["admin"]
+
+
+def test_a_daily_run_covers_the_utc_day_ending_at_the_given_midnight():
+    from datetime import UTC, datetime
+
+    day = trigger_interval("daily", "2026-01-02T00:00")
+    assert (day.start.isoformat(), day.end.isoformat()) == ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00")
+    last = trigger_interval("daily", now=datetime(2026, 3, 5, 17, 42, tzinfo=UTC))
+    assert (last.start.isoformat(), last.end.isoformat()) == ("2026-03-04T00:00:00+00:00",
+                                                              "2026-03-05T00:00:00+00:00")
+    minute = trigger_interval("incremental", now=datetime(2026, 3, 5, 17, 42, 30, tzinfo=UTC))
+    assert (minute.start.isoformat(), minute.end.isoformat()) == ("2026-03-05T17:41:00+00:00",
+                                                                  "2026-03-05T17:42:00+00:00")
+    with pytest.raises(ValueError, match=r"--minute '2026-01-02T05:00' for the daily pipeline is the day's end, a "
+                                         r"UTC midnight, e.g. 2026-01-02T00:00"):
+        trigger_interval("daily", "2026-01-02T05:00")
+
+
+def test_credentials_come_from_the_compose_variables_else_the_generated_file(tmp_path):
+    from pipelines.trigger import credentials
+
+    config = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
+    assert credentials(config, {"_AIRFLOW_WWW_USER_USERNAME": "ops", "_AIRFLOW_WWW_USER_PASSWORD": "s3"}) == \
+        ("ops", "s3")
+    assert credentials(config, {"_AIRFLOW_WWW_USER_PASSWORD": "s3"}) == ("airflow", "s3")  # compose's default
+    (tmp_path / "airflow").mkdir()
+    (tmp_path / "airflow" / "simple_auth_manager_passwords.json.generated").write_text('{"admin": "gen"}')
+    assert credentials(config, {}) == ("admin", "gen")
+    with pytest.raises(TriggerError, match=r"has no password for user 'ops' \(it has \['admin'\]\); set "
+                                           r"_AIRFLOW_WWW_USER_PASSWORD"):
+        credentials(config, {"_AIRFLOW_WWW_USER_USERNAME": "ops"})
