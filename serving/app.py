@@ -97,7 +97,7 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
         body = await read_body(request, config.max_body_bytes)
         for _ in range(STALE_RETRIES):
             try:
-                predictions = await run_in_threadpool(predict_body, model, body, config.max_instances)
+                key, predictions = await run_in_threadpool(predict_body, model, body, config.max_instances)
                 break
             except StaleModel:  # a delta moved this replica on after the request read it: use the current one
                 model = served_model(request)
@@ -105,9 +105,6 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
             raise NoModelLoaded(f"model {config.model_name!r} changed version {STALE_RETRIES} times during one "
                                 "request; retry")
         metrics.count_predictions(len(predictions))
-        # TF Serving answers the row form with "predictions" and the columnar form with "outputs" (a list, the
-        # signature having one output).
-        key = "outputs" if predictions.columnar else "predictions"
         return Response(orjson.dumps({key: predictions.tolist()}), media_type="application/json",
                         headers={MODEL_VERSION_HEADER: model.version})
 
@@ -246,14 +243,10 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-class Predictions(np.ndarray):
-    """The probabilities of one request, and whether it came in the columnar ("inputs") form."""
-
-    columnar: bool = False
-
-
-def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> Predictions:
-    """Parses and checks a predict request body and runs the model on it (in a worker thread)."""
+def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> tuple[str, np.ndarray]:
+    """Parses and checks a predict request body and runs the model on it (in a worker thread). Returns the
+    response's key with the probabilities: TF Serving answers the row form ("instances") with "predictions"
+    and the columnar form ("inputs") with "outputs" (a list, the signature having one output)."""
     payload = parse_body(body)
     key = "instances" if "instances" in payload else "inputs"
     data = payload[key]
@@ -276,9 +269,7 @@ def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> Predict
         probabilities = model.predict(data) if key == "instances" else model.predict_columns(data)
     except InvalidInput as err:
         raise BadRequest(str(err)) from None
-    out = probabilities.view(Predictions)
-    out.columnar = key == "inputs"
-    return out
+    return ("outputs" if key == "inputs" else "predictions"), probabilities
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
