@@ -50,7 +50,6 @@ from components.feature_spec import NUM_RESERVED_ROWS, load_spec
 from components.feature_state import DenseTransform, FeatureState, Vocabulary, signed_log1p
 from components.manifest import write_manifest
 from components.model_store import LocalModelStore
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
 from components.synthetic import generate_minute
 
 MODEL_NAME = "ctr"
@@ -60,6 +59,9 @@ SECOND_VERSION = "202601010100"
 DELTA_VERSION = "202601010101"
 P99_LIMIT_MS = 10.0
 SERVER_CORE, CLIENT_CORE = 0, 1
+# The generated click log is in the criteo spec's layout; its columns come from that spec.
+SPEC = load_spec("criteo")
+DENSE, CATEGORICAL = SPEC.dense_names, SPEC.categorical_names
 
 
 def free_port() -> int:
@@ -82,14 +84,14 @@ def feature_state(rows: int, seed: int) -> FeatureState:
     rows' quantiles and moments (as the feature job computes them)."""
     table = generate_minute(GenerateConfig(rows_per_minute=rows, seed=seed), 0, datetime(2026, 1, 1, tzinfo=UTC)).table
     vocabularies = {}
-    for name in CATEGORICAL_FEATURES:
+    for name in CATEGORICAL:
         values = sorted({v for v in table.column(name).to_pylist() if v})
         count = len(values)
         vocabularies[name] = Vocabulary(tuple(values), tuple(range(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + count)),
                                         (5,) * count, (0,) * count, NUM_RESERVED_ROWS + count, (),
                                         NUM_RESERVED_ROWS + count + 64)
     dense = []
-    for name in DENSE_FEATURES:
+    for name in DENSE:
         values = signed_log1p(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
         values = values[~np.isnan(values)]
         low, high = np.quantile(values, [0.001, 0.999])
@@ -103,14 +105,14 @@ def candidates(num: int, seed: int) -> list[dict[str, Any]]:
     """Generated rows as a client sends them: numbers and strings, missing values left out."""
     table = generate_minute(GenerateConfig(rows_per_minute=num, seed=seed), 1,
                             datetime(2026, 1, 2, tzinfo=UTC)).table
-    columns = {name: table.column(name).to_pylist() for name in (*DENSE_FEATURES, *CATEGORICAL_FEATURES)}
+    columns = {name: table.column(name).to_pylist() for name in (*DENSE, *CATEGORICAL)}
     out = []
     for index in range(num):
         instance = {}
-        for name in DENSE_FEATURES:
+        for name in DENSE:
             if columns[name][index] is not None:
                 instance[name] = float(columns[name][index])
-        for name in CATEGORICAL_FEATURES:
+        for name in CATEGORICAL:
             if columns[name][index]:
                 instance[name] = columns[name][index]
         out.append(instance)
@@ -136,7 +138,7 @@ def build_models(work: Path, rows: int) -> dict[str, Any]:
     from trainer.models import build_model
 
     keras.utils.set_random_seed(7)
-    spec = load_spec("criteo")
+    spec = SPEC
     state = feature_state(rows, seed=3)
     model = build_model(TrainConfig(), state.table_sizes(), spec)
     first = export_full(model, state, spec, work / "export" / FIRST_VERSION, FIRST_VERSION)
@@ -154,12 +156,12 @@ def build_models(work: Path, rows: int) -> dict[str, Any]:
         elif value.size:
             changed = changed + rng.normal(0, 1e-3, value.shape).astype(value.dtype)
         weights.append(changed)
-    vocabulary = state.vocabularies["C1"]
+    vocabulary = state.vocabularies[CATEGORICAL[0]]
     grown = Vocabulary((*vocabulary.values, "new-value"), (*vocabulary.rows, vocabulary.num_rows),
                        (*vocabulary.counts, 5), (*vocabulary.last_seen, 0), vocabulary.num_rows + 1, (),
                        vocabulary.capacity)
-    next_state = FeatureState(version="bench-1", min_count=1, vocabularies={**state.vocabularies, "C1": grown},
-                              dense=state.dense)
+    next_state = FeatureState(version="bench-1", min_count=1,
+                              vocabularies={**state.vocabularies, CATEGORICAL[0]: grown}, dense=state.dense)
     delta = work / "export" / DELTA_VERSION
     manifest = write_delta(delta, delta_arrays(parent_weights, weights, state, next_state), version=DELTA_VERSION,
                            parent=SECOND_VERSION, chain_root=SECOND_VERSION, weight_specs=weight_specs(model),
