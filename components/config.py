@@ -216,6 +216,7 @@ class TrackingConfig:
 class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 8501
+    grpc_port: int = 8500  # TF Serving's gRPC API (serving.grpc_server); -1: REST only
     model_name: str = "ctr"
     max_instances: int = 1024
     max_body_bytes: int = 4 * 1024 * 1024

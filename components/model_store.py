@@ -8,6 +8,10 @@ object is uploaded before the manifest object. A version is a full model or a de
 Rollback retracts versions: <store>/<model_name>/_retracted/<version>.json records why. `latest` skips
 retracted versions, so serving moves back to the newest version still standing and the next incremental run
 trains on from it; retracted versions stay in the store for inspection.
+
+Promotion marks a version as trusted: <store>/<model_name>/_promoted/<version>.json records who and why. The
+two version labels follow from the markers (TF Serving's /labels/{label}): `stable` is the newest promoted
+version still standing, `canary` the newest standing version when it is newer than that (not yet promoted).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +47,10 @@ class ModelStore(Protocol):
 
     def latest(self, model_name: str) -> str | None: ...
     def retract(self, model_name: str, version: str, reason: str) -> None: ...
+    def promote(self, model_name: str, version: str, reason: str) -> None: ...
+    def promoted(self, model_name: str) -> set[str]: ...
+    def stable(self, model_name: str) -> str | None: ...
+    def labels(self, model_name: str) -> dict[str, str]: ...
     def latest_full(self, model_name: str) -> str | None: ...
     def retracted(self, model_name: str) -> set[str]: ...
 
@@ -57,6 +66,10 @@ def _check_version(version: str) -> None:
 
 
 RETRACTED_DIR = "_retracted"
+PROMOTED_DIR = "_promoted"
+STABLE_LABEL = "stable"
+CANARY_LABEL = "canary"
+LABELS = (STABLE_LABEL, CANARY_LABEL)
 # A marker per full model (the start of a delta chain), written after its manifest: incremental runs find the
 # newest full model without reading every version's manifest.
 FULL_MODELS_DIR = "_full"
@@ -76,8 +89,36 @@ class _Standing:
     def _markers(self, model_name: str, folder: str) -> set[str]:
         raise NotImplementedError
 
+    def _write_marker(self, model_name: str, folder: str, version: str, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def retracted(self, model_name: str) -> set[str]:
         return self._markers(model_name, RETRACTED_DIR)
+
+    def retract(self, model_name: str, version: str, reason: str) -> None:
+        _check_version(version)
+        self._write_marker(model_name, RETRACTED_DIR, version, {"version": version, "reason": reason})
+
+    def promoted(self, model_name: str) -> set[str]:
+        return self._markers(model_name, PROMOTED_DIR)
+
+    def promote(self, model_name: str, version: str, reason: str) -> None:
+        _check_version(version)
+        self._write_marker(model_name, PROMOTED_DIR, version,
+                           {"version": version, "reason": reason, "promoted_at": _now_iso()})
+
+    def stable(self, model_name: str) -> str | None:
+        """The newest promoted version that is not retracted: what label `stable` names."""
+        return _latest_standing(sorted(self.promoted(model_name), key=int), self.retracted(model_name))
+
+    def labels(self, model_name: str) -> dict[str, str]:
+        """Label -> version: `stable` (the newest promoted version standing) and `canary` (the newest standing
+        version, when it is newer than `stable`); a label that names no version is left out."""
+        stable, latest = self.stable(model_name), self.latest(model_name)
+        out = {STABLE_LABEL: stable} if stable is not None else {}
+        if latest is not None and (stable is None or int(latest) > int(stable)):
+            out[CANARY_LABEL] = latest
+        return out
 
     def latest(self, model_name: str) -> str | None:
         """The newest version that is not retracted."""
@@ -87,6 +128,10 @@ class _Standing:
         """The newest full model that is not retracted."""
         return _latest_standing(sorted(self._markers(model_name, FULL_MODELS_DIR), key=int),
                                 self.retracted(model_name))
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _latest_standing(versions: list[str], retracted: set[str]) -> str | None:
@@ -125,10 +170,8 @@ class LocalModelStore(_Standing):
         found = [p.name for p in base.iterdir() if _is_version(p.name) and (p / MANIFEST_NAME).is_file()]
         return sorted(found, key=int)
 
-    def retract(self, model_name: str, version: str, reason: str) -> None:
-        _check_version(version)
-        write_json_atomic(self.root / model_name / RETRACTED_DIR / f"{version}.json",
-                          {"version": version, "reason": reason})
+    def _write_marker(self, model_name: str, folder: str, version: str, body: dict[str, Any]) -> None:
+        write_json_atomic(self.root / model_name / folder / f"{version}.json", body)
 
     def _markers(self, model_name: str, folder: str) -> set[str]:
         base = self.root / model_name / folder
@@ -192,11 +235,9 @@ class S3ModelStore(_Standing):
                     found.add(version)
         return sorted(found, key=int)
 
-    def retract(self, model_name: str, version: str, reason: str) -> None:
-        _check_version(version)
-        body = json.dumps({"version": version, "reason": reason}).encode()
-        self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, RETRACTED_DIR, f"{version}.json"),
-                               Body=body)
+    def _write_marker(self, model_name: str, folder: str, version: str, body: dict[str, Any]) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, folder, f"{version}.json"),
+                               Body=json.dumps(body).encode())
 
     def _markers(self, model_name: str, folder: str) -> set[str]:
         base = self._key(model_name, folder) + "/"
@@ -262,3 +303,22 @@ def rollback(store: ModelStore, model_name: str, version: str, reason: str) -> l
     for newer_version in newer:
         store.retract(model_name, newer_version, f"rolled back to {version}: {reason}")
     return newer
+
+
+def promote(store: ModelStore, model_name: str, version: str | None, reason: str) -> str:
+    """Marks `version` (default: the newest standing one) promoted, so that label `stable` names it and
+    `canary` names only newer versions. Returns the version promoted."""
+    if version is None:
+        version = store.latest(model_name)
+        if version is None:
+            raise ModelStoreError(f"cannot promote: {store.uri} holds no standing version of {model_name!r}")
+    _check_version(version)
+    versions = store.versions(model_name)
+    if version not in versions:
+        raise ModelStoreError(f"cannot promote version {version} of {model_name!r}: it is not in {store.uri}; "
+                              f"the newest versions there are {versions[-5:]}")
+    if version in store.retracted(model_name):
+        raise ModelStoreError(f"cannot promote version {version} of {model_name!r}: it was retracted "
+                              f"(see {RETRACTED_DIR}/{version}.json in the store)")
+    store.promote(model_name, version, reason)
+    return version

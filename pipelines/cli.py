@@ -8,7 +8,8 @@
     ctr trigger incremental [--minute T]   trigger the ctr_incremental DAG through the Airflow REST API
     ctr trigger daily [--minute T]         trigger ctr_daily for the UTC day ending at T (default: yesterday)
     ctr rollback VERSION              retract every newer version: serving and minute runs go back to VERSION
-    ctr serve                         serve the newest published model (TF-Serving REST API)
+    ctr promote [VERSION]             label VERSION (default: the newest) `stable`; newer ones are `canary`
+    ctr serve                         serve the newest published model (TF Serving's REST and gRPC APIs)
     ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
     ctr airflow dags list             the Airflow CLI on the project's embedded settings
     ctr ui airflow | ctr ui mlflow    open the Airflow UI / the MLflow UI on this data
@@ -24,6 +25,7 @@ import sys
 import uuid
 
 from components.config import ConfigError, PipelineConfig, load_config, parse_override_args
+from components.model_store import ModelStoreError
 
 
 def _setup_logging() -> None:
@@ -162,10 +164,25 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_promote(args: argparse.Namespace) -> int:
+    from components.model_store import STABLE_LABEL, open_model_store, promote
+    from pipelines.daily import MODEL_NAME
+
+    config = _config(args)
+    store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
+    version = promote(store, MODEL_NAME, args.version, args.reason)
+    labels = store.labels(MODEL_NAME)
+    print(f"promoted version {version}; labels now {labels}. Serving answers /labels/{STABLE_LABEL} (gRPC "
+          f"version_label {STABLE_LABEL!r}) from {labels.get(STABLE_LABEL)} at its next poll")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from serving.server import serve
 
-    extra = {"serving.port": args.port} if args.port else {}
+    extra: dict[str, object] = {"serving.port": args.port} if args.port else {}
+    if args.grpc_port is not None:
+        extra["serving.grpc_port"] = args.grpc_port
     if args.host:
         extra["serving.host"] = args.host
     serve(_config(args, extra))
@@ -267,9 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="manual rollback")
     p.set_defaults(func=cmd_rollback)
 
+    p = sub.add_parser("promote", parents=[common], help="label a version stable (TF Serving's version labels)")
+    p.add_argument("version", nargs="?", help="the version to promote (default: the newest standing one)")
+    p.add_argument("--reason", default="manual promotion")
+    p.set_defaults(func=cmd_promote)
+
     p = sub.add_parser("serve", parents=[common], help="serve the newest published model")
     p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--port", type=int, help="REST API port (default 8501)")
+    p.add_argument("--grpc-port", type=int, help="gRPC API port (default 8500; -1: REST only)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("spark-connect", parents=[common], help="run a Spark Connect server (SPARK_REMOTE)")
@@ -295,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"ctr: configuration error: {err}", file=sys.stderr)
         return 2
+    except ModelStoreError as err:
+        print(f"ctr: model store: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,23 +1,27 @@
-"""The TF-Serving REST API for one model name: predict, version status, and a health check.
+"""The TF-Serving REST API for one model name: predict, classify, regress, status, metadata, and a health check.
 
-    POST /v1/models/{name}:predict                     {"instances": [...]} -> {"predictions": [...]}
-                                                       {"inputs": {...}} -> {"outputs": [...]} (TF Serving's
-                                                       columnar form)
-    POST /v1/models/{name}/versions/{version}:predict  the same, answered only by that version
-    GET  /v1/models/{name}[/versions/{version}]        TF-Serving's model_version_status, plus the served
-                                                       version, its parent, chain_root, data_end and
-                                                       freshness_s (seconds from data_end to now)
-    GET  /healthz                                      200 once a model is loaded, else 503
-    GET  /metrics                                      Prometheus text (see serving/metrics.py)
+    POST /v1/models/{name}[/versions/{v}|/labels/{label}]:predict
+                                     {"instances": [...]} -> {"predictions": [...]}
+                                     {"inputs": {...}} -> {"outputs": [...]} (TF Serving's columnar form)
+    POST /v1/models/{name}[...]:classify   {"examples": [...], "context": {...}} -> {"result": [[["0", p0],
+                                     ["1", p1]], ...]}
+    POST /v1/models/{name}[...]:regress    {"examples": [...], "context": {...}} -> {"result": [p, ...]}
+    GET  /v1/models/{name}[...]      TF-Serving's model_version_status (every loaded version, or the one asked
+                                     for), plus the answering version, its parent, chain_root, data_end and
+                                     freshness_s (seconds from data_end to now)
+    GET  /v1/models/{name}[...]/metadata   the signature (GetModelMetadata) and the feature spec
+    GET  /healthz                    200 once a model is loaded, else 503
+    GET  /metrics                    Prometheus text (see serving/metrics.py)
 
-Every response from a model carries the version that answered it in the `X-Model-Version` header (TF-Serving's
-bodies have no field for it). The HTTP layer only parses and checks the request; values are checked against
-the model's own input signature by `LoadedModel`.
+A version (`/versions/{v}`) or label (`/labels/stable`, `/labels/canary`) picks the model; without either the
+newest version answers (serving.service). Every response from a model carries the version that answered it in
+the `X-Model-Version` header (TF-Serving's bodies have no field for it). The HTTP layer only parses and checks
+the request; values are checked against the model's own input signature by `LoadedModel`.
 
-Every response is counted in `ctr_requests_total` by endpoint (the route's name: predict, status, health,
-metrics; "unmatched" for a path no route serves) and status code, errors included; every predict response,
-whatever its status, is also timed in `ctr_request_duration_seconds`, so its count equals the sum of the
-predict request counters.
+Every response is counted in `ctr_requests_total` by endpoint (the route's name: predict, classify, regress,
+status, metadata, health, metrics; "unmatched" for a path no route serves) and status code, errors included;
+every predict, classify and regress response, whatever its status, is also timed in
+`ctr_request_duration_seconds`, so its count equals the sum of those endpoints' request counters.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
@@ -41,7 +45,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from components.config import ServingConfig
 from serving.errors import (
     BadRequest,
-    ModelNotFound,
     NoModelLoaded,
     PayloadTooLarge,
     ServingError,
@@ -50,70 +53,74 @@ from serving.errors import (
     unexpected_error_handler,
 )
 from serving.metrics import CONTENT_TYPE, ModelInfo, ServerMetrics, describe_model
-from serving.model import SIGNATURE_NAME, InvalidInput, LoadedModel, StaleModel
+from serving.model import SIGNATURE_NAME, LoadedModel
+from serving.service import ModelSource, PredictionService, classes, merge_context
 
 MODEL_VERSION_HEADER = "X-Model-Version"
-# Versions arrive at most once a second, so a request sees a stale replica at most once or twice in practice.
-STALE_RETRIES = 5
 EXPECTED_BODY = 'JSON {"instances": [{"feature": value, ...}, ...]} or {"inputs": {"feature": [...]}}'
+EXPECTED_EXAMPLES = 'JSON {"examples": [{"feature": value, ...}, ...]}, optionally with "context": {"feature": value}'
 _BODY_KEYS = {"instances", "inputs", "signature_name"}
+_EXAMPLES_KEYS = {"examples", "context", "signature_name"}
 PREDICT_ENDPOINT = "predict"
+CLASSIFY_ENDPOINT = "classify"
+REGRESS_ENDPOINT = "regress"
 UNMATCHED_ENDPOINT = "unmatched"
+TIMED_ENDPOINTS = (PREDICT_ENDPOINT, CLASSIFY_ENDPOINT, REGRESS_ENDPOINT)
+_MODEL_PATHS = ("/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}")
 
 
-class ModelSource(Protocol):
-    def current(self) -> LoadedModel | None:
-        """The model serving now, or None before the first version is loaded."""
-        ...
-
-
-def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], float] = time.time) -> Starlette:
-    """The app serving `source`'s current model; `clock` (seconds since the epoch) is "now" for freshness."""
-    metrics = ServerMetrics(timed_endpoints=[PREDICT_ENDPOINT])
+def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], float] = time.time,
+               metrics: ServerMetrics | None = None) -> Starlette:
+    """The app serving `source`'s models; `clock` (seconds since the epoch) is "now" for freshness; `metrics`
+    is shared with the gRPC server when both run (serving.server)."""
+    metrics = metrics or ServerMetrics(timed_endpoints=TIMED_ENDPOINTS)
+    service = PredictionService(source, config)
 
     def model_info(model: LoadedModel) -> ModelInfo:
         return describe_model(model.version, model.manifest, clock())
 
     def served_model(request: Request) -> LoadedModel:
         """The one model that answers this request: read once, so a swap mid-request cannot mix versions."""
-        name = request.path_params["name"]
-        if name != config.model_name:
-            raise ModelNotFound(f"model {name!r} is not served here; it serves {config.model_name!r}")
-        model = source.current()
-        if model is None:
-            raise NoModelLoaded(
-                f"model {name!r} has no version loaded yet: none is published in the model store or none "
-                "has loaded cleanly; retry later"
-            )
-        version = request.path_params.get("version")
-        if version is not None and not (version == model.version or _same_number(version, model.version)):
-            raise ModelNotFound(
-                f"version {version} of model {name!r} is not loaded; the loaded version is {model.version}"
-            )
-        return model
+        params = request.path_params
+        return service.model(params["name"], params.get("version"), params.get("label"))
 
-    async def predict(request: Request) -> JSONResponse:
-        model = served_model(request)
+    async def run(request: Request, call: Callable[[LoadedModel, bytes], Any]) -> tuple[LoadedModel, Any]:
+        served_model(request)  # a request for a model that is not served is refused before its body is read
         body = await read_body(request, config.max_body_bytes)
-        for _ in range(STALE_RETRIES):
-            try:
-                key, predictions = await run_in_threadpool(predict_body, model, body, config.max_instances)
-                break
-            except StaleModel:  # a delta moved this replica on after the request read it: use the current one
-                model = served_model(request)
-        else:
-            raise NoModelLoaded(f"model {config.model_name!r} changed version {STALE_RETRIES} times during one "
-                                "request; retry")
-        metrics.count_predictions(len(predictions))
-        return Response(orjson.dumps({key: predictions.tolist()}), media_type="application/json",
+        params = request.path_params
+        return await run_in_threadpool(
+            service.run, params["name"], params.get("version"), params.get("label"), lambda m: call(m, body))
+
+    def answer(model: LoadedModel, payload: dict[str, Any]) -> Response:
+        return Response(orjson.dumps(payload), media_type="application/json",
                         headers={MODEL_VERSION_HEADER: model.version})
+
+    async def predict(request: Request) -> Response:
+        model, (key, predictions) = await run(
+            request, lambda m, body: predict_body(m, body, config.max_instances))
+        metrics.count_predictions(len(predictions))
+        return answer(model, {key: predictions.tolist()})
+
+    async def classify(request: Request) -> Response:
+        model, probabilities = await run(request, lambda m, body: m.predict(examples_body(service, body)))
+        metrics.count_predictions(len(probabilities))
+        return answer(model, {"result": classes(probabilities)})
+
+    async def regress(request: Request) -> Response:
+        model, probabilities = await run(request, lambda m, body: m.predict(examples_body(service, body)))
+        metrics.count_predictions(len(probabilities))
+        return answer(model, {"result": probabilities.tolist()})
 
     async def model_status(request: Request) -> JSONResponse:
         model = served_model(request)
+        asked = "version" in request.path_params or "label" in request.path_params
         status = {"error_code": "OK", "error_message": ""}
+        listed = [model] if asked else source.models()
         return JSONResponse(
             {
-                "model_version_status": [{"version": model.version, "state": "AVAILABLE", "status": status}],
+                "model_version_status": [{"version": m.version, "state": "AVAILABLE", "status": status}
+                                         for m in listed],
+                "labels": dict(source.labels()),
                 **model_info(model).as_json(),
             },
             headers={MODEL_VERSION_HEADER: model.version},
@@ -148,13 +155,12 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
         text = metrics.render(None if model is None else model_info(model))
         return Response(text, headers={"content-type": CONTENT_TYPE})
 
+    verbs = {PREDICT_ENDPOINT: predict, CLASSIFY_ENDPOINT: classify, REGRESS_ENDPOINT: regress}
     routes = [
-        Route("/v1/models/{name}:predict", predict, methods=["POST"], name=PREDICT_ENDPOINT),
-        Route("/v1/models/{name}/versions/{version}:predict", predict, methods=["POST"], name=PREDICT_ENDPOINT),
-        Route("/v1/models/{name}/metadata", model_metadata, methods=["GET"], name="metadata"),
-        Route("/v1/models/{name}/versions/{version}/metadata", model_metadata, methods=["GET"], name="metadata"),
-        Route("/v1/models/{name}", model_status, methods=["GET"], name="status"),
-        Route("/v1/models/{name}/versions/{version}", model_status, methods=["GET"], name="status"),
+        *(Route(f"{path}:{verb}", handler, methods=["POST"], name=verb)
+          for verb, handler in verbs.items() for path in _MODEL_PATHS),
+        *(Route(f"{path}/metadata", model_metadata, methods=["GET"], name="metadata") for path in _MODEL_PATHS),
+        *(Route(path, model_status, methods=["GET"], name="status") for path in _MODEL_PATHS),
         Route("/healthz", health, methods=["GET"], name="health"),
         Route("/metrics", metrics_text, methods=["GET"], name="metrics"),
     ]
@@ -265,41 +271,30 @@ def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> tuple[s
             f"request has {num_instances} instances, over the limit of {max_instances} "
             "(serving.max_instances); split it into smaller requests"
         )
-    try:
-        probabilities = model.predict(data) if key == "instances" else model.predict_columns(data)
-    except InvalidInput as err:
-        raise BadRequest(str(err)) from None
+    probabilities = model.predict(data) if key == "instances" else model.predict_columns(data)
     return ("outputs" if key == "inputs" else "predictions"), probabilities
 
 
+def examples_body(service: PredictionService, body: bytes) -> list[Any]:
+    """The examples of a classify or regress request, each with the context's features (TF Serving's
+    example form)."""
+    payload = load_json(body, EXPECTED_EXAMPLES)
+    check_keys(payload, _EXAMPLES_KEYS, EXPECTED_EXAMPLES)
+    if "examples" not in payload:
+        raise BadRequest(f'request body has no "examples"; expected {EXPECTED_EXAMPLES}')
+    examples, context = payload["examples"], payload.get("context")
+    if not isinstance(examples, list):
+        raise BadRequest(f'"examples" must be an array of objects, one per example, got {_json_type(examples)}')
+    if context is not None and not isinstance(context, dict):
+        raise BadRequest(f'"context" must be an object of feature values, got {_json_type(context)}')
+    service.check_count(len(examples), "examples")
+    return merge_context(examples, context)
+
+
 def parse_body(body: bytes) -> dict[str, Any]:
-    """The request's JSON object, checked for its top-level shape."""
-    if not body.strip():
-        raise BadRequest(f"request body is empty; expected {EXPECTED_BODY}")
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        payload = None  # not strict JSON: the standard parser says why, or reads NaN and Infinity
-    except RecursionError:
-        raise BadRequest(f"request body is nested too deeply; expected {EXPECTED_BODY}") from None
-    try:
-        if payload is None:
-            payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadRequest(f"request body is not valid JSON ({err}); expected {EXPECTED_BODY}") from None
-    except RecursionError:
-        raise BadRequest(f"request body is nested too deeply; expected {EXPECTED_BODY}") from None
-    if not isinstance(payload, dict):
-        raise BadRequest(f"request body is {_json_type(payload)}; expected {EXPECTED_BODY}")
-    unknown = sorted(set(payload) - _BODY_KEYS)
-    if unknown:
-        raise BadRequest(
-            f"request body has unknown keys {unknown}; expected {EXPECTED_BODY}, "
-            'optionally with "signature_name"'
-        )
-    signature = payload.get("signature_name", SIGNATURE_NAME)
-    if signature != SIGNATURE_NAME:
-        raise BadRequest(f"signature_name {signature!r} is not served; the only one is {SIGNATURE_NAME!r}")
+    """The predict request's JSON object, checked for its top-level shape."""
+    payload = load_json(body, EXPECTED_BODY)
+    check_keys(payload, _BODY_KEYS, EXPECTED_BODY)
     present = [key for key in ("instances", "inputs") if key in payload]
     if len(present) != 1:
         raise BadRequest(
@@ -309,8 +304,36 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def _same_number(left: str, right: str) -> bool:
-    return left.isdigit() and right.isdigit() and int(left) == int(right)
+def load_json(body: bytes, expected: str) -> dict[str, Any]:
+    """The request body's JSON object."""
+    if not body.strip():
+        raise BadRequest(f"request body is empty; expected {expected}")
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None  # not strict JSON: the standard parser says why, or reads NaN and Infinity
+    except RecursionError:
+        raise BadRequest(f"request body is nested too deeply; expected {expected}") from None
+    try:
+        if payload is None:
+            payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadRequest(f"request body is not valid JSON ({err}); expected {expected}") from None
+    except RecursionError:
+        raise BadRequest(f"request body is nested too deeply; expected {expected}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(f"request body is {_json_type(payload)}; expected {expected}")
+    return payload
+
+
+def check_keys(payload: dict[str, Any], allowed: set[str], expected: str) -> None:
+    unknown = sorted(set(payload) - allowed)
+    if unknown:
+        raise BadRequest(f'request body has unknown keys {unknown}; expected {expected}, optionally with '
+                         '"signature_name"')
+    signature = payload.get("signature_name", SIGNATURE_NAME)
+    if signature != SIGNATURE_NAME:
+        raise BadRequest(f"signature_name {signature!r} is not served; the only one is {SIGNATURE_NAME!r}")
 
 
 def _json_type(value: Any) -> str:

@@ -1,9 +1,12 @@
 """The server's metrics in Prometheus' text exposition format 0.0.4, written by hand (no client library).
 
-    ctr_requests_total{endpoint, code}        counter: every response, errors included
-    ctr_request_duration_seconds{endpoint}    histogram: responses of any status of the timed endpoints (predict),
-                                              from request start to response end
-    ctr_predictions_total                     counter: instances predicted by successful predict requests
+    ctr_requests_total{endpoint, code}        counter: every response, errors included (gRPC calls under grpc_*
+                                              endpoints, with the HTTP status REST would answer)
+    ctr_request_duration_seconds{endpoint}    histogram: responses of any status of the timed endpoints (predict,
+                                              classify, regress and their gRPC twins), from request start to
+                                              response end
+    ctr_predictions_total                     counter: instances predicted by successful predict, classify and
+                                              regress calls
     ctr_model_loaded                          gauge: 1 while a model is loaded, else 0
     ctr_model_version                         gauge: the loaded version as a number (absent if not numeric)
     ctr_model_freshness_seconds               gauge: now - data_end (absent without data_end)

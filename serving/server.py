@@ -1,4 +1,5 @@
-"""The model server process: a model store, a watcher keeping its newest good version loaded, and uvicorn.
+"""The model server process: a model store, a watcher keeping its newest good version (and the stable one)
+loaded, uvicorn for the REST API and a gRPC server for TF Serving's PredictionService, both over one watcher.
 
     python -m serving.server [--config pipeline.yaml] [--set serving.port=8501 ...]
 """
@@ -7,47 +8,68 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 
+import grpc
 import uvicorn
 
 from components.config import PipelineConfig, load_config, parse_override_args
 from components.model_store import open_model_store
-from serving.app import create_app
+from serving.app import TIMED_ENDPOINTS, create_app
+from serving.grpc_server import GRPC_TIMED_ENDPOINTS, build_grpc_server
+from serving.metrics import ServerMetrics
 from serving.watcher import ModelWatcher
 
 logger = logging.getLogger(__name__)
+GRPC_GRACE_SECONDS = 5.0
 
 
-def build_server(config: PipelineConfig) -> tuple[uvicorn.Server, ModelWatcher]:
-    """The uvicorn server and the (not yet started) watcher behind it."""
+@dataclass
+class Servers:
+    http: uvicorn.Server
+    watcher: ModelWatcher
+    grpc: grpc.Server | None  # None when serving.grpc_port is -1
+    grpc_port: int | None  # the port gRPC bound (serving.grpc_port, or a free one for 0)
+
+
+def build_server(config: PipelineConfig) -> Servers:
+    """The REST and gRPC servers and the (not yet started) watcher behind them, sharing one set of metrics."""
     store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
     serving = config.serving
     watcher = ModelWatcher(
         store, serving.model_name, config.paths.root / "serving_cache", poll_seconds=serving.poll_seconds
     )
-    app = create_app(watcher, serving)
-    server = uvicorn.Server(uvicorn.Config(app, host=serving.host, port=serving.port, log_level="info"))
-    return server, watcher
+    metrics = ServerMetrics(timed_endpoints=[*TIMED_ENDPOINTS, *GRPC_TIMED_ENDPOINTS])
+    app = create_app(watcher, serving, metrics=metrics)
+    http = uvicorn.Server(uvicorn.Config(app, host=serving.host, port=serving.port, log_level="info"))
+    grpc_server, grpc_port = None, None
+    if serving.grpc_port != -1:
+        grpc_server, grpc_port = build_grpc_server(watcher, serving, metrics, serving.grpc_port)
+    return Servers(http=http, watcher=watcher, grpc=grpc_server, grpc_port=grpc_port)
 
 
 def serve(config: PipelineConfig) -> None:
     """Loads the latest model version, then serves until interrupted, swapping in newer versions."""
-    server, watcher = build_server(config)
-    model = watcher.start()
+    servers = build_server(config)
+    serving = config.serving
+    model = servers.watcher.start()
     if model is None:
         logger.warning(
             "no loadable version of %r in %s yet; answering 503 until one is published",
-            config.serving.model_name, watcher.store.uri,
+            serving.model_name, servers.watcher.store.uri,
         )
     else:
-        logger.info(
-            "serving version %s of %r from %s on http://%s:%d", model.version, config.serving.model_name,
-            watcher.store.uri, config.serving.host, config.serving.port,
-        )
+        logger.info("serving version %s of %r from %s", model.version, serving.model_name, servers.watcher.store.uri)
+    logger.info("REST API on http://%s:%d; gRPC API %s", serving.host, serving.port,
+                f"on {serving.host}:{servers.grpc_port}" if servers.grpc else "off (serving.grpc_port=-1)")
+    if servers.grpc is not None:
+        servers.grpc.start()
     try:
-        server.run()
+        servers.http.run()
     finally:
-        watcher.stop()
+        if servers.grpc is not None:
+            servers.grpc.stop(GRPC_GRACE_SECONDS).wait()
+        servers.watcher.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

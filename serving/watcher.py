@@ -8,6 +8,10 @@ watcher resolves its chain back to the version serving now, or else to the full 
 - anything else (a new full model, a rollback, a gap: the served version is not an ancestor) loads the full
   model twice (active and standby) and applies its chain to both.
 
+The store's `stable` version (the newest promoted one, components.model_store) is served beside it under
+TF Serving's version label `stable`, from one more replica, when it is not the newest version; the newest is
+then the `canary`. Requests without a version or label are answered by the newest.
+
 A new version is checksummed (the store's fetch), applied or loaded, and warmed up with one prediction before
 the single `_model` reference is replaced. A request reads that reference once (`current()`), so it is
 answered by exactly one version; a prediction still running on a replica that a later swap updates in place
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from components.delta import DELTA_KIND, read_delta
-from components.model_store import ModelStore, ModelStoreError
+from components.model_store import CANARY_LABEL, STABLE_LABEL, ModelStore, ModelStoreError
 from serving.model import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -54,6 +58,9 @@ class ModelWatcher:
         # The second replica of the served chain, and the deltas it lacks to reach the active version.
         self._standby: LoadedModel | None = None
         self._pending: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = []
+        # The store's stable version, and its replica when it is not the newest version (which serves it then).
+        self._stable_version: str | None = None
+        self._stable: LoadedModel | None = None
         # Published manifests never change; kept for the served chain (a day of minutes: 1440 small entries).
         self._manifests: dict[str, dict[str, Any]] = {}
         self.last_error: str | None = None
@@ -72,6 +79,21 @@ class ModelWatcher:
     def version(self) -> str | None:
         model = self._model
         return model.version if model else None
+
+    def models(self) -> list[LoadedModel]:
+        """Every version loaded, the newest first: the one serving now, then the stable one if it differs."""
+        return [model for model in (self._model, self._stable) if model is not None]
+
+    def labels(self) -> dict[str, str]:
+        """Label -> loaded version: `stable` (the newest promoted version) and `canary` (the newest version, when
+        it is not promoted yet); a label whose version is not loaded is left out."""
+        model, stable_version = self._model, self._stable_version
+        out = {}
+        if stable_version is not None and stable_version in {loaded.version for loaded in self.models()}:
+            out[STABLE_LABEL] = stable_version
+        if model is not None and (stable_version is None or int(model.version) > int(stable_version)):
+            out[CANARY_LABEL] = model.version
+        return out
 
     def start(self) -> LoadedModel | None:
         """Loads the latest version now, then keeps polling for newer ones in a background thread."""
@@ -107,6 +129,7 @@ class ModelWatcher:
     def _poll(self) -> bool:
         try:
             latest = self.store.latest(self.model_name)
+            stable = self.store.stable(self.model_name)
         except Exception:  # the store is remote: any client error must not stop the watcher
             if not self._store_down:
                 logger.exception("cannot list versions of %r in %s", self.model_name, self.store.uri)
@@ -115,34 +138,87 @@ class ModelWatcher:
         if self._store_down:
             logger.info("model store %s answers again", self.store.uri)
             self._store_down = False
+        swapped = self._follow_latest(latest)
+        if self._follow_stable(stable) or swapped:
+            self._prune_cache(keep=[model.directory for model in self.models()])
+        return swapped
+
+    def _follow_latest(self, latest: str | None) -> bool:
         current = self._model
         if latest is None or (current is not None and latest == current.version):
             return False
-        failures, retry_at = self._failures.get(latest, (0, 0.0))
-        if time.monotonic() < retry_at:
+        if not self._may_try(latest):
             return False
         started = time.monotonic()
         try:
             model = self._load(latest)
         except Exception as err:  # any failure of one version leaves the last good one serving
-            self.last_error = f"version {latest}: {err}"
-            failures += 1
-            delay = min(RETRY_FIRST_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
-            self._failures[latest] = (failures, time.monotonic() + delay)
+            delay = self._failed(latest, err)
             logger.exception(
                 "version %s of %r failed to load (failure %d); still serving version %s; next try in %.0f s",
-                latest, self.model_name, failures, current.version if current else None, delay,
+                latest, self.model_name, self._failures[latest][0], current.version if current else None, delay,
             )
             return False
         self._model = model
         self.last_error = None
-        self._failures = {v: entry for v, entry in self._failures.items() if int(v) > int(latest)}
+        self._failures = {v: entry for v, entry in self._failures.items()
+                          if int(v) > int(latest) or v == self._stable_version}
         logger.info(
             "now serving version %s of %r (was %s); fetched, loaded and warmed up in %.2f s",
             model.version, self.model_name, current.version if current else None, time.monotonic() - started,
         )
-        self._prune_cache(keep=model.directory)
         return True
+
+    def _follow_stable(self, stable: str | None) -> bool:
+        """Keeps the stable version loaded beside the newest one, in one replica of its own, when it differs.
+        Says whether it loaded one."""
+        self._stable_version = stable
+        model = self._model
+        if stable is None or (model is not None and model.version == stable):
+            self._stable = None  # no promoted version, or the newest version is the stable one
+            return False
+        if (self._stable is not None and self._stable.version == stable) or not self._may_try(stable):
+            return False
+        started = time.monotonic()
+        try:
+            self._stable = self._load_alone(stable)
+        except Exception as err:
+            delay = self._failed(stable, err)
+            logger.exception("stable version %s of %r failed to load; label %r names no version; next try in "
+                             "%.0f s", stable, self.model_name, STABLE_LABEL, delay)
+            return False
+        logger.info("now serving stable version %s of %r beside version %s; loaded in %.2f s", stable,
+                    self.model_name, model.version if model else None, time.monotonic() - started)
+        return True
+
+    def _may_try(self, version: str) -> bool:
+        return time.monotonic() >= self._failures.get(version, (0, 0.0))[1]
+
+    def _failed(self, version: str, err: Exception) -> float:
+        """Records a failure of `version` and returns the seconds before it is tried again."""
+        self.last_error = f"version {version}: {err}"
+        failures = self._failures.get(version, (0, 0.0))[0] + 1
+        delay = min(RETRY_FIRST_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
+        self._failures[version] = (failures, time.monotonic() + delay)
+        return delay
+
+    def _load_alone(self, version: str) -> LoadedModel:
+        """One replica of `version`: its chain's full model with the chain's deltas applied."""
+        manifests = {}
+        chain = [(version, self.store.manifest(self.model_name, version))]
+        while chain[-1][1].get("kind") == DELTA_KIND:
+            if len(chain) >= MAX_CHAIN_LENGTH or chain[-1][1].get("parent") is None:
+                raise ModelStoreError(f"the chain of version {version} does not reach a full model")
+            parent = str(chain[-1][1]["parent"])
+            manifests[parent] = self._manifests.get(parent) or self.store.manifest(self.model_name, parent)
+            chain.append((parent, manifests[parent]))
+        first_version = chain[-1][0]
+        directory = self.store.fetch(self.model_name, first_version, self.cache_dir)
+        model = LoadedModel.load(directory, first_version, verify=False)  # fetch() verified it
+        for delta_version, _ in chain[-2::-1]:
+            model = model.apply_delta(*self._fetch_delta(delta_version))
+        model.predict([{}])
+        return model
 
     def _load(self, version: str) -> LoadedModel:
         """The model of `version`, ready to serve: the standby replica moved forward by the deltas since the
@@ -208,13 +284,13 @@ class ModelWatcher:
         directory = self.store.fetch(self.model_name, version, self.cache_dir)
         return read_delta(directory, verify=False)  # fetch() verified the checksums
 
-    def _prune_cache(self, keep: Path) -> None:
-        """Removes older versions that a remote store downloaded into the cache."""
+    def _prune_cache(self, keep: list[Path]) -> None:
+        """Removes the versions a remote store downloaded into the cache that no loaded model came from."""
         if "://" not in self.store.uri:
             return  # a local store serves its own directories: they are the store, not a cache
         cached = self.cache_dir / self.model_name
         if not cached.is_dir():
             return
         for path in cached.iterdir():
-            if path.is_dir() and path.name.isdigit() and path.resolve() != keep.resolve():
+            if path.is_dir() and path.name.isdigit() and path.resolve() not in {k.resolve() for k in keep}:
                 shutil.rmtree(path, ignore_errors=True)

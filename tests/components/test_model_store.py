@@ -12,6 +12,7 @@ from components.model_store import (
     ModelStoreError,
     S3ModelStore,
     open_model_store,
+    promote,
     rollback,
 )
 
@@ -312,3 +313,28 @@ def test_rollback_retracts_newer_versions_and_full_models_start_chains(tmp_path,
         rollback(store, MODEL, "102", "again")
     with pytest.raises(ModelStoreError, match=r"version 7 of 'ctr': it is not in .*the newest versions there are"):
         rollback(store, MODEL, "7", "typo")
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_promotion_sets_the_stable_and_canary_labels_and_rollback_moves_them(tmp_path, backend, request):
+    if backend == "s3":
+        store = S3ModelStore(f"s3://{BUCKET}/labels", client=request.getfixturevalue("s3_client"))
+    else:
+        store = LocalModelStore(tmp_path / "store")
+    store.publish(MODEL, "100", _export_kind(tmp_path / "100", "full_model"))
+    assert store.labels(MODEL) == {"canary": "100"}  # nothing promoted: the newest is a canary
+    assert promote(store, MODEL, None, "passed the gate") == "100"  # default: the newest standing version
+    assert store.labels(MODEL) == {"stable": "100"}  # the newest is promoted: no canary
+    for version, kind in (("101", "delta"), ("102", "delta")):
+        store.publish(MODEL, version, _export_kind(tmp_path / version, kind))
+    assert store.labels(MODEL) == {"stable": "100", "canary": "102"}
+    promote(store, MODEL, "101", "a day of canary traffic")
+    assert (store.stable(MODEL), store.labels(MODEL)) == ("101", {"stable": "101", "canary": "102"})
+    rollback(store, MODEL, "100", "101 was wrong after all")
+    # the stable label falls back to the newest promoted version still standing
+    assert store.labels(MODEL) == {"stable": "100"}
+    assert store.promoted(MODEL) == {"100", "101"}
+    with pytest.raises(ModelStoreError, match=r"cannot promote version 102 of 'ctr': it was retracted"):
+        promote(store, MODEL, "102", "again")
+    with pytest.raises(ModelStoreError, match=r"cannot promote version 7 of 'ctr': it is not in .*newest versions"):
+        promote(store, MODEL, "7", "typo")

@@ -63,6 +63,12 @@ class FixedSource:
     def current(self) -> Any:
         return self.model
 
+    def models(self) -> list[Any]:
+        return [] if self.model is None else [self.model]
+
+    def labels(self) -> dict[str, str]:
+        return {}
+
 
 def corrupt(directory: Path) -> None:
     """Flips the content of the model's variables after it was published, keeping its size."""

@@ -148,7 +148,7 @@ def test_versioned_predict_answers_only_for_the_loaded_version(client: TestClien
     assert loaded.json() == {"predictions": [0.5]}
     assert other.status_code == 404
     assert other.json() == {
-        "error": f"version 7 of model 'ctr' is not loaded; the loaded version is {OLD_VERSION}"
+        "error": f"version 7 of model 'ctr' is not loaded; the loaded versions are ['{OLD_VERSION}']"
     }
 
 
@@ -303,6 +303,7 @@ def test_model_status_is_tf_serving_json(client: TestClient) -> None:
                 "status": {"error_code": "OK", "error_message": ""},
             }
         ],
+        "labels": {},  # no version promoted
         # A full model without data_end: its own chain root, freshness unknown.
         "version": OLD_VERSION,
         "parent": None,
@@ -343,7 +344,8 @@ def test_model_status_names_lineage_and_freshness_at_the_pinned_clock(
 
     body = client.get(f"/v1/models/ctr/versions/{NEW_VERSION}").json()
 
-    assert body == {"model_version_status": body["model_version_status"], "version": NEW_VERSION, **lineage}
+    assert body == {"model_version_status": body["model_version_status"], "labels": {}, "version": NEW_VERSION,
+                    **lineage}
     assert [status["version"] for status in body["model_version_status"]] == [NEW_VERSION]
 
 
@@ -408,7 +410,7 @@ def test_predict_duration_histogram_times_every_predict_response(client: TestCli
     buckets = [
         (float(dict(pairs)["le"]), value)
         for (name, pairs), value in samples.items()
-        if name == "ctr_request_duration_seconds_bucket"
+        if name == "ctr_request_duration_seconds_bucket" and dict(pairs)["endpoint"] == "predict"
     ]
     bounds = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf")]
     assert sorted(bound for bound, _ in buckets) == bounds
@@ -418,6 +420,7 @@ def test_predict_duration_histogram_times_every_predict_response(client: TestCli
     assert counts[-1] == 4
     assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 4
     assert 0 < sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict") < 60
+    assert sample(samples, "ctr_request_duration_seconds_count", endpoint="classify") == 0
 
 
 def test_histogram_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
@@ -527,3 +530,52 @@ def test_unexpected_error_gets_500_and_is_logged_and_the_server_goes_on(
     samples = scrape(client)
     assert sample(samples, "ctr_requests_total", endpoint="predict", code="500") == 1
     assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 1
+
+
+def test_classify_and_regress_take_examples_with_a_context(client: TestClient) -> None:
+    body = {"context": {"C1": "abc", "I2": 1.5}, "examples": [{"I1": 2}, {"C1": "other"}, {}]}
+    expected = [1 / (1 + np.exp(-x)) for x in (0.35 + 0.5, 0.15, 0.15 + 0.5)]  # an example's C1 wins
+
+    classified = client.post(f"/v1/models/{MODEL_NAME}:classify", json=body)
+    regressed = client.post(f"/v1/models/{MODEL_NAME}/versions/{OLD_VERSION}:regress", json=body)
+    plain = client.post(f"/v1/models/{MODEL_NAME}:regress", json={"examples": [{"I1": 2}]})
+
+    assert (classified.status_code, classified.headers["x-model-version"]) == (200, OLD_VERSION)
+    result = classified.json()["result"]
+    assert [[label for label, _ in classes] for classes in result] == [["0", "1"]] * 3
+    assert [classes[1][1] for classes in result] == pytest.approx(expected, rel=1e-6)
+    assert [classes[0][1] for classes in result] == pytest.approx([1 - p for p in expected], rel=1e-5)
+    assert regressed.json() == {"result": pytest.approx(expected, rel=1e-6)}
+    assert plain.json() == {"result": pytest.approx([1 / (1 + np.exp(-0.2))], rel=1e-6)}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"instances": [{}]}, 400, "request body has unknown keys ['instances']; expected JSON {\"examples\""),
+        ({"context": {}}, 400, 'request body has no "examples"'),
+        ({"examples": {"I1": 1}}, 400, '"examples" must be an array of objects, one per example, got an object'),
+        ({"examples": [{}], "context": [1]}, 400, '"context" must be an object of feature values, got an array'),
+        ({"examples": []}, 400, "the request holds no examples; expected at least one"),
+        ({"examples": [{}] * 5}, 413, "request has 5 examples, over the limit of 4 (serving.max_instances)"),
+        ({"examples": [{}, 3]}, 400, "example 1 must be an object of feature values, got 3"),
+        ({"examples": [{"I99": 1}]}, 400, "instance 0 has unknown features ['I99']"),
+        ({"examples": [{}], "signature_name": "x"}, 400, "signature_name 'x' is not served"),
+    ],
+)
+def test_regress_refuses_malformed_examples(client: TestClient, body: Any, status: int, message: str) -> None:
+    response = client.post(f"/v1/models/{MODEL_NAME}:regress", json=body)
+
+    assert response.status_code == status
+    assert response.json()["error"].startswith(message), response.json()["error"]
+
+
+def test_labels_name_no_version_until_one_is_promoted(client: TestClient) -> None:
+    stable = client.post(f"/v1/models/{MODEL_NAME}/labels/stable:predict", json={"instances": [{}]})
+    other = client.get(f"/v1/models/{MODEL_NAME}/labels/beta/metadata")
+
+    assert stable.status_code == 404
+    assert stable.json()["error"].startswith("label 'stable' of model 'ctr' names no loaded version: no version "
+                                             "is promoted yet (`ctr promote VERSION`)")
+    assert other.status_code == 404
+    assert other.json()["error"].startswith("label 'beta' of model 'ctr' is not served; the labels are 'stable'")

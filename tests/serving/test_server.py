@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tensorflow as tf
 
 from components.config import PipelineConfig
 from components.model_store import LocalModelStore
@@ -26,9 +27,11 @@ def test_serves_over_http_and_swaps_to_a_newly_published_version(
             "paths.model_store": str(store.root),
             "serving.port": 0,  # any free port
             "serving.poll_seconds": 0.05,
+            "serving.grpc_port": -1,
         }
     )
-    server, watcher = build_server(config)
+    servers = build_server(config)
+    server, watcher = servers.http, servers.watcher
     watcher.start()
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -61,3 +64,47 @@ def test_serves_over_http_and_swaps_to_a_newly_published_version(
     assert bad.status_code == 400
     assert bad.json()["error"].startswith("request body is not valid JSON")
     assert not thread.is_alive()
+
+
+def test_rest_and_grpc_share_one_watcher_and_one_set_of_metrics(store: LocalModelStore, tmp_path: Path) -> None:
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    config = PipelineConfig().with_overrides(
+        {"paths.data_root": str(tmp_path), "paths.model_store": str(store.root), "serving.port": 0,
+         "serving.grpc_port": 0}
+    )
+    servers = build_server(config)
+    assert servers.grpc is not None and servers.grpc_port
+    servers.watcher.start()
+    servers.grpc.start()
+    thread = threading.Thread(target=servers.http.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not servers.http.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            time.sleep(0.01)
+        port = servers.http.servers[0].sockets[0].getsockname()[1]
+        rest = httpx.post(f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict",
+                          json={"instances": [{"I1": 2, "I2": 3.5, "C1": "abc"}]})
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = MODEL_NAME
+        request.inputs["I1"].CopyFrom(tf.make_tensor_proto([2.0]))
+        request.inputs["I2"].CopyFrom(tf.make_tensor_proto([3.5]))
+        request.inputs["C1"].CopyFrom(tf.make_tensor_proto(["abc"]))
+        with grpc.insecure_channel(f"127.0.0.1:{servers.grpc_port}") as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=20)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        servers.http.should_exit = True
+        thread.join(timeout=20)
+        servers.grpc.stop(None)
+        servers.watcher.stop()
+
+    assert rest.json()["predictions"] == pytest.approx([0.7407749], rel=1e-6)
+    assert tf.make_ndarray(answer.outputs["probability"]).tolist() == pytest.approx([0.7407749], rel=1e-6)
+    assert answer.model_spec.version.value == int(OLD_VERSION)
+    assert 'ctr_requests_total{endpoint="predict",code="200"} 1' in metrics
+    assert 'ctr_requests_total{endpoint="grpc_predict",code="200"} 1' in metrics
+    assert "ctr_predictions_total 2" in metrics

@@ -38,6 +38,9 @@ class CountingStore:
     def latest(self, model_name: str) -> str | None:
         return self.store.latest(model_name)
 
+    def stable(self, model_name: str) -> str | None:
+        return self.store.stable(model_name)
+
     def manifest(self, model_name: str, version: str) -> dict[str, Any]:
         return self.store.manifest(model_name, version)
 
@@ -178,3 +181,44 @@ def test_a_failed_version_is_retried_after_its_backoff(
 
     assert (failed, retried) == (False, True)
     assert watcher.version == NEW_VERSION
+
+
+def test_the_stable_version_is_served_beside_the_canary_under_its_label(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    from components.model_store import promote
+
+    watcher = ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60)
+    client = TestClient(create_app(watcher, ServingConfig()))
+    body = {"instances": [INSTANCE]}
+
+    def answer(path: str) -> tuple[int, str | None, Any]:
+        response = client.post(f"/v1/models/{MODEL_NAME}{path}:predict", json=body)
+        return response.status_code, response.headers.get("x-model-version"), response.json()
+
+    watcher.start()
+    promote(store, MODEL_NAME, OLD_VERSION, "reviewed")
+    store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+    watcher.poll_once()
+    both = {path: answer(path) for path in ("", "/labels/stable", "/labels/canary", f"/versions/{OLD_VERSION}")}
+    status = client.get(f"/v1/models/{MODEL_NAME}").json()
+    loaded_both = [model.version for model in watcher.models()]
+
+    promote(store, MODEL_NAME, NEW_VERSION, "a day of canary traffic")
+    watcher.poll_once()
+    after = {path: answer(path)[:2] for path in ("/labels/stable", "/labels/canary")}
+    loaded_after = [model.version for model in watcher.models()]
+    watcher.stop()
+
+    new, old = VALUES[NEW_VERSION], VALUES[OLD_VERSION]
+    assert both[""][:2] == both["/labels/canary"][:2] == (200, NEW_VERSION)
+    assert both[""][2]["predictions"] == pytest.approx([new], rel=1e-6)
+    assert both["/labels/stable"][:2] == both[f"/versions/{OLD_VERSION}"][:2] == (200, OLD_VERSION)
+    assert both["/labels/stable"][2]["predictions"] == pytest.approx([old], rel=1e-6)
+    assert loaded_both == [NEW_VERSION, OLD_VERSION]
+    assert status["labels"] == {"stable": OLD_VERSION, "canary": NEW_VERSION}
+    assert [entry["version"] for entry in status["model_version_status"]] == [NEW_VERSION, OLD_VERSION]
+    # The newest is promoted: one replica serves both the default and the stable label; there is no canary.
+    assert after["/labels/stable"] == (200, NEW_VERSION)
+    assert after["/labels/canary"] == (404, None)
+    assert loaded_after == [NEW_VERSION]
