@@ -176,7 +176,7 @@ def test_airflow_services_wait_for_healthy_postgres_and_init(services):
 
 
 def test_service_ports_are_published_on_their_documented_defaults(services):
-    assert published_ports(services["serving"]) == {8501: 8501}
+    assert published_ports(services["serving"]) == {8501: 8501, 8500: 8500}
     assert published_ports(services["spark-connect"])[15002] == 15002
     assert published_ports(services["airflow-api-server"]) == {8080: 8080}
     assert published_ports(services["mlflow"]) == {5000: 5000}
@@ -184,8 +184,9 @@ def test_service_ports_are_published_on_their_documented_defaults(services):
 
 
 def test_host_ports_follow_their_variables(tmp_path_factory):
-    services = resolved_config(tmp_path_factory, SERVING_PORT="18501", SPARK_CONNECT_PORT="25002")["services"]
-    assert published_ports(services["serving"]) == {8501: 18501}
+    services = resolved_config(tmp_path_factory, SERVING_PORT="18501", SERVING_GRPC_PORT="18500",
+                               SPARK_CONNECT_PORT="25002")["services"]
+    assert published_ports(services["serving"]) == {8501: 18501, 8500: 18500}
     assert published_ports(services["spark-connect"])[15002] == 25002
 
 
