@@ -14,7 +14,8 @@ Phases, in one run:
 - in-process (this process pinned to the server's core, before the server starts): the SavedModel's signature
   called on tensors already built (`inprocess_*`), and `LoadedModel.predict` on the instances (the request's
   conversion included, `inprocess_convert_*`);
-- closed loop (one request in flight, keep-alive): p50 and p99 per size;
+- closed loop (one request in flight, keep-alive): p50 and p99 per size; then the same over gRPC with TF
+  Serving's stub (`grpc_*`), one float32 or string tensor per feature;
 - open loop at rising rates of 100-candidate requests until p99 passes 10 ms: the highest rate held, as
   candidates/s;
 - swaps: an open loop at half that rate while a new full model, then a delta, are published; the p99 of the
@@ -222,6 +223,50 @@ def closed_loop(url: str, bodies: dict[int, list[bytes]], repeats: int) -> dict[
     return out
 
 
+def predict_requests(instances: list[dict], size: int, count: int) -> list[Any]:
+    """gRPC PredictRequests of `size` candidates as a TF Serving client builds them: one tensor per feature,
+    float32 with NaN for a missing number, strings with "" for a missing id."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    requests = []
+    for start in range(0, min(len(instances) - size, count * size) + 1, size):
+        rows = instances[start:start + size]
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = MODEL_NAME
+        for name in DENSE:
+            values = np.array([row.get(name, np.nan) for row in rows], dtype=np.float32)
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(values))
+        for name in CATEGORICAL:
+            request.inputs[name].CopyFrom(tf.make_tensor_proto([row.get(name, "") for row in rows]))
+        requests.append(request)
+    return requests
+
+
+def grpc_closed_loop(port: int, requests: dict[int, list[Any]], repeats: int) -> dict[int, dict[str, Any]]:
+    """The closed loop over gRPC with TF Serving's own stub: one Predict in flight."""
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    out = {}
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for size, batch in requests.items():
+            count = max(20, repeats // max(1, size // 100))
+            latencies, failed = [], 0
+            for index in range(count + 10):
+                start = time.perf_counter()
+                try:
+                    stub.Predict(batch[index % len(batch)], timeout=30)
+                except grpc.RpcError:
+                    failed += 1
+                    continue
+                if index >= 10:
+                    latencies.append((time.perf_counter() - start) * 1000)
+            out[size] = {**percentiles(latencies), "failed_requests": failed}
+    return out
+
+
 def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float) -> dict[str, Any]:
     """Rising rates of 100-candidate requests (x1.4 each step) until p99 passes P99_LIMIT_MS."""
     def make(index: int) -> list[dict]:
@@ -286,9 +331,10 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
     return out
 
 
-def start_server(work: Path, store_root: Path, port: int) -> subprocess.Popen:
+def start_server(work: Path, store_root: Path, port: int, grpc_port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "serving.server", "--set", f"paths.data_root={work / 'data'}",
                "--set", f"paths.model_store={store_root}", "--set", f"serving.port={port}",
+               "--set", f"serving.grpc_port={grpc_port}",
                "--set", "serving.poll_seconds=0.5"]
     if shutil.which("taskset"):
         command = ["taskset", "-c", str(SERVER_CORE), *command]
@@ -342,8 +388,9 @@ def main() -> int:
         store_root = work / "store"
         store = LocalModelStore(store_root)
         store.publish(MODEL_NAME, FIRST_VERSION, models["first"])
-        port = free_port()
-        server = start_server(work, store_root, port)
+        port, grpc_port = free_port(), free_port()
+        grpc_requests = {size: predict_requests(instances, size, 20) for size in SIZES}
+        server = start_server(work, store_root, port, grpc_port)
         try:
             wait_healthy(port, server, work / "server.log")
             url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict"
@@ -352,6 +399,11 @@ def main() -> int:
             for size in SIZES:
                 print(f"  {size:5d} candidates: p50 {closed[size]['p50_ms']:.2f} ms, p99 {closed[size]['p99_ms']:.2f} "
                       f"ms (in-process signature p99 {inprocess[size]['signature']['p99_ms']:.2f} ms)", flush=True)
+            print("closed loop over gRPC ...", flush=True)
+            closed_grpc = grpc_closed_loop(grpc_port, grpc_requests, args.requests)
+            for size in SIZES:
+                print(f"  {size:5d} candidates: p50 {closed_grpc[size]['p50_ms']:.2f} ms, p99 "
+                      f"{closed_grpc[size]['p99_ms']:.2f} ms", flush=True)
             print("open loop at rising rates ...", flush=True)
             start_rate = max(5.0, 0.2 * 1000.0 / closed[100]["p50_ms"])
             opened = open_loop(url, instances, start_rate, args.step_seconds)
@@ -377,15 +429,20 @@ def main() -> int:
         **{f"inprocess_convert_p99_ms_{size}": inprocess[size]["predict_with_conversion"]["p99_ms"]
            for size in SIZES},
         "overhead_ratio_100": closed[100]["p99_ms"] / inprocess[100]["signature"]["p99_ms"],
+        **{f"grpc_p50_ms_{size}": closed_grpc[size]["p50_ms"] for size in SIZES},
+        **{f"grpc_p99_ms_{size}": closed_grpc[size]["p99_ms"] for size in SIZES},
+        "grpc_overhead_ratio_100": closed_grpc[100]["p99_ms"] / inprocess[100]["signature"]["p99_ms"],
         "max_candidates_per_s_at_p99_10ms": opened["max_candidates_per_s_at_p99_10ms"],
         "swap_p99_ratio": swap_p99 / steady_p99 if steady_p99 else None,
-        "failed_requests": sum(closed[s]["failed_requests"] for s in SIZES) + opened["failed_requests"]
+        "failed_requests": sum(closed[s]["failed_requests"] + closed_grpc[s]["failed_requests"] for s in SIZES)
+        + opened["failed_requests"]
         + swapped["failed_requests"],
         "goals": {"p99_ms_100_at_most_5": closed[100]["p99_ms"] <= 5.0,
                   "overhead_ratio_100_at_most_1.5": closed[100]["p99_ms"] / inprocess[100]["signature"]["p99_ms"]
                   <= 1.5,
                   "swap_p99_ratio_at_most_2": bool(steady_p99 and swap_p99 / steady_p99 <= 2.0)},
         "closed_loop": {str(k): v for k, v in closed.items()},
+        "closed_loop_grpc": {str(k): v for k, v in closed_grpc.items()},
         "in_process": {str(k): v for k, v in inprocess.items()},
         "open_loop": opened,
         "swaps": swapped,

@@ -84,8 +84,9 @@ def _answered_spec(target: Any, model: LoadedModel, name: str) -> None:
     target.signature_name = SIGNATURE_NAME
 
 
-def tensor_values(name: str, proto: Any) -> list[Any]:
-    """A TensorProto's values as the REST columnar form takes them: one value (or list) per instance."""
+def tensor_array(name: str, proto: Any) -> np.ndarray:
+    """A TensorProto as a numpy array of one value (or row) per instance; LoadedModel.predict_columns uses
+    float and string arrays as they are and checks any other value by value."""
     try:
         array = tf.make_ndarray(proto)
     except (KeyError, TypeError, ValueError) as err:  # a malformed proto: unknown dtype, wrong content size
@@ -93,12 +94,7 @@ def tensor_values(name: str, proto: Any) -> list[Any]:
     if array.ndim == 0:
         raise BadRequest(f"inputs[{name!r}] is a scalar; it must hold one value per instance (shape [batch] or "
                          "[batch, length])")
-    if array.dtype == object:
-        try:
-            return np.vectorize(lambda v: v.decode("utf-8"), otypes=[object])(array).tolist()
-        except UnicodeDecodeError as err:
-            raise BadRequest(f"inputs[{name!r}] holds a string that is not UTF-8: {err}") from None
-    return array.tolist()
+    return array
 
 
 def example_values(where: str, example: Any, model: LoadedModel) -> dict[str, Any]:
@@ -158,7 +154,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             unknown = sorted(set(request.output_filter) - {OUTPUT_NAME})
             if unknown:
                 raise BadRequest(f"output_filter names {unknown}; the only output is {OUTPUT_NAME!r}")
-            columns = {key: tensor_values(key, proto) for key, proto in request.inputs.items()}
+            columns = {key: tensor_array(key, proto) for key, proto in request.inputs.items()}
             lengths = {len(values) for values in columns.values()}
             self.service.check_count(max(lengths, default=0), "instances")
             model, probabilities = self.service.run(name, version, label, lambda m: m.predict_columns(columns))

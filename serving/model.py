@@ -252,10 +252,17 @@ class LoadedModel:
         return self._run(columns, len(instances))
 
     def predict_columns(self, inputs: Mapping[str, Any]) -> np.ndarray:
-        """Predicts the columnar form {feature: [value per instance]}; absent features are missing."""
+        """Predicts the columnar form {feature: [value per instance]}; absent features are missing.
+
+        A column may also be a numpy array (gRPC's tensors): a float array for a float input and an array of
+        bytes for a single-valued string input are used as they are (NaN: missing); any other array is
+        checked value by value as a list is."""
         self._check_names(inputs, "inputs")
         lengths = {}
         for name, values in inputs.items():
+            if isinstance(values, np.ndarray) and values.ndim > 0:
+                lengths[name] = values.shape[0]
+                continue
             if not isinstance(values, list):
                 raise InvalidInput(
                     f"inputs[{name!r}] must be a list of one value per instance, got {_show(values)}"
@@ -266,8 +273,15 @@ class LoadedModel:
         num_instances = next(iter(lengths.values()), 0)
         columns: dict[str, Any] = {}
         converters = self._converters()
+        spec = self.manifest.get("feature_spec") or {}
         for name, convert_column in self.column_converters.items():
             values = inputs.get(name, [None] * num_instances)
+            if isinstance(values, np.ndarray):
+                ready = _ready_array(values, self.input_specs[name], _declared(spec, name))
+                if ready is not None:
+                    columns[name] = ready
+                    continue
+                values = _array_values(name, values)
             try:
                 columns[name] = convert_column(values)
             except InvalidInput:
@@ -324,6 +338,30 @@ class LoadedModel:
                 f"for {num_instances} instances"
             )
         return probability
+
+
+def _ready_array(array: np.ndarray, spec: tf.TensorSpec, declared: Mapping[str, Any]) -> np.ndarray | None:
+    """`array` as the input's tensor when it needs no value-by-value check, else None."""
+    if array.ndim != spec.shape.rank:
+        return None
+    if spec.dtype.is_floating and array.dtype.kind == "f":
+        if np.any(np.abs(array) > float(np.finfo(spec.dtype.as_numpy_dtype).max)):  # NaN compares False
+            return None
+        return array.astype(spec.dtype.as_numpy_dtype, copy=False)
+    if spec.dtype == tf.string and spec.shape.rank == 1 and array.dtype == object and declared.get("dtype") != "int":
+        return array if all(type(value) is bytes for value in array) else None
+    return None
+
+
+def _array_values(name: str, array: np.ndarray) -> list[Any]:
+    """An array's values as JSON would give them: bytes decoded as UTF-8, one value (or list) per instance."""
+    if array.dtype != object:
+        return array.tolist()
+    try:
+        return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(
+            array).tolist()
+    except UnicodeDecodeError as err:
+        raise InvalidInput(f"inputs[{name!r}] holds a string that is not UTF-8: {err}") from None
 
 
 def _array(values: Any, spec: tf.TensorSpec) -> np.ndarray:

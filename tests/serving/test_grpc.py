@@ -191,18 +191,26 @@ def test_metadata_and_status_describe_the_served_signature(client: Client) -> No
         ({"I1": [1.0], "I99": [1.0]}, {}, grpc.StatusCode.INVALID_ARGUMENT, "inputs has unknown features ['I99']"),
         ({"I1": [1.0, 2.0], "C1": ["a"]}, {}, grpc.StatusCode.INVALID_ARGUMENT,
          "inputs must all hold the same number of values"),
-        ({"I1": ["high"]}, {}, grpc.StatusCode.INVALID_ARGUMENT, "inputs['I1'][0] "),
+        ({"I1": ["high"]}, {}, grpc.StatusCode.INVALID_ARGUMENT, "inputs['I1'][0] must be a number or null"),
+        ({"I1": np.array([1.0, math.inf])}, {}, grpc.StatusCode.INVALID_ARGUMENT,
+         "inputs['I1'][1] is inf, outside the range of float32; send a finite number"),
+        ({"I1": np.array([1, 2], dtype=np.int64)}, {}, grpc.StatusCode.OK, ""),  # integers are numbers too
         ({"I1": [1.0] * 5}, {}, grpc.StatusCode.RESOURCE_EXHAUSTED,
          "request has 5 instances, over the limit of 4 (serving.max_instances)"),
         ({"I1": [b"\xff"]}, {}, grpc.StatusCode.INVALID_ARGUMENT, "inputs['I1'] holds a string that is not UTF-8"),
         ({"I1": 1.0}, {}, grpc.StatusCode.INVALID_ARGUMENT, "inputs['I1'] is a scalar"),
     ],
 )
-def test_predict_refuses_with_the_rest_apis_messages(
+def test_predict_checks_tensors_with_the_rest_apis_messages(
     client: Client, metrics: ServerMetrics, inputs: dict[str, Any], spec: dict[str, Any], code: grpc.StatusCode,
     message: str,
 ) -> None:
     request = predict_request({name: tf.make_tensor_proto(value) for name, value in inputs.items()}, **spec)
+    if code == grpc.StatusCode.OK:
+        answer = client.predictions.Predict(request)
+        assert tf.make_ndarray(answer.outputs["probability"]).tolist() == pytest.approx(
+            [sigmoid(0.1), sigmoid(0.2)], rel=1e-6)
+        return
 
     got_code, details = error_of(client.predictions.Predict, request)
 
