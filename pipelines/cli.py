@@ -154,18 +154,21 @@ def cmd_trigger(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from components.model_store import open_model_store, rollback
+    from components.registry import follow_stable
     from pipelines.daily import MODEL_NAME
 
     config = _config(args)
     store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
     retracted = rollback(store, MODEL_NAME, args.version, args.reason)
     print(f"retracted {len(retracted)} newer version(s) {retracted}; serving moves back to {args.version} at its next "
-          f"poll and minute runs train on from it")
+          f"poll and minute runs train on from it; labels now {store.labels(MODEL_NAME)}")
+    print(follow_stable(config, store.stable(MODEL_NAME)))
     return 0
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from components.model_store import STABLE_LABEL, open_model_store, promote
+    from components.registry import follow_stable
     from pipelines.daily import MODEL_NAME
 
     config = _config(args)
@@ -174,6 +177,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     labels = store.labels(MODEL_NAME)
     print(f"promoted version {version}; labels now {labels}. Serving answers /labels/{STABLE_LABEL} (gRPC "
           f"version_label {STABLE_LABEL!r}) from {labels.get(STABLE_LABEL)} at its next poll")
+    print(follow_stable(config, store.stable(MODEL_NAME)))
     return 0
 
 

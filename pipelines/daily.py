@@ -375,6 +375,12 @@ def export(ctx: RunContext) -> dict:
     uri = store.publish(MODEL_NAME, version, directory)
     ctx.tracker.log_artifact(directory, "model")
     ctx.tracker.set_tags({"model.version": version, "model.uri": uri})
+    if ctx.tracker.run_id:
+        from components.registry import register
+
+        registered = register(ctx.config, ctx.tracker.run_id, version, uri)
+        if registered:
+            ctx.tracker.set_tags({"model.registered_version": registered})
     ctx.tracker.end("FINISHED")
     ctx.progress("export: published model version %s to %s", version, uri)
     return {"version": version, "uri": uri}

@@ -102,6 +102,13 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
     assert "embedding (CategoricalEmbedding)" in text and "Trainable params" in text
     history = client.get_metric_history(run.info.run_id, "train.examples_per_second")
     assert len(history) > 2 and all(point.value > 0 for point in history)
+    # The exported model is registered as ctr, from the run's model artifact, and is the challenger.
+    (registered,) = client.search_model_versions("name='ctr'")
+    assert (registered.run_id, registered.source) == (run.info.run_id, f"runs:/{run.info.run_id}/model")
+    assert registered.tags["ctr.store_version"] == "202601020000"
+    aliases = {alias: str(version) for alias, version in client.get_registered_model("ctr").aliases.items()}
+    assert aliases == {"challenger": str(registered.version)}  # champion: once promoted (ctr promote)
+    assert run.data.tags["model.registered_version"] == str(registered.version)
 
 
 def test_served_prediction_equals_model_on_preprocessed_raw_values(daily_run):
