@@ -166,50 +166,51 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
         return self._call("grpc_predict", context, work)
 
-    def _examples(self, request: Any) -> tuple[str, str | None, str | None, Callable[[LoadedModel], Any]]:
-        name, version, label = _spec_of(request.model_spec)
-        kind = request.input.WhichOneof("kind")
-        if kind is None:
-            raise BadRequest("input holds no examples; set input.example_list or input.example_list_with_context")
-        holder = getattr(request.input, kind)
-        examples = list(holder.examples)
-        self.service.check_count(len(examples), "examples")
-        has_context = kind == "example_list_with_context" and holder.HasField("context")
+    def _on_examples(self, endpoint: str, request: Any, context: grpc.ServicerContext,
+                     respond: Callable[[Any, list[float]], None], response: Any) -> Any:
+        """Classify and Regress: the request's examples (with their context) predicted by the model it names;
+        `respond` fills `response` from the probabilities."""
 
-        def predict(model: LoadedModel) -> Any:
-            context = example_values("context", holder.context, model) if has_context else None
-            rows = [example_values(f"example {index}", example, model) for index, example in enumerate(examples)]
-            return model.predict(merge_context(rows, context))
+        def work() -> Any:
+            name, version, label = _spec_of(request.model_spec)
+            kind = request.input.WhichOneof("kind")
+            if kind is None:
+                raise BadRequest("input holds no examples; set input.example_list or "
+                                 "input.example_list_with_context")
+            holder = getattr(request.input, kind)
+            examples = list(holder.examples)
+            self.service.check_count(len(examples), "examples")
+            has_context = kind == "example_list_with_context" and holder.HasField("context")
 
-        return name, version, label, predict
+            def predict(model: LoadedModel) -> Any:
+                shared = example_values("context", holder.context, model) if has_context else None
+                rows = [example_values(f"example {index}", example, model) for index, example in enumerate(examples)]
+                return model.predict(merge_context(rows, shared))
+
+            model, probabilities = self.service.run(name, version, label, predict)
+            self.metrics.count_predictions(len(probabilities))
+            _answered_spec(response.model_spec, model, name)
+            respond(response.result, probabilities.astype(float).tolist())
+            return response
+
+        return self._call(endpoint, context, work)
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def work() -> Any:
-            name, version, label, predict = self._examples(request)
-            model, probabilities = self.service.run(name, version, label, predict)
-            self.metrics.count_predictions(len(probabilities))
-            response = classification_pb2.ClassificationResponse()
-            _answered_spec(response.model_spec, model, name)
-            for p in probabilities.astype(float).tolist():
-                classes = response.result.classifications.add().classes
+        def respond(result: Any, probabilities: list[float]) -> None:
+            for p in probabilities:
+                classes = result.classifications.add().classes
                 classes.add(label=CLASSES[0], score=1.0 - p)
                 classes.add(label=CLASSES[1], score=p)
-            return response
 
-        return self._call("grpc_classify", context, work)
+        return self._on_examples("grpc_classify", request, context, respond,
+                                 classification_pb2.ClassificationResponse())
 
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def work() -> Any:
-            name, version, label, predict = self._examples(request)
-            model, probabilities = self.service.run(name, version, label, predict)
-            self.metrics.count_predictions(len(probabilities))
-            response = regression_pb2.RegressionResponse()
-            _answered_spec(response.model_spec, model, name)
-            for p in probabilities.astype(float).tolist():
-                response.result.regressions.add(value=p)
-            return response
+        def respond(result: Any, probabilities: list[float]) -> None:
+            for p in probabilities:
+                result.regressions.add(value=p)
 
-        return self._call("grpc_regress", context, work)
+        return self._on_examples("grpc_regress", request, context, respond, regression_pb2.RegressionResponse())
 
     def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         def work() -> Any:

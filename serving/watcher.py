@@ -204,20 +204,18 @@ class ModelWatcher:
 
     def _load_alone(self, version: str) -> LoadedModel:
         """One replica of `version`: its chain's full model with the chain's deltas applied."""
-        manifests = {}
-        chain = [(version, self.store.manifest(self.model_name, version))]
-        while chain[-1][1].get("kind") == DELTA_KIND:
-            if len(chain) >= MAX_CHAIN_LENGTH or chain[-1][1].get("parent") is None:
-                raise ModelStoreError(f"the chain of version {version} does not reach a full model")
-            parent = str(chain[-1][1]["parent"])
-            manifests[parent] = self._manifests.get(parent) or self.store.manifest(self.model_name, parent)
-            chain.append((parent, manifests[parent]))
-        first_version = chain[-1][0]
-        directory = self.store.fetch(self.model_name, first_version, self.cache_dir)
-        model = LoadedModel.load(directory, first_version, verify=False)  # fetch() verified it
-        for delta_version, _ in chain[-2::-1]:
-            model = model.apply_delta(*self._fetch_delta(delta_version))
-        model.predict([{}])
+        chain = self._chain(version, stop_at=None)
+        if chain[0][1].get("kind") == DELTA_KIND:
+            raise ModelStoreError(f"the chain of version {version} does not reach a full model")
+        return self._replica(chain[0][0], [self._fetch_delta(v) for v, _ in chain[1:]])
+
+    def _replica(self, full_version: str, deltas: list[tuple[dict[str, Any], dict[str, np.ndarray]]]) -> LoadedModel:
+        """A fresh replica of a full model with `deltas` applied, warmed up."""
+        directory = self.store.fetch(self.model_name, full_version, self.cache_dir)
+        model = LoadedModel.load(directory, full_version, verify=False)  # fetch() verified it
+        for manifest, arrays in deltas:
+            model = model.apply_delta(manifest, arrays)
+        model.predict([{}])  # warm-up: traces and allocates before the first real request
         return model
 
     def _load(self, version: str) -> LoadedModel:
@@ -241,14 +239,8 @@ class ModelWatcher:
         if first.get("kind") == DELTA_KIND:
             raise ModelStoreError(f"the chain of version {version} does not reach a full model")
         deltas = [self._fetch_delta(v) for v, _ in chain[1:]]
-        replicas = []
-        for _ in range(2 if deltas or first.get("weight_specs") else 1):
-            directory = self.store.fetch(self.model_name, first_version, self.cache_dir)
-            model = LoadedModel.load(directory, first_version, verify=False)  # fetch() verified it
-            for manifest, arrays in deltas:
-                model = model.apply_delta(manifest, arrays)
-            model.predict([{}])  # warm-up: traces and allocates before the first real request
-            replicas.append(model)
+        copies = 2 if deltas or first.get("weight_specs") else 1
+        replicas = [self._replica(first_version, deltas) for _ in range(copies)]
         self._standby = replicas[1] if len(replicas) > 1 else None
         self._pending = []
         self._manifests = dict(chain)  # a new chain: older chains' manifests are not needed again
