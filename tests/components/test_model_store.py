@@ -295,12 +295,16 @@ def _export_kind(directory: Path, kind: str) -> Path:
     return directory
 
 
+def _store(backend, tmp_path, request, prefix):
+    """A fresh store of either backend: a local directory, or a prefix of the moto bucket."""
+    if backend == "s3":
+        return S3ModelStore(f"s3://{BUCKET}/{prefix}", client=request.getfixturevalue("s3_client"))
+    return LocalModelStore(tmp_path / "store")
+
+
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_rollback_retracts_newer_versions_and_full_models_start_chains(tmp_path, backend, request):
-    if backend == "s3":
-        store = S3ModelStore(f"s3://{BUCKET}/chains", client=request.getfixturevalue("s3_client"))
-    else:
-        store = LocalModelStore(tmp_path / "store")
+    store = _store(backend, tmp_path, request, "chains")
     for version, kind in (("100", "full_model"), ("101", "delta"), ("102", "delta"), ("200", "full_model"),
                           ("201", "delta")):
         store.publish(MODEL, version, _export_kind(tmp_path / version, kind))
@@ -317,10 +321,7 @@ def test_rollback_retracts_newer_versions_and_full_models_start_chains(tmp_path,
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_promotion_sets_the_stable_and_canary_labels_and_rollback_moves_them(tmp_path, backend, request):
-    if backend == "s3":
-        store = S3ModelStore(f"s3://{BUCKET}/labels", client=request.getfixturevalue("s3_client"))
-    else:
-        store = LocalModelStore(tmp_path / "store")
+    store = _store(backend, tmp_path, request, "labels")
     store.publish(MODEL, "100", _export_kind(tmp_path / "100", "full_model"))
     assert store.labels(MODEL) == {"canary": "100"}  # nothing promoted: the newest is a canary
     assert promote(store, MODEL, None, "passed the gate") == "100"  # default: the newest standing version
