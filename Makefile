@@ -4,17 +4,20 @@ SHELL := /bin/bash
 .ONESHELL:
 .SHELLFLAGS := -eu -o pipefail -c
 WITH_ENV = env_dir=$$(tools/ensure_env.sh); export PATH="$$env_dir/bin:$$PATH" VIRTUAL_ENV="$$env_dir"
+WITH_STACK_ENV = env_dir=$$(tools/ensure_env.sh --stack); export PATH="$$env_dir/bin:$$PATH" VIRTUAL_ENV="$$env_dir"
 # Benchmarks are scripts under bench/: the repository root goes on the path so they import the project.
 BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
-.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve bench-encode bench-input bench-train \
+.PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
 	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
 	@echo "make test      run the whole test suite"
 	@echo "make test-unit run the fast unit tests only"
+	@echo "make stack     the production topology (Airflow on Celery, MLflow, S3, Spark Connect, serving) on this machine"
+	@echo "make test-stack  bring a stack up, run the daily and minute pipelines through it, bring it down"
 	@echo "make lint      ruff"
 	@echo "make lock      re-resolve requirements.lock from requirements.in"
 
@@ -47,6 +50,20 @@ clean:
 
 serve:
 	@$(WITH_ENV); python -m pipelines.cli serve
+
+# The production topology as processes on this machine (pipelines/stack.py; docs/production.md).
+stack:
+	@$(WITH_STACK_ENV); python -m pipelines.cli stack up
+
+stack-down:
+	@$(WITH_STACK_ENV); python -m pipelines.cli stack down
+
+stack-status:
+	@$(WITH_STACK_ENV); python -m pipelines.cli stack status
+
+# Brings a stack up on free ports, runs ctr_daily and two minutes of ctr_incremental through it, brings it down.
+test-stack:
+	@$(WITH_STACK_ENV); CTR_TEST_STACK=1 python -m pytest tests/stack -s $(PYTEST_ARGS)
 
 bench-encode:
 	@$(WITH_ENV); $(BENCH) bench/bench_block_encode.py

@@ -13,6 +13,7 @@
     ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
     ctr airflow dags list             the Airflow CLI on the project's embedded settings
     ctr ui airflow | ctr ui mlflow    open the Airflow UI / the MLflow UI on this data
+    ctr stack up | down | status | logs | env   the production topology as processes on this machine
 """
 
 from __future__ import annotations
@@ -20,18 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 import uuid
 
 from components.config import ConfigError, PipelineConfig, load_config, parse_override_args
 from components.model_store import ModelStoreError
+from pipelines.stack import StackError
+from pipelines.trigger import TriggerError
 
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    for noisy in ("py4j", "great_expectations", "urllib3", "alembic", "matplotlib", "absl"):
+    for noisy in ("py4j", "great_expectations", "urllib3", "alembic", "matplotlib", "absl", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -141,12 +145,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_trigger(args: argparse.Namespace) -> int:
-    from pipelines.trigger import trigger_dag, trigger_interval
+    from pipelines.trigger import default_api_url, trigger_dag, trigger_interval
 
     config = _config(args)
-    run = trigger_dag(config, f"ctr_{args.pipeline}", api_url=args.api_url,
+    run = trigger_dag(config, f"ctr_{args.pipeline}", api_url=args.api_url or default_api_url(),
                       interval=trigger_interval(args.pipeline, args.minute),
-                      overrides=parse_override_args(args.param or []))
+                      overrides=parse_override_args(args.param or []), unpause=args.unpause)
     print(f"triggered {run['dag_id']} run {run['dag_run_id']} (data interval {run.get('data_interval_start')} - "
           f"{run.get('data_interval_end')}); state: {run.get('state')}")
     return 0
@@ -236,6 +240,52 @@ def cmd_ui(args: argparse.Namespace) -> int:
                             "--host", "127.0.0.1", "--port", port])
 
 
+def cmd_stack(args: argparse.Namespace) -> int:
+    from pipelines import stack
+
+    settings = stack.load_settings(create_secrets=args.action == "up", require_secrets=args.action == "env")
+    if args.action == "up":
+        print(f"stack {settings.name}: home {settings.home}, secrets {settings.values['CTR_STACK_SECRETS']}",
+              flush=True)
+        stack.up(settings, say=lambda line: print(f"  {line}", flush=True))
+        print(stack.format_status(stack.status(settings)))
+        print(f"Airflow UI {settings.url('AIRFLOW_API_PORT')} (user {settings.secrets['_AIRFLOW_WWW_USER_USERNAME']}), "
+              f"MLflow UI {settings.url('MLFLOW_PORT')} (user {settings.secrets['MLFLOW_TRACKING_USERNAME']}); "
+              f"passwords in {settings.values['CTR_STACK_SECRETS']}. Use it from a shell: eval \"$(ctr stack env)\"")
+    elif args.action == "down":
+        stack.down(settings, say=lambda line: print(f"  {line}", flush=True))
+        if args.purge:
+            stack.drop_postgres(settings)
+            import shutil
+
+            shutil.rmtree(settings.home, ignore_errors=True)
+            print(f"  purged: databases {settings.name}_airflow, {settings.name}_mlflow and {settings.home}")
+    elif args.action == "status":
+        rows = stack.status(settings)
+        print(stack.format_status(rows))
+        return 0 if all(r["state"].startswith(("healthy", "external, up")) for r in rows) else 3
+    elif args.action == "env":
+        print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in stack.client_environment(settings).items()))
+    else:
+        return _stack_logs(stack, settings, args)
+    return 0
+
+
+def _stack_logs(stack, settings, args: argparse.Namespace) -> int:
+    paths = ([stack.log_path(settings, args.service)] if args.service
+             else sorted((settings.home / "logs").glob("*.log")))
+    for path in paths:
+        if not path.is_file():
+            print(f"==> {path} (none yet)")
+            continue
+        if len(paths) > 1:
+            print(f"==> {path.stem} <==")
+        print("\n".join(path.read_text(errors="replace").splitlines()[-args.lines:]), flush=True)
+    if args.follow:
+        return subprocess.call(["tail", "-n", "0", "-F", *map(str, paths)])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctr", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
@@ -279,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minute", help="incremental: the minute to learn (its start); daily: the day's end, a UTC "
                                     "midnight (2026-01-02T00:00 runs the day of 2026-01-01); default: the last "
                                     "complete minute or day")
-    p.add_argument("--api-url", default="http://localhost:8080", help="the Airflow API server")
+    p.add_argument("--api-url", help="the Airflow API server (default: $CTR_AIRFLOW_API_URL, which `ctr stack env` "
+                                     "sets, else http://localhost:8080)")
+    p.add_argument("--unpause", action="store_true", help="unpause the DAG first (DAGs start paused)")
     p.add_argument("--param", action="append", metavar="SECTION.KEY=VALUE", help="config override for this run")
     p.set_defaults(func=cmd_trigger)
 
@@ -311,6 +363,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("which", choices=["airflow", "mlflow"])
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("stack", help="the production topology (Airflow, MLflow, S3, Spark Connect, serving) as "
+                                     "processes on this machine")
+    p.add_argument("action", choices=["up", "down", "status", "logs", "env"])
+    p.add_argument("service", nargs="?", help="logs: one service's log (default: all)")
+    p.add_argument("-n", "--lines", type=int, default=40, help="logs: lines from the end")
+    p.add_argument("-f", "--follow", action="store_true", help="logs: keep printing")
+    p.add_argument("--purge", action="store_true", help="down: also drop its databases and delete its home")
+    p.set_defaults(func=cmd_stack)
     return parser
 
 
@@ -324,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ModelStoreError as err:
         print(f"ctr: model store: {err}", file=sys.stderr)
+        return 1
+    except StackError as err:
+        print(f"ctr: stack: {err}", file=sys.stderr)
+        return 1
+    except TriggerError as err:
+        print(f"ctr: airflow: {err}", file=sys.stderr)
         return 1
 
 

@@ -4,7 +4,8 @@ The run's data interval is what its schedule would give it: a UTC day for ctr_da
 ctr_incremental (`trigger_interval`). The token comes from the simple auth manager (POST /auth/token): with
 the user and password of `_AIRFLOW_WWW_USER_USERNAME` and `_AIRFLOW_WWW_USER_PASSWORD` when they are set (the
 variables docker-compose.yml creates its user from), else with the admin password Airflow generated under the
-project's Airflow home, which is what `ctr ui airflow` and the benchmarks start.
+project's Airflow home, which is what `ctr ui airflow` and the benchmarks start. `ctr stack env` exports the
+stack's login and its API URL (CTR_AIRFLOW_API_URL, the default of `--api-url`).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def credentials(config: PipelineConfig, environ: Mapping[str, str]) -> tuple[str
     passwords = config.paths.root / "airflow" / PASSWORDS_FILE
     if not passwords.is_file():
         raise TriggerError(f"no {passwords}: start Airflow with `ctr ui airflow` (or the benchmark) first; it writes "
-                           f"the admin password there. For another Airflow (the compose stack), set "
-                           f"{USER_VARIABLE} and {PASSWORD_VARIABLE}")
+                           f"the admin password there. For the stack of `ctr stack up`, run `eval \"$(ctr stack "
+                           f"env)\"` first; for another Airflow (the compose stack), set {USER_VARIABLE} and "
+                           f"{PASSWORD_VARIABLE}")
     generated = json.loads(passwords.read_text())
     user = environ.get(USER_VARIABLE) or GENERATED_USER
     if user not in generated:
@@ -83,11 +85,20 @@ def trigger_interval(pipeline: str, at: str | None = None, now: datetime | None 
     return Interval(end - timedelta(days=1), end)
 
 
+API_URL_VARIABLE = "CTR_AIRFLOW_API_URL"
+
+
+def default_api_url(environ: Mapping[str, str] | None = None) -> str:
+    """The Airflow API: CTR_AIRFLOW_API_URL (`ctr stack env` sets it), else the embedded UI's port."""
+    return (os.environ if environ is None else environ).get(API_URL_VARIABLE) or "http://localhost:8080"
+
+
 def trigger_dag(config: PipelineConfig, dag_id: str, *, api_url: str, interval: Interval,
-                overrides: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None
-                ) -> dict[str, Any]:
-    """Triggers `dag_id` for `interval` (trigger_interval), with config overrides as the run's `config` param.
-    Returns the created DAG run."""
+                overrides: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                unpause: bool = False) -> dict[str, Any]:
+    """Triggers `dag_id` for `interval` (trigger_interval), with config overrides as the run's `config` param;
+    with `unpause`, unpauses the DAG first (DAGs start paused, and a paused DAG's runs wait). Returns the created
+    DAG run."""
     import httpx
 
     body = {
@@ -99,6 +110,11 @@ def trigger_dag(config: PipelineConfig, dag_id: str, *, api_url: str, interval: 
     }
     headers = {"Authorization": f"Bearer {api_token(config, api_url, environ)}"}
     try:
+        if unpause:
+            response = httpx.patch(f"{api_url}/api/v2/dags/{dag_id}", json={"is_paused": False}, headers=headers,
+                                   timeout=30)
+            if response.status_code != 200:
+                raise TriggerError(f"unpausing {dag_id} failed: {response.status_code} {response.text[:500]}")
         response = httpx.post(f"{api_url}/api/v2/dags/{dag_id}/dagRuns", json=body, headers=headers, timeout=30)
     except httpx.HTTPError as err:
         raise TriggerError(f"cannot reach the Airflow API at {api_url} ({err})") from err

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Prints the path of the project's Python environment, building it first if needed.
 #
+#   tools/ensure_env.sh            the environment of requirements.lock
+#   tools/ensure_env.sh --stack    the same, plus what `ctr stack` needs (docker/requirements-production.txt:
+#                                  PostgreSQL drivers and Celery, pinned against the lock, so nothing in it moves)
+#
 # The environment is ~4 GB and takes ~5 minutes to install, so it lives outside the clone,
 # keyed by the hash of requirements.lock: every clone (and CI) with the same lock reuses it,
 # and a changed lock builds a new one. A build that was interrupted is detected by the
 # missing ".complete" marker and redone from scratch.
 set -euo pipefail
+
+with_stack=0
+if [ "${1:-}" = "--stack" ]; then with_stack=1; fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 lock="$root/requirements.lock"
@@ -66,6 +73,16 @@ if [ ! -f "$venv/.bytecode" ]; then
   log "compiling byte-code in $venv (once, ~2 minutes)"
   "$venv/bin/python" -m compileall -q -j 0 "$venv/lib" >/dev/null 2>&1 || true
   touch "$venv/.bytecode"
+fi
+
+if [ "$with_stack" = 1 ]; then
+  production="$root/docker/requirements-production.txt"
+  stack_marker="$venv/.stack-$(sha256sum "$production" | cut -c1-16)"
+  if [ ! -f "$stack_marker" ]; then
+    log "installing the stack's extras (docker/requirements-production.txt) into $venv"
+    "$uv_bin" pip install -q -p "$venv/bin/python" --compile-bytecode -c "$lock" -r "$production" >&2
+    touch "$stack_marker"
+  fi
 fi
 
 # The project itself is installed editable from this clone (cheap; keeps the `ctr` script pointing here).

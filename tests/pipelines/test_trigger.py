@@ -75,16 +75,31 @@ def test_trigger_creates_the_minutes_run_with_its_overrides(api):
     assert [r["dag_run_id"] for r in listed["dag_runs"]] == [run["dag_run_id"]]
 
 
+def test_unpause_unpauses_the_dag_before_triggering_it(api):
+    config, url = api
+    from pipelines.trigger import api_token
+
+    headers = {"Authorization": f"Bearer {api_token(config, url, {})}"}
+    assert httpx.get(f"{url}/api/v2/dags/ctr_daily", headers=headers, timeout=30).json()["is_paused"] is True
+    run = trigger_dag(config, "ctr_daily", api_url=url, interval=trigger_interval("daily", "2026-01-02T00:00"),
+                      environ={}, unpause=True)
+    assert run["data_interval_start"].startswith("2026-01-01T00:00:00")
+    assert httpx.get(f"{url}/api/v2/dags/ctr_daily", headers=headers, timeout=30).json()["is_paused"] is False
+    httpx.patch(f"{url}/api/v2/dags/ctr_daily", headers=headers, json={"is_paused": True}, timeout=30)
+
+
 def test_unknown_dag_and_unreachable_api_are_clear_errors(api, tmp_path):
     config, url = api
     minute = trigger_interval("incremental", "2026-01-02T00:05")
     with pytest.raises(TriggerError, match="triggering ctr_nope failed: 404"):
         trigger_dag(config, "ctr_nope", api_url=url, interval=minute, environ={})
+    with pytest.raises(TriggerError, match="unpausing ctr_nope failed: 404"):
+        trigger_dag(config, "ctr_nope", api_url=url, interval=minute, environ={}, unpause=True)
     with pytest.raises(TriggerError, match="cannot reach the Airflow API"):
         trigger_dag(config, "ctr_incremental", api_url=f"http://127.0.0.1:{free_port()}", interval=minute,
                     environ={})
     fresh = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
-    with pytest.raises(TriggerError, match="start Airflow with `ctr ui airflow`"):
+    with pytest.raises(TriggerError, match=r"start Airflow with `ctr ui airflow`.*eval \"\$\(ctr stack env\)\""):
         trigger_dag(fresh, "ctr_incremental", api_url=url, interval=minute, environ={})
     # The compose stack's user: the variables are used, and a wrong password is Airflow's 401, said as such.
     with pytest.raises(TriggerError, match="auth/token answered 401"):
@@ -108,6 +123,13 @@ def test_a_daily_run_covers_the_utc_day_ending_at_the_given_midnight():
     with pytest.raises(ValueError, match=r"--minute '2026-01-02T05:00' for the daily pipeline is the day's end, a "
                                          r"UTC midnight, e.g. 2026-01-02T00:00"):
         trigger_interval("daily", "2026-01-02T05:00")
+
+
+def test_the_api_url_defaults_to_the_stacks_then_the_embedded_ui():
+    from pipelines.trigger import default_api_url
+
+    assert default_api_url({"CTR_AIRFLOW_API_URL": "http://127.0.0.1:18080"}) == "http://127.0.0.1:18080"
+    assert default_api_url({}) == "http://localhost:8080"
 
 
 def test_credentials_come_from_the_compose_variables_else_the_generated_file(tmp_path):

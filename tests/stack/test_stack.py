@@ -1,0 +1,210 @@
+"""`make test-stack`: the production topology brought up with `ctr stack up` and used as a user would.
+
+Brings the stack up on free ports, under its own home, PostgreSQL databases and Redis database; generates a
+small day; unpauses and triggers ctr_daily through Airflow's REST API and waits for it; checks that serving
+answers from the model in S3; lets the scheduler run ctr_incremental on live traffic for at least two minutes;
+checks that serving follows the deltas and that MLflow holds a run for every DAG run; then `ctr stack down`
+and checks that nothing it started is left. About 7 minutes on 2 cores. Runs only when CTR_TEST_STACK=1
+(`make test-stack` sets it): it needs PostgreSQL and Redis on this machine and `tools/ensure_env.sh --stack`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(os.environ.get("CTR_TEST_STACK") != "1", reason="the whole stack: run `make test-stack`"),
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ctr(env: dict[str, str], *args: str, timeout: float = 600, show: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    output = f"{done.stdout[-3000:]}{done.stderr[-3000:]}" if show else "(output not shown: it holds secrets)"
+    print(f"$ ctr {' '.join(args)}  (rc {done.returncode})\n{output}", flush=True)
+    return done
+
+
+def _wait(what: str, condition, timeout_s: float, every_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
+
+
+class Airflow:
+    """The Airflow REST API, logged in as the stack's user."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.url = env["CTR_AIRFLOW_API_URL"]
+        token = httpx.post(f"{self.url}/auth/token", timeout=10, json={
+            "username": env["_AIRFLOW_WWW_USER_USERNAME"], "password": env["_AIRFLOW_WWW_USER_PASSWORD"]})
+        token.raise_for_status()
+        self.headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
+
+    def get(self, path: str) -> dict:
+        response = httpx.get(f"{self.url}/api/v2/{path}", headers=self.headers, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def patch(self, path: str, body: dict) -> dict:
+        response = httpx.patch(f"{self.url}/api/v2/{path}", headers=self.headers, json=body, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def runs(self, dag_id: str) -> list[dict]:
+        return self.get(f"dags/{dag_id}/dagRuns?limit=100&order_by=-start_date")["dag_runs"]
+
+    def tasks(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        found = self.get(f"dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return {t["task_id"]: t["state"] for t in found}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("stack")
+    env = {**os.environ,
+           "CTR_STACK_HOME": str(home / "home"), "CTR_STACK_NAME": f"ctrtest{os.getpid()}",
+           "CTR_STACK_SECRETS": str(home / "secrets.env"), "CTR_STACK_REDIS": "redis://127.0.0.1:6379/11",
+           "SPARK_MASTER": "local[2]", "SPARK_DRIVER_MEMORY": "2g"}
+    for key in ("AIRFLOW_API_PORT", "AIRFLOW_WORKER_LOG_PORT", "AIRFLOW_TRIGGERER_LOG_PORT", "MLFLOW_PORT",
+                "S3_API_PORT", "SPARK_CONNECT_PORT", "SERVING_PORT", "SERVING_GRPC_PORT"):
+        env[key] = str(_free_port())
+    for key in ("CTR_HOME", "CTR_MODEL_STORE", "CTR_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "SPARK_REMOTE"):
+        env.pop(key, None)
+    up = _ctr(env, "stack", "up")
+    try:
+        assert up.returncode == 0, "ctr stack up failed"
+        exported = _ctr(env, "stack", "env", show=False)
+        assert exported.returncode == 0
+        for line in exported.stdout.splitlines():
+            key, value = line.removeprefix("export ").split("=", 1)
+            env[key] = value.strip("'")
+        yield env
+    finally:
+        if os.environ.get("CTR_TEST_STACK_KEEP") != "1":
+            _ctr(env, "stack", "logs", "-n", "15")
+            down = _ctr(env, "stack", "down", "--purge")
+            assert down.returncode == 0
+
+
+def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkeypatch):
+    env = stack
+    run_home = Path(env["CTR_STACK_HOME"])
+    status = _ctr(env, "stack", "status")
+    assert status.returncode == 0, "a service is not healthy right after `up`"
+    for service in ("s3", "spark-connect", "mlflow", "airflow-api-server", "airflow-scheduler",
+                    "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "serving"):
+        assert any(line.startswith(service) and line.endswith("healthy") for line in status.stdout.splitlines()), \
+            service
+    # Logins are required: the Airflow API and the MLflow server refuse anonymous requests.
+    assert httpx.get(f"{env['CTR_AIRFLOW_API_URL']}/api/v2/dags", timeout=10).status_code == 401
+    assert httpx.post(f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search", json={},
+                      timeout=10).status_code == 401
+
+    # Live traffic starts now, so minutes are waiting when ctr_incremental is unpaused after the daily run.
+    live = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "generate", "--live", "--minutes", "8",
+                             "--rows-per-minute", "2000"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    try:
+        # A small day (its last 20 minutes) two days ago, and ctr_daily triggered for it through the REST API.
+        today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        day_end = today - timedelta(days=1)
+        generated = _ctr(env, "generate", "--start", (day_end - timedelta(minutes=20)).strftime("%Y-%m-%dT%H:%M"),
+                         "--minutes", "20", "--rows-per-minute", "2000")
+        assert generated.returncode == 0
+        triggered = _ctr(env, "trigger", "daily", "--minute", day_end.strftime("%Y-%m-%dT%H:%M"), "--unpause",
+                         "--param", "train.epochs=1")
+        assert triggered.returncode == 0
+        airflow = Airflow(env)
+        daily_run = next(r for r in airflow.runs("ctr_daily") if r["run_type"] == "manual")
+        state = _wait("ctr_daily to finish", lambda: (
+            airflow.get(f"dags/ctr_daily/dagRuns/{daily_run['dag_run_id']}")["state"]
+            if airflow.get(f"dags/ctr_daily/dagRuns/{daily_run['dag_run_id']}")["state"] in ("success", "failed")
+            else None), 480)
+        assert state == "success", airflow.tasks("ctr_daily", daily_run["dag_run_id"])
+        print(f"ctr_daily {daily_run['dag_run_id']}: success", flush=True)
+
+        # Serving loads the full model from S3.
+        serving = env["CTR_SERVING_URL"]
+        status_doc = _wait("serving to load the daily model", lambda: _served(serving), 120, 2)
+        daily_version = status_doc["version"]
+        assert status_doc["parent"] is None and status_doc["data_end"] == day_end.isoformat()
+        rows = _instances(run_home / "data", day_end - timedelta(minutes=1), 3)
+        predicted = httpx.post(f"{serving}/v1/models/ctr:predict", json={"instances": rows}, timeout=10)
+        assert predicted.status_code == 200, predicted.text
+        assert predicted.headers["X-Model-Version"] == daily_version
+        assert len(predicted.json()["predictions"]) == 3
+
+        # Minute runs under the scheduler, on live traffic: at least two published deltas, followed by serving.
+        airflow.patch("dags/ctr_incremental", {"is_paused": False})
+        minutes = _wait("two successful ctr_incremental runs", lambda: sorted(
+            r["data_interval_start"] for r in airflow.runs("ctr_incremental") if r["state"] == "success")[:2]
+            if len([r for r in airflow.runs("ctr_incremental") if r["state"] == "success"]) >= 2 else None, 330)
+        print(f"ctr_incremental: minutes {minutes} learned and published", flush=True)
+        followed = _wait("serving to follow the deltas", lambda: (
+            doc if (doc := _served(serving)) and doc["parent"] is not None else None), 60, 2)
+        print(f"serving: version {followed['version']} (parent {followed['parent']}, data to "
+              f"{followed['data_end']})", flush=True)
+        assert followed["chain_root"] == daily_version
+        assert followed["data_end"] > datetime.now(UTC).replace(hour=0).isoformat()
+        airflow.patch("dags/ctr_incremental", {"is_paused": True})
+    finally:
+        live.terminate()
+        live.wait(30)
+
+    # MLflow holds a run for every finished DAG run, linked by its run id, and the registered model.
+    import mlflow
+
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(key, env[key])
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("ctr")
+    tracked = {r.data.tags.get("airflow.run_id") for r in client.search_runs([experiment.experiment_id],
+                                                                           max_results=500)}
+    for dag_id in ("ctr_daily", "ctr_incremental"):
+        succeeded = [r["dag_run_id"] for r in airflow.runs(dag_id) if r["state"] == "success"]
+        assert succeeded and set(succeeded) <= tracked, (dag_id, set(succeeded) - tracked)
+    model = client.get_registered_model("ctr")
+    assert "challenger" in model.aliases
+
+
+def _instances(data_root: Path, minute: datetime, count: int) -> list[dict]:
+    """Prediction instances from the raw rows of one generated minute."""
+    from components.layout import Layout
+    from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+    from components.validation import read_raw_slice
+
+    frame = read_raw_slice(Layout(data_root).raw_minute_dir(minute) / "part-00000.tsv").head(count)
+    return [{**{n: None if row[n] is None or row[n] != row[n] else float(row[n]) for n in DENSE_FEATURES},
+             **{n: row[n] if isinstance(row[n], str) else None for n in CATEGORICAL_FEATURES}}
+            for _, row in frame.iterrows()]
+
+
+def _served(serving: str) -> dict | None:
+    try:
+        response = httpx.get(f"{serving}/v1/models/ctr", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
