@@ -324,6 +324,30 @@ class FeatureSpec:
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.features)
 
+    def request_instance(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """One raw row (column -> text, or a list for list columns; None when empty) as the instance a client
+        sends to serving: dense values as numbers, ids as text, multi-valued and sequence features as lists
+        (the newest `max_length`), the timestamp as written. Derived features are left out: serving derives
+        them from the timestamp."""
+        out: dict[str, Any] = {}
+        for feature in self.features:
+            if getattr(feature, "derived_from", ""):
+                continue
+            value = raw.get(feature.column)
+            if value is None or (isinstance(value, float) and value != value):
+                out[feature.name] = None
+            elif isinstance(feature, DenseFeature):
+                out[feature.name] = float(value)
+            elif isinstance(feature, MultiCategoricalFeature | SequenceFeature):
+                items = list(value) if not isinstance(value, str) else (
+                    [v for v in value.split(feature.separator) if v] if feature.separator else [value])
+                out[feature.name] = [str(v) for v in items][-feature.max_length:]
+            elif isinstance(feature, TimestampFeature) and feature.format in ("unix_seconds", "unix_millis"):
+                out[feature.name] = int(float(value))
+            else:
+                out[feature.name] = str(value)
+        return out
+
     @property
     def input_columns(self) -> tuple[str, ...]:
         """The raw columns the spec reads (label first), each once, in first-use order."""

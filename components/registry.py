@@ -1,9 +1,9 @@
 """The MLflow model registry beside the model store: which published versions are registered, and which one
 the `champion` alias names.
 
-- Each daily export registers its model (the run's `model` artifact: SavedModel and manifest) as a version of
-  the registered model `ctr`, tagged with its store version (`ctr.store_version`) and store URI, and moves
-  the alias `challenger` to it.
+- Each daily export registers its model (the pyfunc it logs, serving.pyfunc: SavedModel and manifest, with a
+  signature and an input example) as a version of the registered model `ctr`, tagged with its store version
+  (`ctr.store_version`) and store URI, and moves the alias `challenger` to it.
 - `champion` follows the store's `stable` label (components.model_store): `ctr promote` and `ctr rollback`
   move it to the registered version of the store's stable version. Minute deltas are not registered (1,440
   a day); when the stable version is one of them, `champion` stays where it was, and the command says so.
@@ -46,9 +46,11 @@ def _guarded(config: PipelineConfig, what: str, fn, *args: Any) -> Any:
         return None
 
 
-def register(config: PipelineConfig, run_id: str, store_version: str, store_uri: str) -> str | None:
-    """Registers the run's `model` artifact as a version of `ctr` and points `challenger` at it. Returns the
-    registered version, or None if the registry is unreachable."""
+def register(config: PipelineConfig, run_id: str, store_version: str, store_uri: str,
+             model_uri: str | None = None, model_id: str | None = None) -> str | None:
+    """Registers the run's logged model (`model_uri`, `model_id`: serving.pyfunc.log_model; else the run's
+    `model` artifact) as a version of `ctr` and points `challenger` at it. Returns the registered version, or
+    None if the registry is unreachable."""
 
     def do() -> str:
         from mlflow.exceptions import MlflowException
@@ -60,7 +62,7 @@ def register(config: PipelineConfig, run_id: str, store_version: str, store_uri:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         version = client.create_model_version(
-            REGISTERED_MODEL, source=f"runs:/{run_id}/model", run_id=run_id,
+            REGISTERED_MODEL, source=model_uri or f"runs:/{run_id}/model", run_id=run_id, model_id=model_id,
             tags={STORE_VERSION_TAG: store_version, STORE_URI_TAG: store_uri},
             description=f"model store version {store_version} ({store_uri})",
         ).version

@@ -22,6 +22,7 @@ RUN_KEY_TAG = "ctr.run_key"
 # overview (traces, prompts). These runs train models.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+PARENT_RUN_TAG = "mlflow.parentRunId"
 
 
 class Tracker:
@@ -29,12 +30,19 @@ class Tracker:
         self._strict = config.tracking.strict
         self._uri = config.tracking_uri
         self._experiment = config.tracking.experiment
-        self._artifact_root = (config.paths.root / "mlflow" / "artifacts").as_uri()
+        # A local store keeps artifacts beside its database; a tracking server chooses (the stack's proxies them
+        # to S3 through `mlflow-artifacts:/`), so experiments made through it get no location of ours.
+        local = not config.tracking_uri.startswith(("http://", "https://"))
+        self._artifact_root = (config.paths.root / "mlflow" / "artifacts").as_uri() if local else None
         self._run_key = run_key
         self._run_name = run_name
         self._tags = dict(tags)
         self._client = None
         self.run_id: str | None = None
+
+    def guard(self, what: str, fn, *args, **kwargs):
+        """Runs `fn`, the way every tracking call runs: a failure is logged and None returned, unless strict."""
+        return self._guard(what, fn, *args, **kwargs)
 
     def _guard(self, what: str, fn, *args, **kwargs):
         try:
@@ -72,6 +80,20 @@ class Tracker:
                                     tags={RUN_KEY_TAG: self._run_key, **self._tags})
             self.run_id = run.info.run_id
         return self.run_id
+
+    def nest_under(self, run_key: str) -> str | None:
+        """Groups this run under the run of `run_key` (MLflow's parent run: the UI lists it beneath), if that run
+        exists. Returns the parent's run id."""
+        def do() -> str | None:
+            experiment = self._client.get_run(self.run_id).info.experiment_id
+            found = self._client.search_runs([experiment], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+                                             max_results=1)
+            if not found:
+                return None
+            self._client.set_tag(self.run_id, PARENT_RUN_TAG, found[0].info.run_id)
+            return found[0].info.run_id
+
+        return self._guard("nest_under", do) if self.run_id and run_key else None
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         def do() -> None:
@@ -115,6 +137,28 @@ class Tracker:
         if self.run_id:
             for k, v in tags.items():
                 self._guard("set_tag", self._client.set_tag, self.run_id, k, str(v))
+
+    def log_dataset(self, name: str, manifest_path: str | Path, context: str, span: Mapping[str, Any],
+                    profile: Mapping[str, Any]) -> None:
+        """Logs a written dataset as a run input (MLflow's Dataset column): its digest is the sha256 of its
+        manifest (which names every file with its sha256), its source the directory and the data span it holds,
+        `context` "training" or "evaluation"."""
+        def do() -> None:
+            import hashlib
+            import json
+
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+            path = Path(manifest_path)
+            sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+            dataset = Dataset(name=name, digest=sha256[:36], source_type="local",
+                              source=json.dumps({"uri": path.parent.as_uri(), **span}),
+                              profile=json.dumps({**profile, "manifest_sha256": sha256}))
+            self._client.log_inputs(self.run_id, datasets=[DatasetInput(
+                dataset, tags=[InputTag("mlflow.data.context", context)])])
+
+        if self.run_id:
+            self._guard("log_inputs", do)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if not self.run_id:

@@ -168,6 +168,11 @@ def samples(ctx: RunContext) -> dict:
         seconds = time.monotonic() - started
         rows = manifest["row_counts"]["rows"]
         ctx.tracker.log_artifact(directory / "manifest.json", f"manifests/samples_{split}")
+        ctx.tracker.log_dataset(f"samples_{split}", directory / "manifest.json",
+                                "training" if split == "train" else "evaluation",
+                                {"start": minutes[0].isoformat(), "end": (minutes[-1] + timedelta(minutes=1))
+                                 .isoformat(), "minutes": len(minutes)},
+                                {"rows": rows, "shards": len(manifest["shards"]), "spec": ctx.spec.name})
         ctx.tracker.log_metrics({f"samples.{split}_rows": rows, f"samples.{split}_seconds": seconds})
         ctx.progress("samples: %s split, %d rows in %d TFRecord shards, %.0f s", split, rows,
                      len(manifest["shards"]), seconds)
@@ -339,6 +344,22 @@ def model_version(ctx: RunContext) -> str:
     return f"{ctx.interval.end:%Y%m%d%H%M}"
 
 
+def example_rows(ctx: RunContext, count: int = 5) -> list[dict]:
+    """A few raw rows of the run's first minute, as the instances a client would send (the logged model's
+    input example); none for event streams, whose rows are not requests."""
+    from components.validation import read_raw_slice
+
+    if ctx.config.features.source != "click_log":
+        return []
+    for minute in ctx.interval.minutes():
+        directory = ctx.layout.raw_minute_dir(minute)
+        parts = sorted(p for p in directory.glob("part-*")) if directory.is_dir() else []
+        if parts:
+            frame = read_raw_slice(parts[0], minute, spec=ctx.spec).head(count)
+            return [ctx.spec.request_instance(row) for row in frame.to_dict("records")]
+    return []
+
+
 def export(ctx: RunContext) -> dict:
     import keras
 
@@ -373,12 +394,16 @@ def export(ctx: RunContext) -> dict:
     commit_dir(staging, directory)
     store = open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)
     uri = store.publish(MODEL_NAME, version, directory)
-    ctx.tracker.log_artifact(directory, "model")
     ctx.tracker.set_tags({"model.version": version, "model.uri": uri})
     if ctx.tracker.run_id:
         from components.registry import register
+        from serving.pyfunc import log_model
 
-        registered = register(ctx.config, ctx.tracker.run_id, version, uri)
+        logged = ctx.tracker.guard("log_model", log_model, ctx.tracker.run_id, ctx.config.tracking_uri, directory,
+                                   example_rows(ctx))
+        registered = register(ctx.config, ctx.tracker.run_id, version, uri,
+                              model_uri=logged.model_uri if logged else None,
+                              model_id=logged.model_id if logged else None)
         if registered:
             ctx.tracker.set_tags({"model.registered_version": registered})
     ctx.tracker.end("FINISHED")

@@ -175,6 +175,7 @@ def plan(ctx: RunContext) -> dict:
     write_json_atomic(_dir(ctx) / PLAN_FILE, plan.__dict__)
     ctx.tracker.set_tags({"ctr.parent_version": parent, "ctr.chain_root": plan.chain_root,
                           "ctr.daily_run": plan.daily_run_key})
+    ctx.tracker.nest_under(plan.daily_run_key)  # the MLflow UI lists a day's minute runs under its daily run
     ctx.tracker.log_metrics({"incremental.minutes": len(present), "incremental.skipped_minutes": len(skipped)})
     ctx.progress("plan: parent %s (chain %s); learning %d minute(s) %s..%s", parent, plan.chain_root,
                  len(present), plan.minutes[0], plan.minutes[-1])

@@ -72,7 +72,7 @@ def test_model_beats_chance_and_is_published(daily_run):
     assert manifest["kind"] == "full_model" and manifest["inputs"]["feature_state"].startswith("daily-")
 
 
-def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
+def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     config = daily_run["config"]
@@ -102,9 +102,18 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run):
     assert "embedding (CategoricalEmbedding)" in text and "Trainable params" in text
     history = client.get_metric_history(run.info.run_id, "train.examples_per_second")
     assert len(history) > 2 and all(point.value > 0 for point in history)
-    # The exported model is registered as ctr, from the run's model artifact, and is the challenger.
+    # The exported model is logged as an MLflow model (signature, input example of raw rows), registered as
+    # ctr from it, and is the challenger.
     (registered,) = client.search_model_versions("name='ctr'")
-    assert (registered.run_id, registered.source) == (run.info.run_id, f"runs:/{run.info.run_id}/model")
+    assert registered.run_id == run.info.run_id and registered.source.startswith("models:/")
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", config.tracking_uri)  # models:/ URIs resolve through it
+    info = mlflow.models.get_model_info(registered.source)
+    assert registered.source == f"models:/{info.model_id}" and info.run_id == run.info.run_id
+    inputs = {spec["name"]: spec["type"] for spec in info.signature.inputs.to_dict()}
+    assert (len(inputs), inputs["I1"], inputs["C1"]) == (39, "double", "string")
+    assert info.saved_input_example_info["type"] == "dataframe"
     assert registered.tags["ctr.store_version"] == "202601020000"
     aliases = {alias: str(version) for alias, version in client.get_registered_model("ctr").aliases.items()}
     assert aliases == {"challenger": str(registered.version)}  # champion: once promoted (ctr promote)

@@ -218,3 +218,18 @@ def test_an_unknown_preset_or_missing_file_says_what_exists():
         load_spec("kriteo")
     with pytest.raises(FeatureSpecError, match=r"the file 'nope.yaml' does not exist"):
         load_spec("nope.yaml")
+
+
+def test_a_raw_row_becomes_the_request_a_client_sends():
+    spec = spec_from_dict(_minimal(features=[
+        {"name": "user", "kind": "categorical", "dtype": "int"},
+        {"name": "price", "kind": "dense", "transform": "buckets", "num_buckets": 5},
+        {"name": "ts", "kind": "timestamp", "format": "unix_seconds", "derive": ["hour_of_day"]},
+        {"name": "tags", "kind": "multi_categorical", "separator": "|", "max_length": 2},
+        {"name": "history", "kind": "sequence", "separator": "^", "max_length": 3, "shares": "user"},
+    ]))
+    raw = {"clicked": "1", "user": "42", "price": "9.5", "ts": "1767225600", "tags": "a|b|c", "history": "7^8"}
+    assert spec.request_instance(raw) == {"user": "42", "price": 9.5, "ts": 1767225600, "tags": ["b", "c"],
+                                          "history": ["7", "8"]}
+    empty = spec.request_instance({"user": None, "price": float("nan"), "tags": "", "history": ["1", "2"]})
+    assert empty == {"user": None, "price": None, "ts": None, "tags": [], "history": ["1", "2"]}

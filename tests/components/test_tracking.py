@@ -171,3 +171,31 @@ def test_a_tracking_outage_raises_when_strict(tmp_path, case):
     config = _config(tmp_path, **{"tracking.tracking_uri": make_uri(tmp_path)})
     with pytest.raises(error, match=re.escape(message)):
         Tracker(config, RUN_KEY, "daily", {}).start()
+
+
+def test_a_written_dataset_is_a_run_input_with_its_manifests_digest_and_span(data_root, client, tmp_path):
+    import hashlib
+
+    tracker = Tracker(_config(data_root), "dataset-run", "dataset", {})
+    run_id = tracker.start()
+    manifest = tmp_path / "samples" / "train" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text('{"kind": "samples", "files": {"part-0.tfrecord": {"sha256": "ab"}}}')
+    tracker.log_dataset("samples_train", manifest, "training",
+                        {"start": "2026-01-01T00:00:00+00:00", "end": "2026-01-01T00:20:00+00:00", "minutes": 20},
+                        {"rows": 40000, "shards": 2})
+    (logged,) = client.get_run(run_id).inputs.dataset_inputs
+    sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert (logged.dataset.name, logged.dataset.digest) == ("samples_train", sha256[:36])
+    assert json.loads(logged.dataset.source) == {"uri": manifest.parent.as_uri(), "minutes": 20,
+                                                 "start": "2026-01-01T00:00:00+00:00",
+                                                 "end": "2026-01-01T00:20:00+00:00"}
+    assert json.loads(logged.dataset.profile) == {"rows": 40000, "shards": 2, "manifest_sha256": sha256}
+    assert [(t.key, t.value) for t in logged.tags] == [("mlflow.data.context", "training")]
+
+
+def test_experiments_made_through_a_tracking_server_keep_the_servers_artifact_location(tmp_path):
+    local = Tracker(_config(tmp_path), "k", "n", {})
+    remote = Tracker(_config(tmp_path, **{"tracking.tracking_uri": "http://127.0.0.1:5000"}), "k", "n", {})
+    assert local._artifact_root == (tmp_path / "mlflow" / "artifacts").as_uri()
+    assert remote._artifact_root is None  # the server's own (the stack's proxies artifacts to S3)

@@ -92,6 +92,23 @@ def test_each_minute_publishes_a_delta_on_the_previous_version(chain):
     assert chain["outputs"]["2026-01-01T00:11"]["publish"]["freshness_s"] > 0
 
 
+def test_minute_runs_are_tracked_under_their_daily_run(chain):
+    from mlflow.tracking import MlflowClient
+
+    from components.tracking import PARENT_RUN_TAG, RUN_KEY_TAG
+
+    client = MlflowClient(tracking_uri=chain["config"].tracking_uri)
+    experiment = client.get_experiment_by_name(chain["config"].tracking.experiment).experiment_id
+    runs = {r.data.tags[RUN_KEY_TAG]: r for r in client.search_runs([experiment])}
+    daily = runs["ctr_daily/test-daily"]
+    minutes = [r for key, r in runs.items() if key.startswith("ctr_incremental/")]
+    assert len(minutes) == 2
+    for run in minutes:
+        assert run.data.tags[PARENT_RUN_TAG] == daily.info.run_id
+        assert run.data.tags["ctr.daily_run"] == "ctr_daily/test-daily"
+        assert {"publish.freshness_s", "delta.bytes", "gate.passed", "incremental.minutes"} <= set(run.data.metrics)
+
+
 def test_serving_the_chain_answers_like_the_trainers_last_checkpoint(chain, tmp_path):
     columns = raw_columns(chain["layout"], "2026-01-01T00:15")
     watcher = ModelWatcher(chain["store"], "ctr", tmp_path / "cache", poll_seconds=60)

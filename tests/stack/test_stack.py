@@ -188,6 +188,18 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkey
         assert succeeded and set(succeeded) <= tracked, (dag_id, set(succeeded) - tracked)
     model = client.get_registered_model("ctr")
     assert "challenger" in model.aliases
+    # Artifacts went through the tracking server into S3, not onto the task's disk.
+    assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=env["CTR_S3_ENDPOINT_URL"], region_name=env["AWS_DEFAULT_REGION"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="mlflow")
+            for o in page.get("Contents", [])]
+    logged = [key for key in keys if "/models/" in key]  # the logged pyfunc model: MLmodel, signature, SavedModel
+    assert any(key.endswith("/MLmodel") for key in logged), keys[:20]
+    assert any(key.endswith("/manifest.json") for key in logged), logged[:20]
+    assert any(key.endswith("/plots/training_curve.png") for key in keys)
 
 
 def _instances(data_root: Path, minute: datetime, count: int) -> list[dict]:
