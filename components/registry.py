@@ -61,11 +61,14 @@ def register(config: PipelineConfig, run_id: str, store_version: str, store_uri:
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        version = client.create_model_version(
-            REGISTERED_MODEL, source=model_uri or f"runs:/{run_id}/model", run_id=run_id, model_id=model_id,
-            tags={STORE_VERSION_TAG: store_version, STORE_URI_TAG: store_uri},
-            description=f"model store version {store_version} ({store_uri})",
-        ).version
+        from components.tracking import using_tracking_uri
+
+        with using_tracking_uri(config.tracking_uri):  # a models:/ source is looked up through it
+            version = client.create_model_version(
+                REGISTERED_MODEL, source=model_uri or f"runs:/{run_id}/model", run_id=run_id, model_id=model_id,
+                tags={STORE_VERSION_TAG: store_version, STORE_URI_TAG: store_uri},
+                description=f"model store version {store_version} ({store_uri})",
+            ).version
         client.set_registered_model_alias(REGISTERED_MODEL, CHALLENGER, str(version))
         return str(version)
 

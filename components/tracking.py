@@ -7,10 +7,12 @@ is logged and the pipeline goes on, unless `tracking.strict` is set (tests set i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,24 @@ RUN_KEY_TAG = "ctr.run_key"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 PARENT_RUN_TAG = "mlflow.parentRunId"
+
+
+@contextlib.contextmanager
+def using_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (log_model) and the registry's resolution of `models:/` sources read the tracking URI
+    from a process-wide global and MLFLOW_TRACKING_URI. This points both at `uri` for the block and puts back
+    what was there, so the caller's process (and the config it reads from the environment) is left as it was."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        with _use_tracking_uri(uri):
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved
 
 
 class Tracker:

@@ -10,7 +10,6 @@ does, and the registry's versions point at a model MLflow can load.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +47,23 @@ def _plain(value: Any) -> Any:
 
 def signature(model: Any) -> Any:
     """An MLflow signature from the model's input specs: double for numbers, string for ids, an array of
-    strings for list features, long for the timestamp; every input optional (serving treats a missing one as
+    strings for list features, the timestamp as long (epoch formats) or string (strptime formats); every input
+    optional (serving treats a missing one as
     missing); one double output."""
     import tensorflow as tf
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import Array, ColSpec, DataType, Schema
 
+    declared = {entry.get("name"): entry for entry in model.manifest.get("feature_spec", {}).get("features", [])}
     columns = []
     for name, spec in model.input_specs.items():
         if spec.dtype == tf.string and spec.shape.rank == 2:
             kind: Any = Array(DataType.string)
         elif spec.dtype == tf.string:
             kind = DataType.string
-        elif spec.dtype == tf.int64:
-            kind = DataType.long
+        elif spec.dtype == tf.int64:  # the timestamp, as the spec's raw format writes it
+            numeric = declared.get(name, {}).get("format", "unix_seconds") in ("unix_seconds", "unix_millis")
+            kind = DataType.long if numeric else DataType.string
         else:
             kind = DataType.double
         columns.append(ColSpec(kind, name, required=False))
@@ -79,19 +81,10 @@ def log_model(run_id: str, tracking_uri: str, directory: Path, example_rows: lis
     example = pd.DataFrame([{name: row.get(name) for name in loaded.input_specs} for row in example_rows]) \
         if example_rows else None
     root = Path(__file__).resolve().parent.parent
-    # MLflow's fluent API logs models; it reads its tracking URI from a global and sets MLFLOW_TRACKING_URI in
-    # the environment. Both are put back, so the caller's process (and its config) is left as it was.
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+    from components.tracking import using_tracking_uri
 
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
-    try:
-        with _use_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id):
-            return _log(root, directory, loaded, example)
-    finally:
-        if saved is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved
+    with using_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id):
+        return _log(root, directory, loaded, example)
 
 
 def _log(root: Path, directory: Path, loaded: Any, example: pd.DataFrame | None) -> Any:
