@@ -21,7 +21,10 @@ from components.config import PipelineConfig
 log = logging.getLogger(__name__)
 RUN_KEY_TAG = "ctr.run_key"
 # The MLflow UI opens an experiment on the view its kind names; without it, MLflow 3 opens on the GenAI
-# overview (traces, prompts). These runs train models.
+# overview (traces, prompts). These runs train models. MLflow 3.17's UI also keeps a browser-wide mode (GenAI or
+# model training, GenAI on a fresh browser) that the tag does not override: links into the UI carry
+# `UI_TRAINING_VIEW`, which switches it.
+UI_TRAINING_VIEW = "#/experiments?workflowType=machine_learning"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 PARENT_RUN_TAG = "mlflow.parentRunId"

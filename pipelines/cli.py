@@ -235,12 +235,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
               f"{config.paths.root / 'airflow' / 'simple_auth_manager_passwords.json.generated'})", flush=True)
         return subprocess.call([sys.executable, "-m", "airflow", "standalone"], env=env)
     port = str(args.port or 5000)
-    print(f"MLflow UI on http://localhost:{port} ({config.tracking_uri})", flush=True)
+    from components.tracking import UI_TRAINING_VIEW
+
+    print(f"MLflow UI on http://localhost:{port}/{UI_TRAINING_VIEW} ({config.tracking_uri})", flush=True)
     return subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", config.tracking_uri,
                             "--host", "127.0.0.1", "--port", port])
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
+    from components.tracking import UI_TRAINING_VIEW
     from pipelines import stack
 
     settings = stack.load_settings(create_secrets=args.action == "up", require_secrets=args.action == "env")
@@ -250,7 +253,8 @@ def cmd_stack(args: argparse.Namespace) -> int:
         stack.up(settings, say=lambda line: print(f"  {line}", flush=True))
         print(stack.format_status(stack.status(settings)))
         print(f"Airflow UI {settings.url('AIRFLOW_API_PORT')} (user {settings.secrets['_AIRFLOW_WWW_USER_USERNAME']}), "
-              f"MLflow UI {settings.url('MLFLOW_PORT')} (user {settings.secrets['MLFLOW_TRACKING_USERNAME']}); "
+              f"MLflow UI {settings.url('MLFLOW_PORT')}/{UI_TRAINING_VIEW} (user "
+              f"{settings.secrets['MLFLOW_TRACKING_USERNAME']}); "
               f"passwords in {settings.values['CTR_STACK_SECRETS']}. Use it from a shell: eval \"$(ctr stack env)\"")
     elif args.action == "down":
         stack.down(settings, say=lambda line: print(f"  {line}", flush=True))

@@ -145,8 +145,10 @@ def main() -> int:
           f"'{{\"instances\": [{json.dumps({k: instance[k] for k in ('I1', 'I2', 'C1', 'C2')})}]}}'")
     print(f"\n  finished in {time.monotonic() - started:.0f} s. Look closer:")
     print("    make airflow-ui     # Airflow UI on http://localhost:8080 (ctr_daily and its run)")
-    print("    make mlflow-ui      # MLflow UI on http://localhost:5000 "
-          "(experiment 'ctr': params, metrics, plots, model)")
+    from components.tracking import UI_TRAINING_VIEW
+
+    print(f"    make mlflow-ui      # MLflow UI on http://localhost:5000/{UI_TRAINING_VIEW} "
+          "(experiment 'ctr': params, metrics, plots, datasets, the registered model)")
     print("    make serve          # serve the newest model on http://127.0.0.1:8501")
     return 0
 
