@@ -656,9 +656,12 @@ def _migrate_airflow(settings: StackSettings, say: Callable[[str], None]) -> Non
 
 def down(settings: StackSettings, say: Callable[[str], None] = print) -> None:
     """Stops what `up` started, in reverse order (S3 last, after its final snapshot)."""
-    for service in reversed(services(settings)):
-        if _pid_file(settings, service.name).exists():
-            say(f"{service.name}: {_stop(settings, service.name)}")
+    known = [service.name for service in services(settings)]
+    recorded = sorted(path.stem for path in (settings.home / "run").glob("*.json")) \
+        if (settings.home / "run").is_dir() else []
+    # A service started under other settings (e.g. the worker, before AIRFLOW_EXECUTOR changed) stops first.
+    for name in [n for n in recorded if n not in known] + [n for n in reversed(known) if n in recorded]:
+        say(f"{name}: {_stop(settings, name)}")
 
 
 def status(settings: StackSettings) -> list[dict[str, str]]:

@@ -117,7 +117,9 @@ def test_down_stops_the_whole_process_group_and_a_reused_pid_is_not_taken_for_th
         time.sleep(0.05)
     child = int(child_pid_file.read_text())
     assert stack.running_pid(settings, "sleeper") == pid
-    assert stack._stop(settings, "sleeper") == "stopped"
+    said = []
+    stack.down(settings, say=said.append)  # "sleeper" is no service of these settings: stopped all the same
+    assert said == ["sleeper: stopped"]
     assert stack.running_pid(settings, "sleeper") is None
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
     assert not (settings.home / "run" / "sleeper.json").exists()
