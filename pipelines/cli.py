@@ -379,23 +379,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What main says for each error the commands raise on bad input or an unreachable service, and its exit code.
+ERRORS = {ConfigError: ("configuration error", 2), ModelStoreError: ("model store", 1), StackError: ("stack", 1),
+          TriggerError: ("airflow", 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as err:
-        print(f"ctr: configuration error: {err}", file=sys.stderr)
-        return 2
-    except ModelStoreError as err:
-        print(f"ctr: model store: {err}", file=sys.stderr)
-        return 1
-    except StackError as err:
-        print(f"ctr: stack: {err}", file=sys.stderr)
-        return 1
-    except TriggerError as err:
-        print(f"ctr: airflow: {err}", file=sys.stderr)
-        return 1
+    except (ConfigError, ModelStoreError, StackError, TriggerError) as err:
+        what, code = next(entry for kind, entry in ERRORS.items() if isinstance(err, kind))
+        print(f"ctr: {what}: {err}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -203,15 +203,15 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkey
 
 
 def _instances(data_root: Path, minute: datetime, count: int) -> list[dict]:
-    """Prediction instances from the raw rows of one generated minute."""
+    """Prediction instances from the raw rows of one generated minute, as a client sends them."""
+    from components.config import load_config
     from components.layout import Layout
-    from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
     from components.validation import read_raw_slice
 
-    frame = read_raw_slice(Layout(data_root).raw_minute_dir(minute) / "part-00000.tsv").head(count)
-    return [{**{n: None if row[n] is None or row[n] != row[n] else float(row[n]) for n in DENSE_FEATURES},
-             **{n: row[n] if isinstance(row[n], str) else None for n in CATEGORICAL_FEATURES}}
-            for _, row in frame.iterrows()]
+    spec = load_config(environ={}).feature_spec
+    directory = Layout(data_root).raw_minute_dir(minute)
+    frame = read_raw_slice(next(directory.glob("part-*")), minute, spec=spec).head(count)
+    return [spec.request_instance(row) for row in frame.to_dict("records")]
 
 
 def _served(serving: str) -> dict | None:
