@@ -41,7 +41,7 @@ from components.config import load_config
 from components.layout import Layout
 from components.live_traffic import write_live_minute, write_live_minutes
 from components.model_store import open_model_store
-from pipelines.airflow_env import airflow_environment
+from pipelines.airflow_env import airflow_environment, prepare_database
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 DAG_ID = "ctr_incremental"
@@ -163,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         # production (ctr_incremental stays paused until the full model is published).
         print("[bench-freshness] Airflow (api-server, scheduler, dag-processor)", flush=True)
         airflow = [python, "-m", "airflow"]
-        subprocess.run([*airflow, "db", "migrate"], env=env, stdout=open(logs / "airflow-db.log", "wb"),
-                       stderr=subprocess.STDOUT, check=True)
+        prepare_database(env, logs / "airflow-db.log")
         for component in (["api-server", "--port", str(api_port)], ["scheduler"], ["dag-processor"]):
             processes.start(f"airflow-{component[0]}", [*airflow, *component], env)
         print(f"[bench-freshness] daily full model on {history[0]:%H:%M}-{first_live:%H:%M}", flush=True)

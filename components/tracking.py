@@ -24,6 +24,8 @@ RUN_KEY_TAG = "ctr.run_key"
 # overview (traces, prompts). These runs train models. MLflow 3.17's UI also keeps a browser-wide mode (GenAI or
 # model training, GenAI on a fresh browser) that the tag does not override: links into the UI carry
 # `UI_TRAINING_VIEW`, which switches it.
+# Seconds between system-metric samples of a monitored step (Step.system_metrics).
+SYSTEM_METRICS_INTERVAL_S = 2.0
 UI_TRAINING_VIEW = "#/experiments?workflowType=machine_learning"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
@@ -199,6 +201,25 @@ class Tracker:
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         if self.run_id:
             self._guard("log_figure", self._client.log_figure, self.run_id, figure, artifact_file)
+
+    @contextlib.contextmanager
+    def system_metrics(self, interval_s: float = SYSTEM_METRICS_INTERVAL_S) -> Iterator[None]:
+        """MLflow's system metrics (system/cpu_utilization_percentage, memory, disk, network; GPU where there is
+        one) sampled every `interval_s` while the block runs, continuing the run's earlier samples."""
+        def start():
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s, samples_before_logging=1,
+                                           resume_logging=True, tracking_uri=self._uri)
+            monitor.start()
+            return monitor
+
+        monitor = self._guard("system metrics", start) if self.run_id else None
+        try:
+            yield
+        finally:
+            if monitor is not None:
+                self._guard("system metrics", monitor.finish)
 
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id:

@@ -38,3 +38,65 @@ def airflow_environment(config: PipelineConfig, base: dict[str, str] | None = No
     if config.spark.remote:
         env["SPARK_REMOTE"] = config.spark.remote
     return env
+
+
+def prepare_database(env: dict[str, str], log_path: Path, timeout_s: float = 900) -> None:
+    """`airflow db migrate`, then the pools the DAGs' tasks run in (a task in a pool that does not exist is never
+    scheduled). Raises RuntimeError naming the log on failure."""
+    import subprocess
+    import sys
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        for command in (["-m", "airflow", "db", "migrate"], ["-m", "pipelines.airflow_env", "pools"]):
+            done = subprocess.run([sys.executable, *command], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s, cwd=REPO_ROOT)
+            if done.returncode:
+                raise RuntimeError(f"`{' '.join(command[1:])}` failed (exit {done.returncode}); see {log_path}")
+
+
+def create_pools() -> list[str]:
+    """In a process configured for the metadata DB: creates or resizes POOLS. Returns their names."""
+    from airflow.models.pool import Pool
+
+    from pipelines.airflow_tasks import POOLS
+
+    for name, (slots, description) in POOLS.items():
+        Pool.create_or_update_pool(name=name, slots=slots, description=description, include_deferred=False)
+    return sorted(POOLS)
+
+
+def correct_test_run_start(dag_id: str, run_id: str | None = None) -> dict[str, str] | None:
+    """In a process configured for the metadata DB: sets the start of a run made by `airflow dags test` to its
+    first task's start. `dags test` records the run's logical date as its start (apache/airflow#66127, open), so
+    the UI would show a day's run of 2026-01-01 lasting from then until now. Returns the run's new bounds."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunTriggeredByType
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        query = select(DagRun).where(DagRun.dag_id == dag_id, DagRun.triggered_by == DagRunTriggeredByType.TEST)
+        if run_id:
+            query = query.where(DagRun.run_id == run_id)
+        run = session.scalars(query.order_by(DagRun.id.desc()).limit(1)).first()
+        if run is None:
+            return None
+        first = session.scalar(select(func.min(TaskInstance.start_date)).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run.run_id))
+        if first is not None and (run.start_date is None or run.start_date < first):
+            run.start_date = first
+        return {"run_id": run.run_id, "start_date": str(run.start_date), "end_date": str(run.end_date)}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if sys.argv[1:2] == ["pools"]:
+        print(f"pools: {create_pools()}")
+    elif sys.argv[1:2] == ["correct-test-run-start"]:
+        print(json.dumps(correct_test_run_start(*sys.argv[2:4])))
+    else:
+        sys.exit("usage: python -m pipelines.airflow_env pools | correct-test-run-start DAG_ID [RUN_ID]")

@@ -233,6 +233,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         env = airflow_environment(config, api_port=args.port or 8080)
         print(f"Airflow UI on http://localhost:{args.port or 8080} (admin password: "
               f"{config.paths.root / 'airflow' / 'simple_auth_manager_passwords.json.generated'})", flush=True)
+        from pipelines.airflow_env import prepare_database
+
+        prepare_database(env, config.paths.root / "airflow" / "prepare.log")
         return subprocess.call([sys.executable, "-m", "airflow", "standalone"], env=env)
     port = str(args.port or 5000)
     from components.tracking import UI_TRAINING_VIEW

@@ -21,6 +21,17 @@ class Step:
     # The steps this one needs, by name; None: the step before it. Steps that need the same steps and not each
     # other run side by side in Airflow; the CLI runs every step in order.
     upstream: tuple[str, ...] | None = None
+    # A sensor's `run` answers whether what the run waits for is there (True) or not yet (False), and raises once
+    # waiting longer is pointless. Airflow pokes it in reschedule mode (no worker slot held while it waits);
+    # the CLI polls it.
+    sensor: bool = False
+    # Airflow only: the pool of the task (POOLS in pipelines/airflow_tasks.py), and the assets it reads and
+    # produces (ASSETS there) by name.
+    pool: str | None = None
+    inlets: tuple[str, ...] = ()
+    outlets: tuple[str, ...] = ()
+    # MLflow system metrics (CPU, memory, disk, network, GPU) are sampled on the run while the step runs.
+    system_metrics: bool = False
 
 
 @dataclass

@@ -43,7 +43,7 @@ def _input_frame(ctx: RunContext, minutes):
 
 
 def validate(ctx: RunContext) -> dict:
-    from components.validation import DataValidationError, validate_interval
+    from components.validation import DATA_DOCS, DataValidationError, validate_interval
 
     minutes = list(ctx.interval.minutes())
     ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
@@ -57,13 +57,16 @@ def validate(ctx: RunContext) -> dict:
         report_path = ctx.layout.validation_report(ctx.interval, "report" if dataset is click_log else dataset.name)
         prefix = "validation" if dataset is click_log else f"validation.{dataset.name}"
         try:
-            report = validate_interval(ctx.layout, minutes, report_path, dataset=dataset)
+            report = validate_interval(ctx.layout, minutes, report_path, dataset=dataset,
+                                       docs_dir=report_path.parent / DATA_DOCS)
         except DataValidationError as err:  # the other streams are still validated; the run fails below
             errors.append(str(err))
             report = json.loads(report_path.read_text()) if report_path.exists() else None
         finally:
             if report_path.exists():
                 tracker.log_artifact(report_path, "validation")
+            if (report_path.parent / DATA_DOCS).is_dir():  # great-expectations' HTML, shown by the MLflow UI
+                tracker.log_artifact(report_path.parent / DATA_DOCS, f"validation/{DATA_DOCS}")
         if report is None:
             continue
         tracker.log_metrics({f"{prefix}.slices_passed": report["num_passed"],
@@ -412,13 +415,18 @@ def export(ctx: RunContext) -> dict:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("validate", "great-expectations validation of the raw minute slices; bad slices quarantined", validate),
-    Step("join", "Spark: impressions x clicks in the attribution window, behaviour sequences (events only)", join),
-    Step("features", "Spark: vocabularies with min-count admission and dense transforms", features),
-    Step("samples", "Spark: block TFRecords for the train and eval splits", samples),
-    Step("train", "Keras 3 training from block TFRecords", train),
+    Step("validate", "great-expectations validation of the raw minute slices; bad slices quarantined", validate,
+         inlets=("raw_minutes",)),
+    Step("join", "Spark: impressions x clicks in the attribution window, behaviour sequences (events only)", join,
+         pool="spark", inlets=("raw_minutes",)),
+    Step("features", "Spark: vocabularies with min-count admission and dense transforms", features, pool="spark",
+         inlets=("raw_minutes",)),
+    Step("samples", "Spark: block TFRecords for the train and eval splits", samples, pool="spark",
+         inlets=("raw_minutes",)),
+    Step("train", "Keras 3 training from block TFRecords", train, pool="training",
+         system_metrics=True),
     Step("evaluate", "AUC, logloss and calibration on the held-out later slice; quality gate", evaluate),
-    Step("export", "SavedModel on raw features, published to the model store", export),
+    Step("export", "SavedModel on raw features, published to the model store", export, outlets=("model",)),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 RETRIES_DELAY = timedelta(minutes=1)

@@ -119,6 +119,26 @@ def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]
     return state
 
 
+def data_ready(ctx: RunContext, now: datetime | None = None) -> bool:
+    """Sensor: is this run's minute complete (its partition's completion marker written)? A minute already in
+    quarantine also ends the wait (plan says why nothing trains on it). Waiting ends
+    `incremental.wait_for_data_s` after the minute closed: past that the data is late, and the run fails (its
+    retries ask again)."""
+    if ctx.source.ready(ctx.layout, ctx.interval.start):
+        return True
+    from components.validation import quarantined
+
+    if quarantined(ctx.layout, ctx.source.datasets(ctx.spec)[0], ctx.interval.start):
+        return True
+    waited = ((now or datetime.now(UTC)) - ctx.interval.end).total_seconds()
+    if waited > ctx.config.incremental.wait_for_data_s:
+        raise RuntimeError(f"the {ctx.source.name} data of minute {ctx.interval.start.isoformat()} is not complete "
+                           f"{waited:.0f} s after the minute closed (incremental.wait_for_data_s = "
+                           f"{ctx.config.incremental.wait_for_data_s:.0f}): no completion marker under "
+                           f"{ctx.layout.raw_minute_dir(ctx.interval.start).parent}")
+    return False
+
+
 def plan(ctx: RunContext) -> dict:
     """Plans the run: its parent model and the minutes to learn (those whose raw slices are there and whose
     labels are final)."""
@@ -146,9 +166,6 @@ def plan(ctx: RunContext) -> dict:
     if skipped:
         ctx.progress("plan: catch_up=latest_only: skipping %d missed minutes %s..%s", len(skipped),
                      skipped[0].isoformat(), skipped[-1].isoformat())
-    deadline = time.monotonic() + config.wait_for_data_s
-    while not ctx.source.ready(ctx.layout, ctx.interval.start) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the minute's partition is written right after the minute closes
     present = [m for m in wanted if ctx.source.has_data(ctx.layout, ctx.spec, m)]
     from components.validation import DataValidationError, quarantined
 
@@ -158,8 +175,8 @@ def plan(ctx: RunContext) -> dict:
             f"the raw slice of minute {target.isoformat()} failed validation earlier and is in {moved} with "
             "its report; nothing trains on it. The next minute's run learns the minutes around it")
     if target not in present:
-        raise RuntimeError(f"the {ctx.source.name} data of minute {target.isoformat()} is not there after waiting "
-                           f"{config.wait_for_data_s:.0f} s (incremental.wait_for_data_s); the task retries")
+        raise RuntimeError(f"the {ctx.source.name} data of minute {target.isoformat()} is not there; run the "
+                           "wait_for_data step first, which waits for it")
     if delay:
         ctx.progress("plan: labels are final %d minute(s) after their impressions (the attribution window): "
                      "this run learns up to %s", delay.total_seconds() // 60, learn_end.isoformat())
@@ -185,7 +202,7 @@ def plan(ctx: RunContext) -> dict:
 def validate(ctx: RunContext) -> dict:
     """Validates the planned minutes' raw slices. One that fails is quarantined (raw data kept, with its
     report) and fails the run: training waits for this step, so nothing trains on it."""
-    from components.validation import validate_interval
+    from components.validation import DATA_DOCS, validate_interval
 
     plan = read_plan(ctx)
     # The rows' dataset (the click log; the impressions) on the planned minutes; any other (the clicks) from
@@ -196,8 +213,14 @@ def validate(ctx: RunContext) -> dict:
     for index, dataset in enumerate(ctx.source.datasets(ctx.spec)):
         minutes = planned if index == 0 else labelling
         report_path = ctx.layout.validation_report(ctx.interval, "report" if index == 0 else dataset.name)
-        reports.append(validate_interval(ctx.layout, minutes, report_path, dataset=dataset))
-        ctx.tracker.log_artifact(report_path, "validation")
+        try:
+            reports.append(validate_interval(ctx.layout, minutes, report_path, dataset=dataset,
+                                             docs_dir=report_path.parent / DATA_DOCS))
+        finally:  # a quarantined slice's report and Data Docs page are what a person opens first
+            if report_path.exists():
+                ctx.tracker.log_artifact(report_path, "validation")
+            if (report_path.parent / DATA_DOCS).is_dir():
+                ctx.tracker.log_artifact(report_path.parent / DATA_DOCS, f"validation/{DATA_DOCS}")
     report = reports[0]  # the dataset that holds the rows (the click log; the impressions)
     missing = [m for m in plan.minutes if m not in {p["minute"] for p in report["passed"]}]
     if missing:  # moved away between planning and now (quarantined by another run, or deleted)
@@ -448,15 +471,19 @@ def _log_freshness_plot(ctx: RunContext, history: dict[str, Any]) -> None:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("plan", "the parent model and the minutes to learn (waits for this minute's raw slice)", plan),
+    Step("wait_for_data", "sensor: this minute's raw partition complete (its completion marker)", data_ready,
+         sensor=True, inlets=("raw_minutes",)),
+    Step("plan", "the parent model and the minutes to learn", plan),
     Step("validate", "great-expectations on the planned raw slices; a failing one is quarantined", validate,
-         upstream=("plan",)),
+         upstream=("plan",), inlets=("raw_minutes",)),
     Step("samples", "Spark: the minutes folded into the parent's vocabularies (no table grows), then block "
-                    "TFRecords of training and held-out rows", samples, upstream=("plan",)),
+                    "TFRecords of training and held-out rows", samples, upstream=("plan",), pool="spark",
+         inlets=("raw_minutes",)),
     Step("train", "warm-start training from the parent checkpoint; holdout logloss of parent and child", train,
-         upstream=("validate", "samples")),
+         upstream=("validate", "samples"), pool="training", system_metrics=True),
     Step("export_delta", "the rows that changed, new vocabulary entries, dense weights, with a manifest", export_delta),
     Step("gate", "finite values, embedding norms, holdout logloss vs the parent", gate),
-    Step("publish", "the delta into the model store (objects first, manifest last); freshness", publish),
+    Step("publish", "the delta into the model store (objects first, manifest last); freshness", publish,
+         outlets=("model",)),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)

@@ -46,7 +46,13 @@ def run_steps(ctx: RunContext, steps: Sequence[Step]) -> dict[str, Any]:
         started = time.monotonic()
         ctx.progress("step %s started: %s", step.name, step.description)
         try:
-            outputs[step.name] = step.run(ctx)
+            if step.sensor:
+                outputs[step.name] = _poll(ctx, step)
+            elif step.system_metrics:
+                with ctx.tracker.system_metrics():
+                    outputs[step.name] = step.run(ctx)
+            else:
+                outputs[step.name] = step.run(ctx)
         except Exception:
             ctx.progress("step %s FAILED after %.0f s", step.name, time.monotonic() - started)
             ctx.tracker.end("FAILED")
@@ -55,21 +61,40 @@ def run_steps(ctx: RunContext, steps: Sequence[Step]) -> dict[str, Any]:
     return outputs
 
 
-def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
-                     environ: Mapping[str, str] | None = None) -> Any:
-    """Entry point of an Airflow task: interval, run id and param overrides come from the task context."""
-    params = context.get("params") or {}
-    overrides = dict(params.get("config") or {})
+SENSOR_POLL_S = 0.2
+
+
+def _poll(ctx: RunContext, step: Step) -> bool:
+    """A sensor step outside Airflow: asked until it answers True (it raises when waiting is pointless)."""
+    while not step.run(ctx):
+        time.sleep(SENSOR_POLL_S)
+    return True
+
+
+def airflow_run_context(pipeline: str, context: Mapping[str, Any],
+                        environ: Mapping[str, str] | None = None) -> RunContext:
+    """The run an Airflow task belongs to: interval, run id and the params' config overrides from its context."""
+    from pipelines.run_params import fields_for, overrides_from_params
+
+    overrides = overrides_from_params(context.get("params") or {}, fields_for(pipeline))
     config: PipelineConfig = load_config(overrides=overrides, environ=environ)
     start: datetime = context["data_interval_start"]
     end: datetime = context["data_interval_end"]
     dag_run = context.get("dag_run")
-    ctx = RunContext(
+    return RunContext(
         config=config,
         interval=Interval(start, end),
         pipeline=pipeline,
         run_id=context["run_id"],
         dag_id=getattr(dag_run, "dag_id", "") or f"ctr_{pipeline}",
     )
+
+
+def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
+                     environ: Mapping[str, str] | None = None) -> Any:
+    """Entry point of an Airflow task. A sensor step is asked once (one poke) and its answer returned."""
+    ctx = airflow_run_context(pipeline, context, environ)
     (step,) = select_steps(pipeline, [step_name])
+    if step.sensor:
+        return bool(step.run(ctx))
     return run_steps(ctx, [step])[step_name]

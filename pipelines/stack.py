@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.config import PipelineConfig, load_config
-from pipelines.airflow_env import airflow_environment
+from pipelines.airflow_env import airflow_environment, prepare_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -645,13 +645,12 @@ def up(settings: StackSettings, say: Callable[[str], None] = print) -> None:
 
 
 def _migrate_airflow(settings: StackSettings, say: Callable[[str], None]) -> None:
-    say("airflow: db migrate")
+    say("airflow: db migrate, pools")
     log = settings.home / "logs" / "airflow-init.log"
-    with open(log, "ab") as out:
-        done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=airflow_stack_environment(
-            settings), stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    if done.returncode:
-        raise StackError(f"`airflow db migrate` failed; see {log}:\n{_log_tail(settings, 'airflow-init')}")
+    try:
+        prepare_database(airflow_stack_environment(settings), log)
+    except RuntimeError as err:
+        raise StackError(f"{err}:\n{_log_tail(settings, 'airflow-init')}") from err
 
 
 def down(settings: StackSettings, say: Callable[[str], None] = print) -> None:

@@ -96,17 +96,21 @@ def default_api_url(environ: Mapping[str, str] | None = None) -> str:
 def trigger_dag(config: PipelineConfig, dag_id: str, *, api_url: str, interval: Interval,
                 overrides: dict[str, Any] | None = None, environ: Mapping[str, str] | None = None,
                 unpause: bool = False) -> dict[str, Any]:
-    """Triggers `dag_id` for `interval` (trigger_interval), with config overrides as the run's `config` param;
+    """Triggers `dag_id` for `interval` (trigger_interval), with config overrides as the run's params (a key the
+    trigger form has a field for in that field, any other in the `config` object);
     with `unpause`, unpauses the DAG first (DAGs start paused, and a paused DAG's runs wait). Returns the created
     DAG run."""
     import httpx
 
+    from pipelines.run_params import fields_for, params_from_overrides
+
+    fields = fields_for(dag_id.removeprefix("ctr_")) if dag_id in ("ctr_daily", "ctr_incremental") else ()
     body = {
         "dag_run_id": f"manual__{interval.tag}__{datetime.now(UTC):%H%M%S}",
         "logical_date": interval.start.isoformat(),
         "data_interval_start": interval.start.isoformat(),
         "data_interval_end": interval.end.isoformat(),
-        "conf": {"config": overrides or {}},
+        "conf": params_from_overrides(overrides or {}, fields),
     }
     headers = {"Authorization": f"Bearer {api_token(config, api_url, environ)}"}
     try:

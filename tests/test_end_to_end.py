@@ -18,7 +18,8 @@ from components.layout import Layout
 from components.model_store import LocalModelStore
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
 from components.synthetic import generate
-from pipelines.airflow_env import airflow_environment
+from pipelines.airflow_env import airflow_environment, prepare_database
+from pipelines.run_params import DAILY, params_from_overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,16 +40,40 @@ def daily_run(tmp_path_factory):
     env = airflow_environment(config, base={"PATH": "/usr/bin:/bin", "HOME": str(root)})
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     airflow = [sys.executable, "-m", "airflow"]
-    migrate = subprocess.run([*airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
-    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    prepare_database(env, root / "airflow-db.log")
     listed = subprocess.run([*airflow, "dags", "list-import-errors", "-o", "json"], env=env, capture_output=True,
                             text=True, timeout=300)
     run = subprocess.run(
-        [*airflow, "dags", "test", "ctr_daily", DAY.end.isoformat(), "-c", json.dumps({"config": OVERRIDES})],
+        [*airflow, "dags", "test", "ctr_daily", DAY.end.isoformat(), "-c",
+         json.dumps(params_from_overrides(OVERRIDES, DAILY))],
         env=env, capture_output=True, text=True, timeout=1800,
     )
     (root / "dags-test.log").write_text(run.stdout + run.stderr)
-    return {"config": config, "root": root, "summary": summary, "run": run, "import_errors": listed}
+    corrected = subprocess.run([sys.executable, "-m", "pipelines.airflow_env", "correct-test-run-start", "ctr_daily"],
+                               env=env, capture_output=True, text=True, timeout=300)
+    metadata = subprocess.run([sys.executable, "-c", METADATA_PROBE], env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert metadata.returncode == 0, metadata.stderr[-3000:]
+    return {"config": config, "root": root, "summary": summary, "run": run, "import_errors": listed,
+            "corrected": corrected, "metadata": json.loads(metadata.stdout.strip().splitlines()[-1])}
+
+
+# What the Airflow UI shows of the run, read from its metadata DB.
+METADATA_PROBE = r"""
+import json
+from sqlalchemy import select
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.models.dagrun import DagRun
+from airflow.models.pool import Pool
+from airflow.utils.session import create_session
+with create_session() as session:
+    run = session.scalars(select(DagRun).where(DagRun.dag_id == "ctr_daily")).one()
+    events = [{"asset": e.asset.name, "task": e.source_task_id, "extra": e.extra}
+              for e in session.scalars(select(AssetEvent))]
+    pools = {p.pool: p.slots for p in session.scalars(select(Pool))}
+    print(json.dumps({"state": str(run.state), "duration_s": (run.end_date - run.start_date).total_seconds(),
+                      "conf": run.conf, "events": events, "pools": pools}))
+"""
 
 
 def test_dag_run_succeeds_through_airflow(daily_run):
@@ -58,6 +83,19 @@ def test_dag_run_succeeds_through_airflow(daily_run):
     for step in ("validate", "features", "samples", "train", "evaluate", "export"):
         assert f"step {step} done" in output, f"step {step} did not finish:\n{output[-5000:]}"
     assert "[]" in daily_run["import_errors"].stdout or daily_run["import_errors"].stdout.strip() == ""
+
+
+def test_airflow_shows_the_runs_real_duration_its_params_pools_and_the_model_asset(daily_run):
+    metadata = daily_run["metadata"]
+    assert daily_run["corrected"].returncode == 0, daily_run["corrected"].stderr[-2000:]
+    assert metadata["state"] == "success"
+    # `dags test` records the logical date (2026-01-02) as the start; corrected, the run lasts minutes, not months.
+    assert 0 < metadata["duration_s"] < 1800
+    assert metadata["conf"]["epochs"] == 2 and metadata["conf"]["config"]["features.num_shards"] == 2
+    assert metadata["pools"]["ctr_spark"] == 2 and metadata["pools"]["ctr_training"] == 2
+    (event,) = metadata["events"]
+    assert event["asset"] == "ctr_model" and event["task"] == "export"
+    assert event["extra"]["version"] == "202601020000" and event["extra"]["kind"] == "full"
 
 
 def test_model_beats_chance_and_is_published(daily_run):
@@ -97,6 +135,12 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run, m
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"validation", "manifests", "evaluation", "plots", "model", "feature_spec.json"} <= artifacts
     assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/training_curve.png"]
+    # great-expectations' Data Docs of the last validated slice, as HTML the MLflow UI shows.
+    (page,) = client.list_artifacts(run.info.run_id, "validation/data_docs")
+    assert page.path.endswith(".html") and page.file_size > 10_000
+    # The training step's system metrics, sampled while it ran.
+    assert run.data.metrics["system/cpu_utilization_percentage"] >= 0
+    assert run.data.metrics["system/system_memory_usage_megabytes"] > 0
     summary = client.download_artifacts(run.info.run_id, "model/model_summary.txt", str(daily_run["root"]))
     text = open(summary).read()
     assert "embedding (CategoricalEmbedding)" in text and "Trainable params" in text

@@ -16,6 +16,7 @@ from components.manifest import file_sha256
 from components.schema import NUM_RAW_FIELDS, RAW_COLUMNS
 from components.synthetic import RAW_FILE, SUCCESS_MARKER, generate
 from components.validation import (
+    DATA_DOCS,
     LINE_TERMINATED_COLUMN,
     NUM_FIELDS_COLUMN,
     SUITE_VERSION,
@@ -76,7 +77,7 @@ def quarantine_run(layout):
     interval = Interval(minute(2), minute(9))
     report_path = layout.validation_report(interval)
     with pytest.raises(DataValidationError) as raised:
-        validate_interval(layout, minutes, report_path)
+        validate_interval(layout, minutes, report_path, docs_dir=report_path.parent / DATA_DOCS)
     first_report = json.loads(report_path.read_text())
     return {
         "error": str(raised.value),
@@ -208,6 +209,18 @@ def test_truncated_line_is_reported_with_its_field_count(layout, quarantine_run)
     last_line_fields = damaged.split("\n")[-1].count("\t") + 1
     assert last_line_fields < 40
     assert failure["detail"] == f"1 of 200 rows unexpected, e.g. [{last_line_fields}]"
+
+
+def test_data_docs_pages_for_each_failed_slice_and_the_last_good_one(layout, quarantine_run):
+    docs = quarantine_run["report_path"].parent / DATA_DOCS
+    expected = [f"raw_click_log-{minute(i):%Y%m%dT%H%M}.html" for i in (2, 3, 4, 5, 6, 7)]
+    assert sorted(quarantine_run["first_report"]["data_docs"]) == sorted(expected)
+    assert sorted(p.name for p in docs.iterdir()) == sorted(expected)
+    failed = (docs / expected[1]).read_text()  # minute 3: a label of 2
+    assert "Expectation Validation Result" in failed and "fa-times text-danger" in failed
+    assert ">2<" in failed or "&#39;2&#39;" in failed or "'2'" in failed  # the unexpected value is shown
+    passed = (docs / expected[-1]).read_text()
+    assert "fa-times text-danger" not in passed and "fa-check-circle text-success" in passed
 
 
 def test_validate_interval_raises_naming_each_bad_slice(layout, quarantine_run):

@@ -33,6 +33,14 @@ for dag_id, dag in bag.dags.items():
         "retries": {t.task_id: t.retries for t in dag.tasks},
         "upstream": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
         "params": sorted(dag.params.keys()),
+        "schemas": {k: {**dag.params.get_param(k).schema, "description": dag.params.get_param(k).description}
+                    for k in dag.params.keys()},
+        "pools": {t.task_id: t.pool for t in dag.tasks},
+        "priority": {t.task_id: t.priority_weight for t in dag.tasks},
+        "modes": {t.task_id: getattr(t, "mode", None) for t in dag.tasks},
+        "inlets": {t.task_id: [a.name for a in t.inlets] for t in dag.tasks},
+        "outlets": {t.task_id: [a.name for a in t.outlets] for t in dag.tasks},
+        "failure_callbacks": sorted(t.task_id for t in dag.tasks if t.on_failure_callback),
     }
 print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": dags, "heavy": heavy,
                   "seconds": elapsed}))
@@ -76,10 +84,12 @@ def test_incremental_dag_runs_every_minute_one_at_a_time_over_the_minute_pipelin
     dag = parsed["dags"]["ctr_incremental"]
     assert sorted(dag["tasks"]) == sorted(INCREMENTAL_STEP_NAMES)
     # Validation and the Spark samples job run side by side after planning; training waits for both.
-    assert dag["upstream"] == {"plan": [], "validate": ["plan"], "samples": ["plan"],
-                               "train": ["samples", "validate"], "export_delta": ["train"],
+    assert dag["upstream"] == {"wait_for_data": [], "plan": ["wait_for_data"], "validate": ["plan"],
+                               "samples": ["plan"], "train": ["samples", "validate"], "export_delta": ["train"],
                                "gate": ["export_delta"], "publish": ["gate"]}
-    assert dag["tasks"][0] == "plan" and dag["tasks"][-3:] == ["export_delta", "gate", "publish"]
+    assert dag["tasks"][:2] == ["wait_for_data", "plan"] and dag["tasks"][-3:] == ["export_delta", "gate", "publish"]
+    # The wait for the minute's data is a sensor that frees its worker slot between pokes.
+    assert dag["modes"]["wait_for_data"] == "reschedule"
     assert dag["timetable"] == "CronDataIntervalTimetable"
     assert dag["max_active_runs"] == 1
     assert "config" in dag["params"]
@@ -94,3 +104,38 @@ def test_every_task_has_retries_and_every_dag_tags(parsed):
 
 def test_parsing_imports_no_heavy_library(parsed):
     assert parsed["heavy"] == []
+
+
+def test_trigger_form_has_typed_fields(parsed):
+    daily = parsed["dags"]["ctr_daily"]["schemas"]
+    assert daily["model"]["enum"] == [None, "dcnv2", "deepfm", "dien", "din", "dlrm", "wide_deep"]
+    assert daily["epochs"]["type"] == ["null", "integer"] and daily["epochs"]["minimum"] == 1
+    assert daily["learning_rate"]["type"] == ["null", "number"]
+    assert daily["spec"]["enum"] == [None, "avazu", "criteo", "events", "taobao"]
+    assert daily["source"]["enum"] == [None, "click_log", "events"]
+    assert "configured value (3)" in daily["epochs"]["description"]
+    assert daily["config"]["type"] == "object"
+    incremental = parsed["dags"]["ctr_incremental"]["schemas"]
+    assert incremental["catch_up"]["enum"] == [None, "in_order", "latest_only"]
+    assert incremental["epochs"]["type"] == ["null", "integer"]
+
+
+def test_spark_and_training_run_in_shared_pools_minute_tasks_first(parsed):
+    daily, minute = parsed["dags"]["ctr_daily"], parsed["dags"]["ctr_incremental"]
+    assert {t: p for t, p in daily["pools"].items() if p != "default_pool"} == {
+        "join": "ctr_spark", "features": "ctr_spark", "samples": "ctr_spark", "train": "ctr_training"}
+    assert {t: p for t, p in minute["pools"].items() if p != "default_pool"} == {
+        "samples": "ctr_spark", "train": "ctr_training"}
+    assert min(minute["priority"].values()) > max(daily["priority"].values())
+
+
+def test_published_models_are_assets_and_raw_minutes_inlets(parsed):
+    daily, minute = parsed["dags"]["ctr_daily"], parsed["dags"]["ctr_incremental"]
+    assert daily["outlets"]["export"] == ["ctr_model"] and minute["outlets"]["publish"] == ["ctr_model"]
+    assert sum(bool(v) for v in daily["outlets"].values()) == 1
+    assert "ctr_raw_minutes" in daily["inlets"]["validate"] and "ctr_raw_minutes" in minute["inlets"]["validate"]
+
+
+def test_every_task_reports_its_failure(parsed):
+    for dag in parsed["dags"].values():
+        assert dag["failure_callbacks"] == sorted(dag["tasks"])

@@ -3,19 +3,24 @@
 Brings the stack up on free ports, under its own home, PostgreSQL databases and Redis database; generates a
 small day; unpauses and triggers ctr_daily through Airflow's REST API and waits for it; checks that serving
 answers from the model in S3; lets the scheduler run ctr_incremental on live traffic for at least two minutes;
-checks that serving follows the deltas and that MLflow holds a run for every DAG run; then `ctr stack down`
+checks that serving follows the deltas and that MLflow holds a run for every DAG run; that every published model
+is an asset event of `ctr_model`; that the scheduled ctr_daily run of yesterday (no data: it fails at validate)
+marked its MLflow run FAILED and posted to the failure webhook (a server in this test); then `ctr stack down`
 and checks that nothing it started is left. About 7 minutes on 2 cores. Runs only when CTR_TEST_STACK=1
 (`make test-stack` sets it): it needs PostgreSQL and Redis on this machine and `tools/ensure_env.sh --stack`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import httpx
@@ -82,9 +87,29 @@ class Airflow:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def webhook():
+    """A webhook receiver: what the failure callbacks post."""
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/alerts", received
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, webhook):
     home = tmp_path_factory.mktemp("stack")
-    env = {**os.environ,
+    env = {**os.environ, "CTR_ALERT_WEBHOOK_URL": webhook[0],
            "CTR_STACK_HOME": str(home / "home"), "CTR_STACK_NAME": f"ctrtest{os.getpid()}",
            "CTR_STACK_SECRETS": str(home / "secrets.env"), "CTR_STACK_REDIS": "redis://127.0.0.1:6379/11",
            "SPARK_MASTER": "local[2]", "SPARK_DRIVER_MEMORY": "2g"}
@@ -109,7 +134,7 @@ def stack(tmp_path_factory):
             assert down.returncode == 0
 
 
-def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkeypatch):
+def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhook, monkeypatch):
     env = stack
     run_home = Path(env["CTR_STACK_HOME"])
     status = _ctr(env, "stack", "status")
@@ -135,7 +160,7 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkey
                          "--minutes", "20", "--rows-per-minute", "2000")
         assert generated.returncode == 0
         triggered = _ctr(env, "trigger", "daily", "--minute", day_end.strftime("%Y-%m-%dT%H:%M"), "--unpause",
-                         "--param", "train.epochs=1")
+                         "--param", "train.epochs=1", "--param", "features.num_shards=2")
         assert triggered.returncode == 0
         airflow = Airflow(env)
         daily_run = next(r for r in airflow.runs("ctr_daily") if r["run_type"] == "manual")
@@ -144,6 +169,8 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkey
             if airflow.get(f"dags/ctr_daily/dagRuns/{daily_run['dag_run_id']}")["state"] in ("success", "failed")
             else None), 480)
         assert state == "success", airflow.tasks("ctr_daily", daily_run["dag_run_id"])
+        # The trigger sent a typed field where the form has one, and the config object for the rest.
+        assert daily_run["conf"] == {"epochs": 1, "config": {"features.num_shards": "2"}}
         print(f"ctr_daily {daily_run['dag_run_id']}: success", flush=True)
 
         # Serving loads the full model from S3.
@@ -188,6 +215,27 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, monkey
         assert succeeded and set(succeeded) <= tracked, (dag_id, set(succeeded) - tracked)
     model = client.get_registered_model("ctr")
     assert "challenger" in model.aliases
+    (daily_mlflow,) = client.search_runs([experiment.experiment_id],
+                                         filter_string=f"tags.`airflow.run_id` = '{daily_run['dag_run_id']}'")
+    assert daily_mlflow.data.params["train.epochs"] == "1"
+
+    # Every published model is an asset event of ctr_model, with its version, so a DAG can be scheduled on it.
+    events = airflow.get("assets/events?limit=100")["asset_events"]
+    published = {(e["source_dag_id"], e["extra"].get("version"), e["extra"].get("kind")) for e in events
+                 if e["uri"] == "x-ctr://models/ctr"}
+    assert ("ctr_daily", daily_version, "full") in published, events[:3]
+    assert sum(1 for dag, _, kind in published if dag == "ctr_incremental" and kind == "delta") >= 2, published
+
+    # The scheduled run of yesterday has no data: it fails at validate, and its failure is reported.
+    failed = _wait("the scheduled ctr_daily run to fail", lambda: [
+        r for r in airflow.runs("ctr_daily") if r["run_type"] == "scheduled" and r["state"] == "failed"], 300)
+    alerts = _wait("the failure webhook", lambda: [m for m in webhook[1] if m["run_id"] == failed[0]["dag_run_id"]],
+                   60, 2)
+    assert alerts[0]["dag_id"] == "ctr_daily" and alerts[0]["task_id"] == "validate", alerts
+    (failed_mlflow,) = client.search_runs([experiment.experiment_id],
+                                          filter_string=f"tags.`airflow.run_id` = '{failed[0]['dag_run_id']}'")
+    assert failed_mlflow.info.status == "FAILED" and failed_mlflow.data.tags["ctr.failed_task"] == "validate"
+    assert alerts[0]["mlflow_run_id"] == failed_mlflow.info.run_id
     # Artifacts went through the tracking server into S3, not onto the task's disk.
     assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
     import boto3
@@ -220,3 +268,4 @@ def _served(serving: str) -> dict | None:
     except httpx.HTTPError:
         return None
     return response.json() if response.status_code == 200 else None
+
