@@ -243,6 +243,20 @@ def test_serving_reads_the_s3_model_store_that_minio_init_creates(services):
     assert {store_bucket, artifact_bucket} <= buckets
 
 
+def test_mlflow_needs_a_login_and_its_clients_have_one(services):
+    mlflow = services["mlflow"]
+    assert mlflow["command"] == ["mlflow-server.sh"]
+    script = (ROOT / "docker" / "mlflow-server.sh").read_text()
+    assert "--app-name basic-auth" in script and "MLFLOW_AUTH_CONFIG_PATH" in script
+    targets = [v["target"] if isinstance(v, dict) else v.split(":")[1] for v in mlflow["volumes"]]
+    assert "/var/lib/mlflow-auth" in targets
+    admin = (mlflow["environment"]["MLFLOW_AUTH_ADMIN_USERNAME"], mlflow["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"])
+    for name, service in services.items():
+        environment = service.get("environment") or {}
+        if environment.get("MLFLOW_TRACKING_URI"):
+            assert (environment["MLFLOW_TRACKING_USERNAME"], environment["MLFLOW_TRACKING_PASSWORD"]) == admin, name
+
+
 def test_an_empty_s3_endpoint_selects_aws(tmp_path_factory):
     services = resolved_config(tmp_path_factory, S3_ENDPOINT_URL="")["services"]
     assert services["serving"]["environment"]["CTR_S3_ENDPOINT_URL"] == ""
