@@ -4,6 +4,8 @@
 #   tools/ensure_env.sh            the environment of requirements.lock
 #   tools/ensure_env.sh --stack    the same, plus what `ctr stack` needs (docker/requirements-production.txt:
 #                                  PostgreSQL drivers and Celery, pinned against the lock, so nothing in it moves)
+#                                  and what `make test-stack`'s browser checks need (tools/requirements-browser.txt:
+#                                  Playwright; Debian's chromium package, installed with apt-get when missing)
 #
 # The environment is ~4 GB and takes ~5 minutes to install, so it lives outside the clone,
 # keyed by the hash of requirements.lock: every clone (and CI) with the same lock reuses it,
@@ -82,6 +84,22 @@ if [ "$with_stack" = 1 ]; then
     log "installing the stack's extras (docker/requirements-production.txt) into $venv"
     "$uv_bin" pip install -q -p "$venv/bin/python" --compile-bytecode -c "$lock" -r "$production" >&2
     touch "$stack_marker"
+  fi
+  browser="$root/tools/requirements-browser.txt"
+  browser_marker="$venv/.browser-$(sha256sum "$browser" | cut -c1-16)"
+  if [ ! -f "$browser_marker" ]; then
+    log "installing the browser checks' client (tools/requirements-browser.txt) into $venv"
+    "$uv_bin" pip install -q -p "$venv/bin/python" -r "$browser" >&2
+    touch "$browser_marker"
+  fi
+  if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "installing Debian's chromium (the browser checks' browser)"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get install -y -q chromium >&2 || { apt-get update -q >&2 && apt-get install -y -q chromium >&2; }
+    else
+      log "no chromium: the browser checks of make test-stack need it (sudo apt-get install chromium)"
+    fi
   fi
 fi
 

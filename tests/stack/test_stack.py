@@ -269,3 +269,85 @@ def _served(serving: str) -> dict | None:
         return None
     return response.json() if response.status_code == 200 else None
 
+
+ARTIFACTS = REPO / "var" / "test-artifacts" / "browser"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def test_the_airflow_and_mlflow_uis_show_the_runs_and_the_model(stack, monkeypatch):
+    """In headless Chromium (Debian's package, driven by Playwright), as a person would look: the Airflow UI after
+    its login shows ctr_daily's successful run and its tasks, and the trigger form's typed fields; the MLflow UI
+    shows the registered model with its `champion` alias (after `ctr promote`) and two runs compared. The
+    screenshots are kept in var/test-artifacts/browser/."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    env = stack
+    chromium = shutil.which("chromium")
+    assert chromium, "no chromium on PATH: `tools/ensure_env.sh --stack` installs Debian's package"
+    airflow = Airflow(env)
+    (daily,) = [r for r in airflow.runs("ctr_daily") if r["state"] == "success"]
+    version = _served(env["CTR_SERVING_URL"])["chain_root"] if _served(env["CTR_SERVING_URL"]) else None
+    assert version, "serving has no model"
+    promoted = _ctr(env, "promote", version)
+    assert promoted.returncode == 0
+
+    import mlflow
+
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(key, env[key])
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("ctr")
+    (daily_mlflow,) = client.search_runs([experiment.experiment_id],
+                                         filter_string=f"tags.`airflow.run_id` = '{daily['dag_run_id']}'")
+    minute_runs = client.search_runs([experiment.experiment_id], filter_string="tags.`ctr.pipeline` = 'incremental' "
+                                     "and attributes.status = 'FINISHED'", max_results=1)
+    compared = [daily_mlflow.info.run_id, minute_runs[0].info.run_id]
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    api, tracking = env["CTR_AIRFLOW_API_URL"], env["MLFLOW_TRACKING_URI"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+            page.goto(f"{api}/", wait_until="load")
+            page.fill("input[name=username]", env["_AIRFLOW_WWW_USER_USERNAME"])
+            page.fill("input[type=password]", env["_AIRFLOW_WWW_USER_PASSWORD"])
+            page.keyboard.press("Enter")
+            page.wait_for_url(lambda url: "/login" not in url, timeout=30_000)
+            page.goto(f"{api}/dags/ctr_daily/runs/{daily['dag_run_id']}", wait_until="load")
+            page.get_by_text("export", exact=True).first.wait_for(timeout=30_000)
+            page.get_by_text("success").first.wait_for(timeout=30_000)
+            for task in ("validate", "features", "samples", "train", "evaluate", "export"):
+                assert page.get_by_text(task, exact=True).count() >= 1, task
+            page.screenshot(path=str(ARTIFACTS / "airflow-ctr_daily-run.png"))
+            page.goto(f"{api}/dags/ctr_daily", wait_until="load")
+            page.get_by_role("button", name="Trigger").first.click()
+            form = page.get_by_role("dialog")
+            form.get_by_text("Trigger Dag - ctr_daily").wait_for(timeout=30_000)
+            for section in ("Training", "Data"):  # the form's sections open collapsed
+                form.get_by_text(section, exact=True).first.click()
+            form.get_by_text("Epochs", exact=True).first.wait_for(timeout=30_000)
+            for field in ("Model", "Learning rate", "Feature spec", "Source"):
+                assert form.get_by_text(field, exact=True).count() >= 1, field
+            assert form.get_by_text("Empty: the configured value (3).", exact=False).count() >= 1
+            page.screenshot(path=str(ARTIFACTS / "airflow-ctr_daily-trigger-form.png"))
+
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}, http_credentials={
+                "username": env["MLFLOW_TRACKING_USERNAME"], "password": env["MLFLOW_TRACKING_PASSWORD"]}).new_page()
+            page.goto(f"{tracking}/#/models/ctr", wait_until="load")
+            page.get_by_text("champion").first.wait_for(timeout=60_000)
+            assert page.get_by_text("challenger").count() >= 1
+            page.screenshot(path=str(ARTIFACTS / "mlflow-registered-model.png"))
+            runs = ",".join(f'"{r}"' for r in compared)
+            page.goto(f'{tracking}/#/compare-runs?runs=[{runs}]&experiments=["{experiment.experiment_id}"]',
+                      wait_until="load")
+            page.get_by_text(daily_mlflow.info.run_name).first.wait_for(timeout=60_000)
+            page.get_by_text(minute_runs[0].info.run_name).first.wait_for(timeout=60_000)
+            page.get_by_text("train.epochs").first.wait_for(timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "mlflow-compare-runs.png"), full_page=True)
+        finally:
+            browser.close()
+    print(f"screenshots: {sorted(p.name for p in ARTIFACTS.glob('*.png'))} in {ARTIFACTS}", flush=True)
