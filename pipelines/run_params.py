@@ -123,7 +123,7 @@ def airflow_params(fields: Sequence[RunParam], config: PipelineConfig) -> dict[s
     from airflow.sdk import Param
 
     params: dict[str, Any] = {p.name: Param(None, **schema(p, config)) for p in fields}
-    params[CONFIG_PARAM] = Param({}, type="object", title="Other config overrides", section="Advanced",
+    params[CONFIG_PARAM] = Param({}, type="object", title="Other config overrides", section="Other config keys",
                                  description="Any config key as {\"section.key\": value}, e.g. "
                                              "{\"features.num_shards\": 8}.")
     return params
