@@ -304,7 +304,10 @@ def load_config(
         path = Path(yaml_path)
         if not path.exists():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}  # safe: plain data only, no tags that build objects
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r} is not plain YAML data: {err}") from err
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(loaded).__name__}")
         for section, items in loaded.items():
