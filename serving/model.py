@@ -322,12 +322,32 @@ class LoadedModel:
         if unknown:
             raise InvalidInput(f"{where} has unknown features {unknown}; the model takes {self.input_names}")
 
+    @functools.cached_property
+    def input_groups(self) -> tuple[tuple[tf.DType, tuple[int, ...], tuple[str, ...]], ...]:
+        """The inputs grouped by dtype and shape per instance: each group becomes one tensor, split into its
+        inputs by one op (`tensors`)."""
+        groups: dict[tuple[tf.DType, tuple[int, ...]], list[str]] = {}
+        for name, spec in self.input_specs.items():
+            groups.setdefault((spec.dtype, tuple(spec.shape[1:])), []).append(name)
+        return tuple((dtype, tail, tuple(names)) for (dtype, tail), names in groups.items())
+
+    def tensors(self, columns: Mapping[str, Any], num_instances: int) -> dict[str, tf.Tensor]:
+        """The signature's input tensors from per-input arrays or lists. Each call into TensorFlow costs about
+        20 us whatever its size, so the inputs of one dtype and shape are stacked into one tensor and split by
+        one unstack: 4 calls instead of 39 for the criteo spec, about 0.5-0.9 ms less per request (measured on
+        100 instances). From numpy arrays: a list of Python strings takes tf.constant about ten times longer."""
+        tensors: dict[str, tf.Tensor] = {}
+        for dtype, tail, names in self.input_groups:
+            arrays = [_array(columns[name], self.input_specs[name]).reshape([num_instances, *tail]) for name in names]
+            if len(names) == 1:
+                tensors[names[0]] = tf.constant(arrays[0], dtype=dtype)
+                continue
+            stacked = tf.constant(np.stack(arrays, axis=1), dtype=dtype)
+            tensors.update(zip(names, tf.unstack(stacked, num=len(names), axis=1), strict=True))
+        return tensors
+
     def _run(self, columns: Mapping[str, Any], num_instances: int) -> np.ndarray:
-        # From numpy arrays: a list of Python strings takes tf.constant about ten times longer.
-        tensors = {
-            name: tf.constant(_array(columns[name], spec).reshape([num_instances, *spec.shape[1:]]), dtype=spec.dtype)
-            for name, spec in self.input_specs.items()
-        }
+        tensors = self.tensors(columns, num_instances)
         assert self.guard is not None
         with self.guard.reading(self.version):
             outputs = self.function(**tensors)
