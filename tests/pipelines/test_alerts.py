@@ -3,10 +3,7 @@ HTTP server here) gets a message; an unreachable webhook costs nothing but a war
 
 from __future__ import annotations
 
-import json
-import threading
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -16,26 +13,13 @@ from components.interval import Interval
 from pipelines.airflow_tasks import failure_callback
 from pipelines.alerts import WEBHOOK_VARIABLE, failure_message, record_failure
 from pipelines.context import RunContext
+from tests.webhook_receiver import webhook_receiver
 
 
 @pytest.fixture
 def webhook():
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", received
-    server.shutdown()
+    with webhook_receiver() as receiver:
+        yield receiver
 
 
 def test_failure_message_is_one_line_for_chat_and_fields_for_routing():

@@ -12,19 +12,18 @@ and checks that nothing it started is left. About 7 minutes on 2 cores. Runs onl
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.webhook_receiver import webhook_receiver
 
 pytestmark = [
     pytest.mark.stack,
@@ -89,21 +88,8 @@ class Airflow:
 @pytest.fixture(scope="module")
 def webhook():
     """A webhook receiver: what the failure callbacks post."""
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/alerts", received
-    server.shutdown()
+    with webhook_receiver(status=204) as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="module")
