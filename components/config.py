@@ -210,6 +210,15 @@ class TrackingConfig:
     experiment: str = "ctr"
     # Under pytest a tracking outage fails the run; elsewhere it is logged and the pipeline goes on.
     strict: bool = False
+    # A tracking server that does not answer costs a run seconds: a probe of `probe_timeout_s` before the first
+    # call, MLflow's HTTP calls retried `http_max_retries` times (MLflow's own default, 7 with backoff, spends
+    # about 4 minutes on a refused connection) with a `http_timeout_s` socket timeout. What could not be logged
+    # waits in <data_root>/mlflow/outbox and is delivered by the next run that reaches the server (spending at
+    # most `flush_budget_s` of its time on it) or by `ctr tracking flush`.
+    probe_timeout_s: float = 2.0
+    http_max_retries: int = 2
+    http_timeout_s: float = 30.0
+    flush_budget_s: float = 15.0
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ DESCRIPTION = ("CTR models published to the model store by the daily pipeline. A
 def _client(config: PipelineConfig) -> Any:
     from mlflow.tracking import MlflowClient
 
+    from components.tracking import apply_http_limits
+
+    if config.tracking_uri.startswith(("http://", "https://")):
+        apply_http_limits(config)
     return MlflowClient(tracking_uri=config.tracking_uri)
 
 

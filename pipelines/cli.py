@@ -13,6 +13,7 @@
     ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
     ctr airflow dags list             the Airflow CLI on the project's embedded settings
     ctr ui airflow | ctr ui mlflow    open the Airflow UI / the MLflow UI on this data
+    ctr tracking status | flush       tracking kept while the MLflow server was away; deliver it now
     ctr stack up | down | status | logs | env   the production topology as processes on this machine
 """
 
@@ -197,6 +198,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tracking(args: argparse.Namespace) -> int:
+    """What waits in the tracking outbox, and (flush) delivering it now rather than at the next run."""
+    from components.tracking import deliver_outbox, outbox_dir, server_answers
+    from components.tracking_outbox import Outbox
+
+    config = _config(args)
+    outbox = Outbox(outbox_dir(config))
+    runs, calls = outbox.count()
+    print(f"{calls} call(s) of {runs} run(s) wait in {outbox.directory} for {config.tracking_uri}")
+    if args.action == "status" or not runs:
+        return 0
+    if not server_answers(config.tracking_uri, config.tracking.probe_timeout_s):
+        print(f"ctr: tracking: nothing answers at {config.tracking_uri}; they stay where they are, and the next "
+              "run that reaches it delivers them", file=sys.stderr)
+        return 1
+    delivery = deliver_outbox(config)
+    print(f"delivered {delivery.calls} call(s); {delivery.runs} run(s) complete, {delivery.pending_runs} still "
+          "waiting")
+    return 0 if delivery.pending_runs == 0 else 1
+
+
 def cmd_spark_connect(args: argparse.Namespace) -> int:
     """A Spark Connect server in the foreground, for SPARK_REMOTE: per-minute jobs skip Spark's start-up."""
     import time
@@ -370,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("which", choices=["airflow", "mlflow"])
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("tracking", parents=[common], help="tracking calls kept while the MLflow server was away")
+    p.add_argument("action", choices=["status", "flush"], help="status: what waits; flush: deliver it now")
+    p.set_defaults(func=cmd_tracking)
 
     p = sub.add_parser("stack", help="the production topology (Airflow, MLflow, S3, Spark Connect, serving) as "
                                      "processes on this machine")

@@ -398,17 +398,7 @@ def export(ctx: RunContext) -> dict:
     store = open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)
     uri = store.publish(MODEL_NAME, version, directory)
     ctx.tracker.set_tags({"model.version": version, "model.uri": uri})
-    if ctx.tracker.run_id:
-        from components.registry import register
-        from serving.pyfunc import log_model
-
-        logged = ctx.tracker.guard("log_model", log_model, ctx.tracker.run_id, ctx.config.tracking_uri, directory,
-                                   example_rows(ctx))
-        registered = register(ctx.config, ctx.tracker.run_id, version, uri,
-                              model_uri=logged.model_uri if logged else None,
-                              model_id=logged.model_id if logged else None)
-        if registered:
-            ctx.tracker.set_tags({"model.registered_version": registered})
+    ctx.tracker.log_model(directory, version, uri, example_rows(ctx))
     ctx.tracker.end("FINISHED")
     ctx.progress("export: published model version %s to %s", version, uri)
     return {"version": version, "uri": uri}
