@@ -35,6 +35,7 @@ import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import StringConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -66,7 +67,20 @@ CLASSIFY_ENDPOINT = "classify"
 REGRESS_ENDPOINT = "regress"
 UNMATCHED_ENDPOINT = "unmatched"
 TIMED_ENDPOINTS = (PREDICT_ENDPOINT, CLASSIFY_ENDPOINT, REGRESS_ENDPOINT)
-_MODEL_PATHS = ("/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}")
+# A model name, version or label never holds ":" (as in TF Serving): it starts the verb. Without this,
+# GET /v1/models/ctr:predict would ask for the status of a model "ctr:predict" (404, not 405) and
+# POST /v1/models/ctr:explode would be a POST to that status (405, not 404).
+_MODEL_PATHS = ("/v1/models/{name:part}", "/v1/models/{name:part}/versions/{version:part}",
+                "/v1/models/{name:part}/labels/{label:part}")
+
+
+class PathPartConvertor(StringConvertor):
+    """`{param:part}`: a path segment without ":"."""
+
+    regex = "[^/:]+"
+
+
+register_url_convertor("part", PathPartConvertor())
 
 
 def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], float] = time.time,

@@ -272,6 +272,18 @@ def test_unknown_path_and_method_get_json_errors(client: TestClient) -> None:
     assert set(method.headers["allow"].split(", ")) == {"GET", "HEAD"}
 
 
+@pytest.mark.parametrize("prefix", ["/v1/models/ctr", "/v1/models/ctr/versions/1", "/v1/models/ctr/labels/stable"])
+def test_a_verb_is_never_read_as_part_of_a_model_name_version_or_label(client: TestClient, prefix: str) -> None:
+    get_predict = client.get(f"{prefix}:predict")
+    unknown_verb = client.post(f"{prefix}:explode", json={"instances": [{}]})
+
+    assert get_predict.status_code == 405
+    assert get_predict.json() == {"error": f"Method Not Allowed: GET {prefix}:predict"}
+    assert get_predict.headers["allow"] == "POST"
+    assert unknown_verb.status_code == 404
+    assert unknown_verb.json() == {"error": f"Not Found: POST {prefix}:explode"}
+
+
 def test_no_model_loaded_gets_503_everywhere() -> None:
     client = TestClient(create_app(FixedSource(None), CONFIG))
 
