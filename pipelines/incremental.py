@@ -53,6 +53,9 @@ class Plan:
     daily_run_key: str  # the MLflow/Airflow run that exported the chain's full model
     minutes: tuple[str, ...]  # ISO minutes with validated data, oldest first
     skipped_minutes: tuple[str, ...]  # missed minutes left out by catch_up = "latest_only"
+    # Earlier minutes whose data is there without its completion marker (a writer that did not finish): never
+    # learned, since their data may be partial.
+    incomplete_minutes: tuple[str, ...] = ()
 
     @property
     def data_span(self) -> dict[str, str]:
@@ -82,7 +85,8 @@ def read_plan(ctx: RunContext) -> Plan:
     if not path.is_file():
         raise RuntimeError(f"{path} is missing: run the validate step of {ctx.interval.tag} first")
     doc = json.loads(path.read_text())
-    return Plan(**{**doc, "minutes": tuple(doc["minutes"]), "skipped_minutes": tuple(doc["skipped_minutes"])})
+    return Plan(**{**doc, "minutes": tuple(doc["minutes"]), "skipped_minutes": tuple(doc["skipped_minutes"]),
+                   "incomplete_minutes": tuple(doc.get("incomplete_minutes", ()))})
 
 
 def resolve_parent(ctx: RunContext) -> tuple[str, dict[str, Any]]:
@@ -166,7 +170,13 @@ def plan(ctx: RunContext) -> dict:
     if skipped:
         ctx.progress("plan: catch_up=latest_only: skipping %d missed minutes %s..%s", len(skipped),
                      skipped[0].isoformat(), skipped[-1].isoformat())
-    present = [m for m in wanted if ctx.source.has_data(ctx.layout, ctx.spec, m)]
+    present, incomplete = [], []
+    for m in wanted:
+        if ctx.source.has_data(ctx.layout, ctx.spec, m):
+            (present if ctx.source.ready(ctx.layout, m) else incomplete).append(m)
+    if incomplete:
+        ctx.progress("plan: %d earlier minute(s) have data but no completion marker and are not learned: %s",
+                     len(incomplete), ", ".join(m.isoformat() for m in incomplete))
     from components.validation import DataValidationError, quarantined
 
     moved = quarantined(ctx.layout, ctx.source.datasets(ctx.spec)[0], target)
@@ -174,6 +184,14 @@ def plan(ctx: RunContext) -> dict:
         raise DataValidationError(
             f"the raw slice of minute {target.isoformat()} failed validation earlier and is in {moved} with "
             "its report; nothing trains on it. The next minute's run learns the minutes around it")
+    if target in incomplete:
+        raise RuntimeError(f"the {ctx.source.name} data of minute {target.isoformat()} has no completion marker: "
+                           "its writer did not finish, so it may be partial and is not learned; later runs skip it "
+                           "(their deltas list it under incomplete_minutes)")
+    if target not in present and ctx.source.ready(ctx.layout, target):
+        raise RuntimeError(f"minute {target.isoformat()} is marked complete but has no {ctx.source.name} data file "
+                           f"under {ctx.layout.root / 'raw'}: an empty partition, nothing to learn; "
+                           "the next minute's run goes on without it")
     if target not in present:
         raise RuntimeError(f"the {ctx.source.name} data of minute {target.isoformat()} is not there; run the "
                            "wait_for_data step first, which waits for it")
@@ -186,6 +204,7 @@ def plan(ctx: RunContext) -> dict:
         parent_checkpoint=training_state["checkpoint"], parent_feature_state=training_state["feature_state"],
         parent_data_end=parent_end.isoformat(), daily_run_key=str(_daily_run_key(ctx, manifest)),
         minutes=tuple(m.isoformat() for m in present), skipped_minutes=tuple(m.isoformat() for m in skipped),
+        incomplete_minutes=tuple(m.isoformat() for m in incomplete),
     )
     from components.manifest import write_json_atomic
 
@@ -193,7 +212,8 @@ def plan(ctx: RunContext) -> dict:
     ctx.tracker.set_tags({"ctr.parent_version": parent, "ctr.chain_root": plan.chain_root,
                           "ctr.daily_run": plan.daily_run_key})
     ctx.tracker.nest_under(plan.daily_run_key)  # the MLflow UI lists a day's minute runs under its daily run
-    ctx.tracker.log_metrics({"incremental.minutes": len(present), "incremental.skipped_minutes": len(skipped)})
+    ctx.tracker.log_metrics({"incremental.minutes": len(present), "incremental.skipped_minutes": len(skipped),
+                             "incremental.incomplete_minutes": len(incomplete)})
     ctx.progress("plan: parent %s (chain %s); learning %d minute(s) %s..%s", parent, plan.chain_root,
                  len(present), plan.minutes[0], plan.minutes[-1])
     return {"parent": parent, "minutes": list(plan.minutes)}
@@ -369,7 +389,8 @@ def export_delta(ctx: RunContext) -> dict:
         _dir(ctx) / "delta", arrays, version=plan.version, parent=plan.parent, chain_root=plan.chain_root,
         weight_specs=specs, spec_hash=ctx.spec.hash(),
         extra={"data_span": plan.data_span, "data_end": plan.data_span["end"], "minutes": list(plan.minutes),
-               "skipped_minutes": list(plan.skipped_minutes), "global_step": evaluation["global_step"],
+               "skipped_minutes": list(plan.skipped_minutes), "incomplete_minutes": list(plan.incomplete_minutes),
+               "global_step": evaluation["global_step"],
                "num_rows": evaluation["train_rows"], "run_key": ctx.run_key, "daily_run": plan.daily_run_key,
                "full_model_bytes": full_bytes,
                "training_state": {"checkpoint": str(_dir(ctx) / "checkpoint"),

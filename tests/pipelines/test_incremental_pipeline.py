@@ -147,3 +147,20 @@ def test_a_failing_gate_publishes_nothing_and_the_next_minute_catches_up_in_orde
     assert store.manifest("ctr", "202601010015")["skipped_minutes"] == ["2026-01-01T00:12:00+00:00",
                                                                         "2026-01-01T00:13:00+00:00"]
     assert store.manifest("ctr", "202601010015")["parent"] == "202601010012"
+
+
+def test_a_minute_without_its_completion_marker_is_never_learned(chain):
+    from components.synthetic import SUCCESS_MARKER, write_minute
+
+    config, layout, store = chain["config"], chain["layout"], chain["store"]
+    unfinished = Interval.minute("2026-01-01T00:15").start
+    (layout.raw_minute_dir(unfinished) / SUCCESS_MARKER).unlink()  # its writer never finished
+    with pytest.raises(RuntimeError, match="no completion marker"):
+        run_minute(config, "2026-01-01T00:15")
+    next_minute = Interval.minute("2026-01-01T00:16").start
+    write_minute(config.generate, layout, 16, next_minute)
+    outputs = run_minute(config, "2026-01-01T00:16")
+    assert outputs["validate"]["minutes"] == ["2026-01-01T00:16:00+00:00"]
+    manifest = store.manifest("ctr", "202601010017")
+    assert manifest["incomplete_minutes"] == ["2026-01-01T00:15:00+00:00"]
+    assert manifest["minutes"] == ["2026-01-01T00:16:00+00:00"]
