@@ -123,6 +123,47 @@ def _training_state(ctx: RunContext, manifest: dict[str, Any]) -> dict[str, str]
     return state
 
 
+def _damage(manifest: dict[str, Any]) -> str | None:
+    """Why a version's training state (checkpoint and feature state) cannot be trained on: a file that does not
+    match its manifest's sha256, or a manifest that is gone. None when it verifies."""
+    from components.manifest import ManifestError, read_manifest
+
+    state = manifest.get("training_state") or {}
+    for key in ("checkpoint", "feature_state"):
+        if key not in state:
+            continue
+        try:
+            read_manifest(state[key])
+        except ManifestError as err:
+            return f"its {key}: {err}"
+    return None
+
+
+def verified_parent(ctx: RunContext, parent: str, manifest: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The parent itself when its training state verifies. Otherwise the newest version up its chain whose state
+    does, with every standing version after that one retracted (the store's rollback, so serving moves back to
+    it too): the minutes those versions learned are then learned again, once, on a state that verifies."""
+    store = _store(ctx)
+    version, current = parent, manifest
+    damaged: list[tuple[str, str]] = []
+    while (why := _damage(current)) is not None:
+        damaged.append((version, why))
+        ancestor = current.get("parent")
+        if not ancestor or ancestor in store.retracted(MODEL_NAME):
+            detail = "; ".join(f"{v}: {w}" for v, w in damaged)
+            raise RuntimeError(f"no version of the chain has a training state that verifies ({detail}): run "
+                               "ctr_daily to start a new chain")
+        version, current = ancestor, store.manifest(MODEL_NAME, ancestor)
+    if damaged:
+        from components.model_store import rollback
+
+        reason = f"training state of {damaged[0][0]} is damaged ({damaged[0][1]})"
+        retracted = rollback(store, MODEL_NAME, version, reason)
+        ctx.progress("plan: %s; retracted %s, training on from %s", reason, retracted, version)
+        ctx.tracker.set_tags({"ctr.retracted_damaged": ",".join(retracted)})
+    return version, current
+
+
 def data_ready(ctx: RunContext, now: datetime | None = None) -> bool:
     """Sensor: is this run's minute complete (its partition's completion marker written)? A minute already in
     quarantine also ends the wait (plan says why nothing trains on it). Waiting ends
@@ -152,7 +193,7 @@ def plan(ctx: RunContext) -> dict:
 
         raise ConfigError(f"incremental.catch_up={config.catch_up!r}; expected one of {list(CATCH_UP_POLICIES)}")
     ctx.tracker.log_run_config(ctx.config)
-    parent, manifest = resolve_parent(ctx)
+    parent, manifest = verified_parent(ctx, *resolve_parent(ctx))
     parent_end = datetime.fromisoformat(manifest["data_end"])
     # Minutes whose labels are final by the end of this run's minute (all of them for a labelled click log).
     delay = ctx.source.label_delay(ctx.config)

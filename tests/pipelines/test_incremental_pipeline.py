@@ -4,6 +4,7 @@ great-expectations, TensorFlow, MLflow), served by the watcher exactly as the tr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -164,3 +165,21 @@ def test_a_minute_without_its_completion_marker_is_never_learned(chain):
     manifest = store.manifest("ctr", "202601010017")
     assert manifest["incomplete_minutes"] == ["2026-01-01T00:15:00+00:00"]
     assert manifest["minutes"] == ["2026-01-01T00:16:00+00:00"]
+
+
+def test_a_damaged_checkpoint_is_detected_and_the_chain_goes_on_from_its_parent(chain):
+    from components.synthetic import write_minute
+
+    config, layout, store = chain["config"], chain["layout"], chain["store"]
+    damaged = store.manifest("ctr", "202601010017")
+    model_file = Path(damaged["training_state"]["checkpoint"]) / "model.keras"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    write_minute(config.generate, layout, 17, Interval.minute("2026-01-01T00:17").start)
+    outputs = run_minute(config, "2026-01-01T00:17")
+    # The damaged version is retracted (serving moves back too) and its minute learned again, once, on its parent.
+    assert "202601010017" in store.retracted("ctr")
+    assert outputs["validate"]["minutes"] == ["2026-01-01T00:16:00+00:00", "2026-01-01T00:17:00+00:00"]
+    manifest = store.manifest("ctr", "202601010018")
+    assert manifest["parent"] == "202601010015" and store.latest("ctr") == "202601010018"
