@@ -220,24 +220,12 @@ def cmd_tracking(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_connect(args: argparse.Namespace) -> int:
-    """A Spark Connect server in the foreground, for SPARK_REMOTE: per-minute jobs skip Spark's start-up."""
-    import time
-
-    from spark_jobs.connect import DEFAULT_PORT, start_connect_server
+    """A Spark Connect server in the foreground, for SPARK_REMOTE: per-minute jobs skip Spark's start-up. SIGTERM,
+    SIGINT and SIGHUP stop its JVM, then the command (status 0)."""
+    from spark_jobs.connect import DEFAULT_PORT, run_in_foreground
 
     config = _config(args)
-    port = args.port or DEFAULT_PORT
-    server = start_connect_server(config.spark, port, log_dir=config.paths.root / "logs")
-    print(f"Spark Connect server on {server.url} (log: {server.log_path}); use it with "
-          f"SPARK_REMOTE={server.url}. Ctrl-C stops it.", flush=True)
-    try:
-        while server.process.poll() is None:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
+    return run_in_foreground(config.spark, args.port or DEFAULT_PORT, log_dir=config.paths.root / "logs")
 
 
 def cmd_airflow(args: argparse.Namespace) -> int:

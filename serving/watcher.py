@@ -104,11 +104,17 @@ class ModelWatcher:
         self._thread.start()
         return self._model
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stops polling, waiting up to `timeout_s` (None: as long as it takes) for a poll in progress; says whether
+        the thread has ended. One still loading a version is a daemon thread: it ends with the process, and
+        leaves no half-written version behind (the store's fetch stages and renames)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                return False
             self._thread = None
+        return True
 
     def __enter__(self) -> ModelWatcher:
         self.start()

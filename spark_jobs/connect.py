@@ -4,14 +4,17 @@ A local SparkSession costs ~11 s to start and ~6 s for its first query here; eve
 minute run would pay that. A Connect server pays it once: clients connect in under a second and warm jobs run
 in about one. Jobs pick the server up through SPARK_REMOTE (spark.remote), with no code change.
 
-    ctr spark-connect --port 15002        # foreground, until Ctrl-C
+    ctr spark-connect --port 15002        # foreground, until SIGTERM, SIGINT (Ctrl-C) or SIGHUP
+
+The server's script and JVM run in a session of their own, so that a Ctrl-C meant for a client does not stop
+it; the flip side is that no signal sent to the Python process that started them reaches them, so that
+process stops them itself (ConnectServer.stop), on every stop signal (`run_in_foreground`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,11 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.config import SparkConfig
+from components.stopping import StopRequested, stop_on_signals, stop_process_group
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 15002
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+# How long a stop gives the JVM after SIGTERM (it takes about 2 s; it keeps no state worth a longer wait) before
+# SIGKILL: `ctr spark-connect` stops within docker stop's default grace of 10 s.
+STOP_TIMEOUT_S = 8.0
+
+
+class ConnectServerError(RuntimeError):
+    """The server cannot start: its port is taken, or it exited or did not answer in time."""
 
 
 def spark_home() -> Path:
@@ -43,16 +54,12 @@ class ConnectServer:
     def url(self) -> str:
         return f"sc://127.0.0.1:{self.port}"
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self.process.poll() is not None:
-            return
-        # The script execs spark-submit in its own process group; stop the whole group.
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout_s)
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stops the script, the JVM it runs and the JVM's Python workers: SIGTERM to the script's process group,
+        SIGKILL to what is left after `timeout_s`. Returns once none of them is left. Safe to call again, and
+        after the script has exited: the JVM may outlive it (a SIGTERM to the script alone ends only the script)."""
+        stop_process_group(self.process.pid, timeout_s)
+        self.process.wait()  # reaps the script, which has exited with its group
 
     def __enter__(self) -> ConnectServer:
         return self
@@ -79,14 +86,12 @@ def start_connect_server(config: SparkConfig, port: int = DEFAULT_PORT, log_dir:
     """Starts a Spark Connect server on 127.0.0.1:`port` and returns once it answers a query.
 
     Its Python workers run this interpreter, so they import this project and its dependencies. The server's
-    output goes to `log_dir`/spark-connect-<port>.log. Raises RuntimeError, with the log's tail, if it exits
-    or does not answer within `timeout_s`.
+    output goes to `log_dir`/spark-connect-<port>.log. Raises ConnectServerError if its port is taken, or, with
+    the log's tail, if it exits or does not answer within `timeout_s`. A KeyboardInterrupt (StopRequested)
+    while it waits stops the server before going on up.
     """
     if _port_open(port):
-        raise RuntimeError(
-            f"port {port} on 127.0.0.1 is already in use: is a Spark Connect server already running? Use it with "
-            f"SPARK_REMOTE=sc://127.0.0.1:{port}, or pick another port"
-        )
+        raise ConnectServerError(_port_taken_message(port))
     log_path = Path(log_dir) / f"spark-connect-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_NO_DAEMONIZE": "1",
@@ -97,14 +102,92 @@ def start_connect_server(config: SparkConfig, port: int = DEFAULT_PORT, log_dir:
                                    start_new_session=True)
     server = ConnectServer(process, port, log_path)
     deadline = time.monotonic() + timeout_s
-    while not _port_open(port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"Spark Connect server on port {port} did not come up; its log ({log_path}):\n{tail}")
-        time.sleep(0.5)
+    try:
+        while not _port_open(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ConnectServerError(f"Spark Connect server on port {port} did not come up; its log "
+                                         f"({log_path}):\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+    except BaseException:  # a failed start, or a stop (StopRequested, KeyboardInterrupt) while it starts
+        server.stop()
+        raise
     log.info("Spark Connect server listening on %s (log: %s)", server.url, log_path)
     return server
+
+
+def run_in_foreground(config: SparkConfig, port: int, log_dir: Path | str) -> int:
+    """`ctr spark-connect`: starts a server and keeps it until SIGTERM, SIGINT or SIGHUP, then stops it (SIGKILL
+    after STOP_TIMEOUT_S) and returns 0. Returns 1, with the reason on stderr, if the server cannot start or
+    exits on its own. Every way out stops the JVM first: nothing else would (module docstring).
+    """
+    with stop_on_signals():
+        try:
+            server = start_connect_server(config, port, log_dir=log_dir)
+        except StopRequested as early:
+            log.info("%s while the Spark Connect server was starting: stopped it", early)
+            return 0
+        except ConnectServerError as err:
+            print(f"ctr spark-connect: {err}", file=sys.stderr, flush=True)
+            return 1
+        print(f"Spark Connect server on {server.url} (log: {server.log_path}); use it with "
+              f"SPARK_REMOTE={server.url}. Ctrl-C or SIGTERM stops it.", flush=True)
+        stop = None
+        try:
+            status = server.process.wait()
+        except StopRequested as requested:
+            stop = requested
+        finally:
+            started = time.monotonic()
+            server.stop()
+        if stop is not None:
+            log.info("%s: stopped the Spark Connect server on port %d in %.1f s", stop, port,
+                     time.monotonic() - started)
+            return 0
+    print(f"ctr spark-connect: the Spark Connect server on port {port} exited on its own (status {status}); its log "
+          f"({server.log_path}) ends:\n{server.log_path.read_text(errors='replace')[-3000:]}", file=sys.stderr,
+          flush=True)
+    return 1
+
+
+def _port_taken_message(port: int) -> str:
+    owner = _listener_pid(port)
+    if owner is None:
+        return (f"port {port} on 127.0.0.1 is already in use: is a Spark Connect server already running? Use it "
+                f"with SPARK_REMOTE=sc://127.0.0.1:{port}, or pick another port")
+    pid, command = owner
+    if SERVER_CLASS in command:
+        return (f"port {port} on 127.0.0.1 is already in use by a Spark Connect server (pid {pid}), perhaps left "
+                f"running by a `ctr spark-connect` that was killed: use it with SPARK_REMOTE=sc://127.0.0.1:{port}, "
+                f"stop it with `kill {pid}`, or pick another port")
+    return (f"port {port} on 127.0.0.1 is already in use by pid {pid} ({command[:200]}): pick another port, or "
+            "stop that process")
+
+
+def _listener_pid(port: int) -> tuple[int, str] | None:
+    """(pid, command line) of a process of this user listening on TCP `port`, from /proc; None if none is
+    found (another user's process, or no /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl, local address:port (hex), remote, state (0A: LISTEN), ..., inode (10th)
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (process / "fd").iterdir()):
+                return int(process.name), (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace").strip()
+        except OSError:
+            continue  # another user's process, or one that exited while we looked
+    return None
 
 
 def _port_open(port: int) -> bool:
