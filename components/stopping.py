@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -141,3 +142,18 @@ def _wait_until_gone(pgid: int, targets: dict[int, str], timeout_s: float) -> di
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
+
+
+def call_in_foreground(command: list[str], env: dict[str, str] | None = None, timeout_s: float = 8.0) -> int:
+    """Runs `command` (a server: `airflow standalone`, `mlflow ui`, `tail -F`) in a process group of its own and
+    returns its exit status. A stop signal to this process stops that group and every descendant of it (SIGKILL
+    after `timeout_s`), so no child is left holding a port; the return is then 0, a requested stop."""
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        with stop_on_signals():
+            return process.wait()
+    except StopRequested as stop:
+        log.info("%s: stopping %s", signal.Signals(stop.signum).name, command[0])
+        stop_process_group(process.pid, timeout_s)
+        process.wait()
+        return 0

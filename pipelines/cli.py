@@ -29,6 +29,7 @@ import uuid
 
 from components.config import ConfigError, PipelineConfig, load_config, parse_override_args
 from components.model_store import ModelStoreError
+from components.stopping import call_in_foreground
 from pipelines.stack import StackError
 from pipelines.trigger import TriggerError
 
@@ -236,6 +237,7 @@ def cmd_airflow(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    """The Airflow or MLflow UI in the foreground; a stop signal (Ctrl-C, SIGTERM) stops its server too."""
     from pipelines.airflow_env import airflow_environment
 
     config = _config(args)
@@ -246,13 +248,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
         from pipelines.airflow_env import prepare_database
 
         prepare_database(env, config.paths.root / "airflow" / "prepare.log")
-        return subprocess.call([sys.executable, "-m", "airflow", "standalone"], env=env)
+        return call_in_foreground([sys.executable, "-m", "airflow", "standalone"], env=env)
     port = str(args.port or 5000)
     from components.tracking import UI_TRAINING_VIEW
 
     print(f"MLflow UI on http://localhost:{port}/{UI_TRAINING_VIEW} ({config.tracking_uri})", flush=True)
-    return subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", config.tracking_uri,
-                            "--host", "127.0.0.1", "--port", port])
+    return call_in_foreground([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", config.tracking_uri,
+                               "--host", "127.0.0.1", "--port", port])
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
@@ -299,7 +301,7 @@ def _stack_logs(stack, settings, args: argparse.Namespace) -> int:
             print(f"==> {path.stem} <==")
         print("\n".join(path.read_text(errors="replace").splitlines()[-args.lines:]), flush=True)
     if args.follow:
-        return subprocess.call(["tail", "-n", "0", "-F", *map(str, paths)])
+        return call_in_foreground(["tail", "-n", "0", "-F", *map(str, paths)])
     return 0
 
 

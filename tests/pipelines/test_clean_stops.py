@@ -189,6 +189,18 @@ def test_s3_server_stops_after_its_last_snapshot_and_frees_its_port(sig: signal.
     print(f"s3_server stopped on {sig.name} in {took:.1f} s")
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_the_mlflow_ui_command_stops_its_server_and_frees_its_port(sig: signal.Signals, tmp_path: Path) -> None:
+    port = _free_port()
+    command = [sys.executable, "-m", "pipelines.cli", "ui", "mlflow", "--port", str(port),
+               "--set", f"paths.data_root={tmp_path}"]
+    with running(command, [port], tmp_path / "ui.out", ready_timeout_s=120) as handle:
+        assert len(_process_tree(handle.process.pid)) > 1, "the server must run as a child, or this checks nothing"
+        took = stop_and_check(handle, sig, [port])
+    print(f"ctr ui mlflow stopped on {sig.name} in {took:.1f} s")
+
+
 @pytest.mark.unit
 def test_spark_connect_on_a_port_a_leftover_server_holds_names_its_pid(tmp_path: Path, capsys) -> None:
     from components.config import SparkConfig
