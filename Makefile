@@ -10,7 +10,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving clean
+	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -93,6 +93,11 @@ bench-spark:
 # The model server on one core: 1 / 100 / 1,000 candidates, open loop to p99 10 ms, full and delta swaps.
 bench-serving:
 	@$(WITH_ENV); $(BENCH) bench/bench_serving.py $(BENCH_SERVING_ARGS)
+
+# Bad raw data through real minute runs, bad requests under good traffic, faults (tracking server, S3, a killed
+# training, a corrupt checkpoint): bench/results/reliability.json.
+bench-reliability:
+	@$(WITH_ENV); $(BENCH) bench/bench_reliability.py $(BENCH_RELIABILITY_ARGS)
 
 # Airflow's ctr_incremental, Spark Connect, live traffic and the model server under load, for 12 minutes.
 bench-freshness:

@@ -2,8 +2,8 @@
 good traffic runs, each expected to get its documented 4xx with a reason, never a 5xx, a dropped connection
 or a 200; and the good traffic's p99 during them against its steady value.
 
-    PYTHONPATH=. python bench/reliability/requests.py --out /tmp/requests.json   # this group alone
-    from bench.reliability.requests import run_request_cases                      # bench/bench_reliability.py
+    PYTHONPATH=. python bench/reliability/bad_requests.py --out /tmp/requests.json   # this group alone
+    from bench.reliability.bad_requests import run_request_cases                      # bench/bench_reliability.py
 
 What it sets up: the model of `make bench-serving` (a DCNv2 on the criteo spec, bench.bench_serving), published
 to a local model store and served by `python -m serving.server` in its own process, REST and gRPC on free

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.reliability.requests import Answer, Case, judge, run_request_cases
+from bench.reliability.bad_requests import Answer, Case, judge, run_request_cases
 
 LOST_KEYS = {"rows", "minutes", "versions", "requests"}
 
