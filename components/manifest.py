@@ -140,6 +140,8 @@ def read_manifest(directory: str | Path, *, kind: str | None = None, verify: boo
             f"{path} was made with feature spec {manifest.get('feature_spec_hash')!r}, this run uses {spec_hash!r}; "
             "re-run the step that produces it with this spec (features.spec), or run with the spec it was made with"
         )
+    for name in manifest.get("files", {}):
+        check_file_name(name, path)
     if verify:
         for name, entry in manifest.get("files", {}).items():
             file_path = directory / name
@@ -148,6 +150,17 @@ def read_manifest(directory: str | Path, *, kind: str | None = None, verify: boo
             if file_path.stat().st_size != entry["bytes"] or file_sha256(file_path) != entry["sha256"]:
                 raise ManifestError(f"{directory}: file {name!r} does not match its manifest checksum")
     return manifest
+
+
+def check_file_name(name: str, manifest: str | Path) -> str:
+    """A file name a manifest lists must stay inside its directory: a relative path without `..`, empty or
+    absolute parts, backslashes or NUL (a manifest from a store is input like any other). Raises ManifestError."""
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\0" in name
+            or any(part in ("", ".", "..") for part in parts)):
+        raise ManifestError(f"{manifest} names the file {name!r}, which is not a plain relative path inside its "
+                            "directory; refusing it (the manifest is corrupt or was not written by this pipeline)")
+    return name
 
 
 def write_json_atomic(path: str | Path, payload: Any) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from components.manifest import (
     MANIFEST_NAME,
     ManifestError,
+    check_file_name,
     commit_dir,
     read_manifest,
     staging_dir,
@@ -265,6 +266,11 @@ class S3ModelStore(_Standing):
             except ManifestError:
                 shutil.rmtree(final)
         manifest = self.manifest(model_name, version)
+        try:
+            for name in manifest["files"]:  # checked before anything is written: the names become local paths
+                check_file_name(name, f"{self.uri}/{model_name}/{version}/{MANIFEST_NAME}")
+        except ManifestError as err:
+            raise ModelStoreError(f"version {version} of {model_name!r} is refused: {err}") from err
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{version}."))
         for name in manifest["files"]:

@@ -214,3 +214,14 @@ def test_a_staging_dir_left_by_a_crash_is_never_read_as_the_final_dir(tmp_path):
     (half / "part-0.tfrecord").write_bytes(b"half")
     with pytest.raises(ManifestError, match=re.escape(str(other)) + r" has no manifest\.json"):
         read_manifest(other)
+
+
+@pytest.mark.parametrize("name", ["../escape.bin", "/etc/passwd", "a/../../b", "", "a\\..\\b", "./a"])
+def test_a_manifest_naming_a_path_outside_its_directory_is_refused(tmp_path, name):
+    write_manifest(tmp_path, kind="delta", version="v", files=[])
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["files"] = {name: {"bytes": 1, "sha256": "0" * 64}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    for verify in (True, False):
+        with pytest.raises(ManifestError, match="not a plain relative path inside its directory"):
+            read_manifest(tmp_path, verify=verify)
