@@ -15,6 +15,7 @@ the start and the end of the run (`--soak-minutes` keeps it going longer).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -41,6 +42,8 @@ from bench.bench_freshness import (
 )
 from bench.loadgen import run_load
 from bench.reliability.chain import no_loss
+from components.stopping import group_and_descendants
+from spark_jobs.connect import _port_open
 
 PUBLISH_WAIT_S = 240.0
 
@@ -52,19 +55,59 @@ def _case(name: str, description: str, expected: str, observed: str, as_expected
             "recover_s": None if recover_s is None else round(recover_s, 1), "detail": detail}
 
 
-def group_rss_mb(pgid: int) -> float:
-    """Resident memory of every process in a process group (a service and its children), in MiB."""
-    total = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # field 5, pgrp
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24, rss in pages
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / 2**20
+def pss_mb(pid: int) -> float:
+    """Proportional set size of one process in MiB: its private memory plus its share of pages it shares (a
+    forked process's libraries), so forked workers are not counted many times over."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def service_pss_mb(pgid: int, largest_only: bool = False) -> float:
+    """Memory of a service: its group leader's PSS, or (`largest_only`) that of the largest process of its group
+    and descendants (Spark Connect's JVM under its launcher)."""
+    if not largest_only:
+        return pss_mb(pgid)
+    return max((pss_mb(pid) for pid in group_and_descendants(pgid)), default=0.0)
+
+
+def kill_tree(pgid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL to a process group and to every descendant of it in other groups (a JVM, a task supervisor), then
+    waits until all are gone (and so their ports free)."""
+    targets = group_and_descendants(pgid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while set(targets) & set(group_and_descendants(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    while any(Path(f"/proc/{pid}").exists() and _state(pid) not in ("Z", "X", None) for pid in targets):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {sorted(targets)} outlived SIGKILL for {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def run_version(db: Path, run_id: str) -> str:
+    """The version a ctr_incremental run publishes: the end of its data interval, YYYYMMDDHHMM."""
+    from datetime import datetime
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        (end,) = conn.execute("SELECT data_interval_end FROM dag_run WHERE dag_id = ? AND run_id = ?",
+                              (DAG_ID, run_id)).fetchone()
+    return f"{datetime.fromisoformat(str(end)):%Y%m%d%H%M}"
 
 
 def running_task(db: Path, task_id: str) -> tuple[str, int | None] | None:
@@ -108,8 +151,23 @@ class Live:
 
     def kill(self, name: str) -> None:
         process = self.named[name]
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         process.wait(60)
+
+    def stop_all(self) -> None:
+        """Every process started here, and whatever they started in other groups (Airflow's task supervisors,
+        PySpark's workers), is gone at the end."""
+        trees = {}
+        for _, process in self.processes.children:
+            trees.update(group_and_descendants(process.pid))
+        if self.connect is not None:
+            trees.update(group_and_descendants(self.connect.process.pid))
+        self.processes.stop()
+        if self.connect is not None:
+            self.connect.stop()
+        for pid in trees:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def start_scheduler(self) -> None:
         self.start("airflow-scheduler", [sys.executable, "-m", "airflow", "scheduler"], self.env)
@@ -198,9 +256,9 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
             while not stop_sampling.wait(5):
                 now = time.time()
                 for name in ("serving", "airflow-scheduler"):
-                    memory[name].append((now, group_rss_mb(live.named[name].pid)))
+                    memory[name].append((now, service_pss_mb(live.named[name].pid)))
                 if live.connect is not None:
-                    memory["spark-connect"].append((now, group_rss_mb(live.connect.process.pid)))
+                    memory["spark-connect"].append((now, service_pss_mb(live.connect.process.pid, largest_only=True)))
 
         threading.Thread(target=sample, daemon=True).start()
         first, waited = live.wait_publish(live.latest())
@@ -225,22 +283,22 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
         while found is None and time.monotonic() < deadline:
             found = running_task(live.db, "samples")
             time.sleep(0.3)
-        before = live.latest()
         if found is None:
             cases.append(_case("sigkill_spark_connect_mid_job", "Spark Connect SIGKILLed during a samples task",
                                "", "no samples task was seen running within 180 s", False))
         else:
             time.sleep(1.0)
-            live.connect.process.send_signal(signal.SIGKILL)
-            os.killpg(live.connect.process.pid, signal.SIGKILL)
+            kill_tree(live.connect.process.pid)
             live.connect.process.wait(60)
+            wait_until("Spark Connect's port to be free", lambda: not _port_open(live.spark_port), 60, 0.2)
             live.start_connect()
-            after, recover = live.wait_publish(before)
+            after, recover = live.wait_publish(str(int(run_version(live.db, found[0])) - 1))
             cases.append(_case(
                 "sigkill_spark_connect_mid_job", "the Spark Connect server SIGKILLed one second into a minute's "
                 "samples task, started again", "the task fails and its retry (5 s later) runs on the new server; "
-                "minute runs go on", f"killed during {found[0]}; next version {after} {recover:.0f} s after the "
-                "restart" if after else f"nothing published {recover:.0f} s after the restart", after is not None,
+                "that run publishes its minute",
+                f"killed during {found[0]}; its version {after} {recover:.0f} s after the restart" if after
+                else f"its version not published {recover:.0f} s after the restart", after is not None,
                 recover_s=recover))
         progress(f"live: {cases[-1]['case']}: {cases[-1]['observed']}")
 
@@ -250,7 +308,6 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
         while (found is None or not found[1]) and time.monotonic() < deadline:
             found = running_task(live.db, "train")
             time.sleep(0.3)
-        before = live.latest()
         if not found or not found[1]:
             cases.append(_case("sigkill_training_task", "a train task's process SIGKILLed", "",
                                "no running train task with a pid was seen within 180 s", False))
@@ -261,12 +318,13 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
             except ProcessLookupError:
                 killed = False
             killed_at = time.monotonic()
-            after, recover = live.wait_publish(before)
+            after, recover = live.wait_publish(str(int(run_version(live.db, found[0])) - 1))
             cases.append(_case(
                 "sigkill_training_task", "the process of a running train task SIGKILLed",
-                "Airflow retries the task; the retry trains from the parent and the minute is published",
-                f"{'killed' if killed else 'had ended before the kill'} pid {found[1]} of {found[0]}; next "
-                f"version {after} {recover:.0f} s later" if after else f"nothing published {recover:.0f} s later",
+                "Airflow retries the task; the retry trains from the parent and that run publishes its minute",
+                f"{'killed' if killed else 'had ended before the kill'} pid {found[1]} of {found[0]}; its "
+                f"version {after} {recover:.0f} s later" if after else f"its version not published {recover:.0f} s "
+                "later",
                 killed and after is not None, recover_s=time.monotonic() - killed_at if after else None))
         progress(f"live: {cases[-1]['case']}: {cases[-1]['observed']}")
 
@@ -293,9 +351,7 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
         load_ended = time.time()
     finally:
         stop_sampling.set()
-        live.processes.stop()
-        if live.connect is not None:
-            live.connect.stop()
+        live.stop_all()
     # The model server's case: requests that failed while it was away.
     pending = next(c for c in cases if c.get("pending") == "serving")
     cases.remove(pending)
@@ -335,7 +391,7 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
                             "end_mb": round(statistics.median(v for _, v in series[-quarter:]), 1)}
     bounded = all(g["end_mb"] <= 1.5 * g["start_mb"] + 50 for g in growth.values())
     cases.append(_case(
-        "memory_over_the_run", f"resident memory of the model server, the scheduler and Spark Connect over "
+        "memory_over_the_run", f"memory (PSS) of the model server, the scheduler and Spark Connect's JVM over "
         f"{(load_ended - load_started) / 60:.0f} minutes of minute runs and load", "no unbounded growth: the last "
         "quarter's median within 1.5x (+50 MiB) of the first quarter's",
         "; ".join(f"{n} {g['start_mb']:.0f} -> {g['end_mb']:.0f} MiB" for n, g in growth.items()),
