@@ -43,7 +43,6 @@ from bench.bench_freshness import (
 from bench.loadgen import run_load
 from bench.reliability.chain import no_loss
 from components.stopping import group_and_descendants
-from spark_jobs.connect import _port_open
 
 PUBLISH_WAIT_S = 240.0
 
@@ -53,6 +52,14 @@ def _case(name: str, description: str, expected: str, observed: str, as_expected
     return {"group": "live", "case": name, "description": description, "expected": expected, "observed": observed,
             "as_expected": as_expected, "lost": lost or no_loss(), "manual_recovery": False,
             "recover_s": None if recover_s is None else round(recover_s, 1), "detail": detail}
+
+
+def port_answers(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def pss_mb(pid: int) -> float:
@@ -290,7 +297,7 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
             time.sleep(1.0)
             kill_tree(live.connect.process.pid)
             live.connect.process.wait(60)
-            wait_until("Spark Connect's port to be free", lambda: not _port_open(live.spark_port), 60, 0.2)
+            wait_until("Spark Connect's port to be free", lambda: not port_answers(live.spark_port), 60, 0.2)
             live.start_connect()
             after, recover = live.wait_publish(str(int(run_version(live.db, found[0])) - 1))
             cases.append(_case(
