@@ -293,7 +293,27 @@ def data_docs_html(result) -> str:
     from great_expectations.render.renderer import ValidationResultsPageRenderer
     from great_expectations.render.view import DefaultJinjaPageView
 
-    return DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(result))
+    return DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(_renderable(result)))
+
+
+def _renderable(result):
+    """A copy of `result` whose unexpected values are ones the page renderer can show: great-expectations'
+    renderer fails on pandas' NA (the unexpected value of a null check) and leaves the table out."""
+    import copy
+
+    import pandas as pd
+
+    def shown(value):
+        return "null" if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)) else value
+
+    result = copy.deepcopy(result)
+    for item in result.results:
+        detail = item.result or {}
+        if "partial_unexpected_list" in detail:
+            detail["partial_unexpected_list"] = [shown(v) for v in detail["partial_unexpected_list"]]
+        for count in detail.get("partial_unexpected_counts") or []:
+            count["value"] = shown(count["value"])
+    return result
 
 
 def _write_data_docs(docs_dir: Path, dataset: str, minute: datetime, result) -> str:

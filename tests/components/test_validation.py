@@ -359,3 +359,23 @@ def test_a_partition_quarantined_twice_keeps_both_deliveries_bytes(tmp_path):
         assert any(f["column"] == "label" for f in report["failures"]), report["failures"]
     assert not layout.raw_minute_dir(START).exists()
     assert not list(first.parent.glob(".*moving"))
+
+
+def test_the_data_docs_page_of_a_missing_label_shows_it_as_null(tmp_path, caplog):
+    import logging
+
+    from components.validation import SliceValidator, click_log_dataset, data_docs_html
+
+    generate(GenerateConfig(start=minute(0).isoformat(), minutes=1, rows_per_minute=50), Layout(tmp_path))
+    path = Layout(tmp_path).raw_minute_dir(minute(0)) / RAW_FILE
+    lines = path.read_text().splitlines()
+    lines[3] = "\t".join([""] + lines[3].split("\t")[1:])  # the label left empty
+    path.write_text("\n".join(lines) + "\n")
+    validator = SliceValidator(click_log_dataset(load_spec("criteo")))
+    result, _ = validator.validate(minute(0), path)
+    assert not result.success
+    with caplog.at_level(logging.ERROR):
+        page = data_docs_html(validator.last_result)
+    assert "boolean value of NA" not in caplog.text  # the renderer used to fail on pandas' NA and drop the table
+    assert "expect_column_values_to_not_be_null" in page or "values must never be null" in page
+    assert ">null<" in page
