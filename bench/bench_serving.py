@@ -343,6 +343,16 @@ def start_server(work: Path, store_root: Path, port: int, grpc_port: int) -> sub
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM (the server stops its REST, gRPC and watcher), SIGKILL if it is still there after 30 s."""
+    server.terminate()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout_s: float = 180.0) -> None:
     import httpx
 
@@ -411,11 +421,7 @@ def main() -> int:
             print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
             swapped = swaps(url, instances, store, models, swap_rate)
         finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop_server(server)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -56,6 +56,7 @@ from bench.bench_serving import (
     candidates,
     free_port,
     start_server,
+    stop_server,
     wait_healthy,
 )
 from bench.loadgen import LoadResult, run_load
@@ -534,12 +535,7 @@ def run_request_cases(work: Path, *, good_rate_per_s: float = 20.0, seconds_per_
             traffic.join()
         rows.append(unaffected(target.port, fixed_body, before, server))
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
     records = during["result"].records
     steady_p99, during_p99 = p99_ms(steady.records), p99_ms(records)
     return {

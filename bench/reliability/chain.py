@@ -147,18 +147,20 @@ class Chain:
             return FAILED, f"{type(err).__name__}: {_first_line(err)}", time.monotonic() - started
 
     def learned(self) -> dict[str, list[str]]:
-        """minute (ISO) -> the standing published deltas whose data holds it."""
         from pipelines.daily import MODEL_NAME
 
-        store = self.store
-        retracted = store.retracted(MODEL_NAME)
-        learned: dict[str, list[str]] = {}
-        for version in store.versions(MODEL_NAME):
-            if version in retracted:
-                continue
-            for minute in store.manifest(MODEL_NAME, version).get("minutes") or []:
+        return learned_minutes(self.store, MODEL_NAME)
+
+
+def learned_minutes(store, model_name: str) -> dict[str, list[str]]:
+    """minute (ISO) -> the standing (not retracted) published deltas whose data holds it."""
+    retracted = store.retracted(model_name)
+    learned: dict[str, list[str]] = {}
+    for version in store.versions(model_name):
+        if version not in retracted:
+            for minute in store.manifest(model_name, version).get("minutes") or []:
                 learned.setdefault(minute, []).append(version)
-        return learned
+    return learned
 
 
 ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")

@@ -22,20 +22,14 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.bench_freshness import answers, free_port
 from bench.reliability.chain import TRAINED, Chain, no_loss
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Process:
@@ -63,21 +57,13 @@ class Process:
             self.process.wait(60)
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except OSError:
-        return False
-
-
 def mlflow_server(work: Path, port: int) -> Process:
     root = work / "mlflow-server"
     root.mkdir(parents=True, exist_ok=True)
     return Process("mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                               "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                               "--serve-artifacts", "--artifacts-destination", (root / "artifacts").as_uri()],
-                   root / "server.log", lambda: _http_ok(f"http://127.0.0.1:{port}/health"))
+                   root / "server.log", lambda: answers(f"http://127.0.0.1:{port}/health"))
 
 
 class FaultyProxy:
@@ -354,7 +340,7 @@ def object_store_errors(work: Path) -> list[dict[str, Any]]:
     """A version published to S3 (moto, the stack's S3 server) through a proxy that answers 500s, then refuses
     connections, then passes again: nothing half-published is listed, and the retried publish lands whole."""
     from components.manifest import write_manifest
-    from components.model_store import ModelStoreError, S3ModelStore
+    from components.model_store import S3ModelStore
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "reliability")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "reliability")
@@ -363,7 +349,7 @@ def object_store_errors(work: Path) -> list[dict[str, Any]]:
     snapshot = work / "s3"
     s3 = Process("s3", [sys.executable, "-m", "pipelines.s3_server", "--port", str(port), "--snapshot",
                         str(snapshot), "--bucket", "models"], work / "s3.log",
-                 lambda: (snapshot / "ready").is_file() and _http_ok(f"http://127.0.0.1:{port}/models"))
+                 lambda: (snapshot / "ready").is_file() and answers(f"http://127.0.0.1:{port}/models"))
     s3.start()
     proxy = FaultyProxy(port)
     results = []
@@ -383,7 +369,7 @@ def object_store_errors(work: Path) -> list[dict[str, Any]]:
             try:
                 store.publish("ctr", version, source)
                 first = "published (the fault was not seen)"
-            except (ModelStoreError, Exception) as err:  # noqa: BLE001 - botocore raises several kinds
+            except Exception as err:  # noqa: BLE001 - the store's and botocore's several kinds
                 first = f"failed after {time.monotonic() - started:.1f} s: {type(err).__name__}: {str(err)[:160]}"
             proxy.set_mode("ok")
             listed_during = version in store.versions("ctr")

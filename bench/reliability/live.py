@@ -41,7 +41,7 @@ from bench.bench_freshness import (
     wait_until,
 )
 from bench.loadgen import run_load
-from bench.reliability.chain import no_loss
+from bench.reliability.chain import learned_minutes, no_loss
 from components.stopping import group_and_descendants
 
 PUBLISH_WAIT_S = 240.0
@@ -202,14 +202,7 @@ class Live:
         return None, time.monotonic() - started
 
     def learned(self) -> dict[str, list[str]]:
-        store = self.store
-        retracted = store.retracted("ctr")
-        learned: dict[str, list[str]] = {}
-        for version in store.versions("ctr"):
-            if version not in retracted:
-                for minute in store.manifest("ctr", version).get("minutes") or []:
-                    learned.setdefault(minute, []).append(version)
-        return learned
+        return learned_minutes(self.store, "ctr")
 
 
 def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 10.0, soak_minutes: float = 2.0,
@@ -348,8 +341,8 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
             version_after = httpx.get(f"{url}/v1/models/ctr", timeout=5).json()["model_version_status"][0]["version"]
         except Exception as err:  # noqa: BLE001 - recorded as observed
             version_after = f"unknown ({err})"
-        cases.append({"pending": "serving", "killed": killed_wall, "healthy": healthy_wall,
-                      "served_before": served_before, "version_after": str(version_after)})
+        restart = {"killed": killed_wall, "healthy": healthy_wall, "served_before": served_before,
+                   "version_after": str(version_after)}
         progress(f"live: model server answering again {healthy_wall - killed_wall:.1f} s after its SIGKILL")
 
         # 5. Steady minutes to the end of the load (the soak).
@@ -360,8 +353,7 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
         stop_sampling.set()
         live.stop_all()
     # The model server's case: requests that failed while it was away.
-    pending = next(c for c in cases if c.get("pending") == "serving")
-    cases.remove(pending)
+    pending = restart
     failed = [r for r in load.records if r.status != 200]
     in_window = [r for r in failed if pending["killed"] - 1 <= r.sent_at_s <= pending["healthy"] + 1]
     recover = pending["healthy"] - pending["killed"]
