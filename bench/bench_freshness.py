@@ -6,6 +6,8 @@ Runs the real stack on loopback for `--minutes` wall-clock minutes and writes be
 - a Spark Connect server, and Airflow (api-server, scheduler, dag-processor; LocalExecutor, SQLite) with
   ctr_incremental unpaused: every minute validate -> features -> samples -> train -> delta -> gate -> publish;
 - the model server (`ctr serve`, polling the store every second) under a bounded load of prediction requests.
+- the step worker (`ctr worker`), which runs the minute tasks' steps in one warm process (`--no-step-worker`: each
+  task runs its step in its own process, the baseline).
 
 For every minute that closed while the load ran, freshness is the time from the minute's close to the first
 request answered by a version whose data reaches the minute's end (the answering version comes back in the
@@ -42,6 +44,7 @@ from components.layout import Layout
 from components.live_traffic import write_live_minute, write_live_minutes
 from components.model_store import open_model_store
 from pipelines.airflow_env import airflow_environment, prepare_database
+from pipelines.step_worker import address_file
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 DAG_ID = "ctr_incremental"
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="prediction requests per second")
     parser.add_argument("--instances", type=int, default=8, help="instances per request")
     parser.add_argument("--root", default="var/bench-freshness")
+    parser.add_argument("--no-step-worker", action="store_true",
+                        help="no step worker: every task runs its step in its own process (the baseline)")
     args = parser.parse_args(argv)
 
     root = Path(args.root).absolute()
@@ -174,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             env={**os.environ, **env}, stdout=open(logs / "daily.log", "wb"), stderr=subprocess.STDOUT)
         if daily.returncode:
             raise RuntimeError(f"the daily run failed; see {logs / 'daily.log'}")
+        worker = None
+        if not args.no_step_worker:
+            print("[bench-freshness] step worker", flush=True)
+            worker = processes.start("step-worker", [python, "-m", "pipelines.cli", "worker"], {**os.environ, **env})
+            wait_until("the step worker", lambda: address_file(config.paths.root).is_file(), 300)
+            worker_rss = [rss_mib(worker.pid)]
         print("[bench-freshness] model server", flush=True)
         processes.start("serving", [python, "-m", "pipelines.cli", "serve", "--port", str(serving_port)],
                         {**os.environ, **env})
@@ -193,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         (logs / "load.json").write_text(json.dumps(load.to_json(include_records=True)))
         connect.stop()
         result = summarize(config, layout, load, load_started, load_ended, written, args)
+        result["step_worker"] = worker is not None
+        if worker is not None:  # its memory once warm and at the end: what a day of minutes would grow from
+            result["step_worker_rss_mib"] = {"started": worker_rss[0], "end": rss_mib(worker.pid)}
     finally:
         processes.stop()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_minute",)}, indent=2))
     print(f"[bench-freshness] wrote {RESULTS} in {time.time() - started:.0f} s")
     return 0
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def dag_unpaused(db: Path, dag_id: str) -> bool:
@@ -287,7 +311,7 @@ def summarize(config, layout: Layout, load, load_started: float, load_ended: flo
     return {
         "benchmark": "freshness",
         "command": "make bench-freshness" + (f" BENCH_FRESHNESS_ARGS='--minutes {args.minutes} --rows-per-minute "
-                                             f"{args.rows_per_minute}'"),
+                                             f"{args.rows_per_minute}{' --no-step-worker' * args.no_step_worker}'"),
         "machine": f"{platform.node()} ({os.cpu_count()} cores), no GPU",
         "minutes": len(closes),
         "p50_s": statistics.median(served) if served else None,

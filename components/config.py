@@ -201,6 +201,9 @@ class IncrementalConfig:
     # (logged, no delta) when catch_up is "latest_only"; with "in_order" every missed minute is trained in order.
     catch_up: Literal["in_order", "latest_only"] = "in_order"
     max_lag_s: float = 600.0
+    # Airflow's tasks of ctr_incremental run their steps in the step worker (`ctr worker`,
+    # pipelines/step_worker.py) when one is up for this data root, else in their own process.
+    step_worker: bool = True
 
 
 @dataclass(frozen=True)

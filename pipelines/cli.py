@@ -229,6 +229,23 @@ def cmd_spark_connect(args: argparse.Namespace) -> int:
     return run_in_foreground(config.spark, args.port or DEFAULT_PORT, log_dir=config.paths.root / "logs")
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """The step worker in the foreground: Airflow's minute-run tasks hand it their steps (pipelines/step_worker.py).
+    SIGTERM, SIGINT and SIGHUP stop it (status 0)."""
+    from components.stopping import StopRequested, stop_on_signals
+    from pipelines.step_worker import serve
+
+    config = _config(args)
+    try:
+        with stop_on_signals():
+            serve(config, args.host, args.port, advertise=args.advertise,
+                  ready=lambda address: print(f"ctr: step worker for {config.paths.root} on {address[0]}:"
+                                              f"{address[1]}", flush=True))
+    except StopRequested:
+        pass
+    return 0
+
+
 def cmd_airflow(args: argparse.Namespace) -> int:
     from pipelines.airflow_env import airflow_environment
 
@@ -373,6 +390,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("spark-connect", parents=[common], help="run a Spark Connect server (SPARK_REMOTE)")
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_spark_connect)
+
+    p = sub.add_parser("worker", parents=[common], help="run minute-run steps for Airflow's tasks in one warm "
+                                                        "process")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="TCP port (default: any free one, announced in "
+                                                       "<data_root>/worker/step-worker.json)")
+    p.add_argument("--advertise", help="the host name tasks connect to (default: --host), e.g. the service's "
+                                       "name when it listens on 0.0.0.0 in a container")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("airflow", parents=[common], help="the Airflow CLI on the project's embedded settings")
     p.add_argument("airflow_args", nargs=argparse.REMAINDER)

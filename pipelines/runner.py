@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -10,9 +11,11 @@ from typing import Any
 
 from components.config import PipelineConfig, load_config
 from components.interval import Interval
+from pipelines import step_worker
 from pipelines.context import RunContext, Step
 
 log = logging.getLogger(__name__)
+worker_log = logging.getLogger("ctr.step_worker")  # a step's log lines as the step worker sends them
 
 PIPELINES = ("daily", "incremental")
 
@@ -54,10 +57,10 @@ def run_steps(ctx: RunContext, steps: Sequence[Step]) -> dict[str, Any]:
             else:
                 outputs[step.name] = step.run(ctx)
         except Exception:
-            ctx.progress("step %s FAILED after %.0f s", step.name, time.monotonic() - started)
+            ctx.progress("step %s FAILED after %.1f s", step.name, time.monotonic() - started)
             ctx.tracker.end("FAILED")
             raise
-        ctx.progress("step %s done in %.0f s", step.name, time.monotonic() - started)
+        ctx.progress("step %s done in %.1f s", step.name, time.monotonic() - started)
     return outputs
 
 
@@ -71,13 +74,22 @@ def _poll(ctx: RunContext, step: Step) -> bool:
     return True
 
 
+def _task_config_inputs(pipeline: str, context: Mapping[str, Any],
+                        environ: Mapping[str, str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """What an Airflow task's config is built from: its params' overrides and the environment's config keys."""
+    from components.config import ENVIRONMENT_KEYS
+    from pipelines.run_params import fields_for, overrides_from_params
+
+    env = os.environ if environ is None else environ
+    return (overrides_from_params(context.get("params") or {}, fields_for(pipeline)),
+            {name: env[name] for name in ENVIRONMENT_KEYS if env.get(name)})
+
+
 def airflow_run_context(pipeline: str, context: Mapping[str, Any],
                         environ: Mapping[str, str] | None = None) -> RunContext:
     """The run an Airflow task belongs to: interval, run id and the params' config overrides from its context."""
-    from pipelines.run_params import fields_for, overrides_from_params
-
-    overrides = overrides_from_params(context.get("params") or {}, fields_for(pipeline))
-    config: PipelineConfig = load_config(overrides=overrides, environ=environ)
+    overrides, env = _task_config_inputs(pipeline, context, environ)
+    config: PipelineConfig = load_config(overrides=overrides, environ=env)
     start: datetime = context["data_interval_start"]
     end: datetime = context["data_interval_end"]
     dag_run = context.get("dag_run")
@@ -97,4 +109,14 @@ def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
     (step,) = select_steps(pipeline, [step_name])
     if step.sensor:
         return bool(step.run(ctx))
+    if pipeline in step_worker.PIPELINES and ctx.config.incremental.step_worker:
+        overrides, env = _task_config_inputs(pipeline, context, environ)
+        request = {"pipeline": pipeline, "step": step_name, "run_id": ctx.run_id, "dag_id": ctx.dag_id,
+                   "start": ctx.interval.start.isoformat(), "end": ctx.interval.end.isoformat(),
+                   "overrides": overrides, "environ": env}
+        try:
+            return step_worker.run_on_worker(ctx.config.paths.root, request,
+                                             lambda level, text: worker_log.log(level, "%s", text))
+        except step_worker.WorkerUnavailable as err:
+            ctx.progress("%s; the step runs in this task's process", err)
     return run_steps(ctx, [step])[step_name]

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.config import PipelineConfig, load_config
+from pipelines import step_worker
 from pipelines.airflow_env import airflow_environment, prepare_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -303,6 +304,11 @@ def services(settings: StackSettings) -> list[Service]:
                            settings.values["CTR_STACK_REDIS"],
                            lambda: _log_says(home / "logs" / "airflow-worker.log", " ready."),
                            after=("airflow-api-server",)))
+    # The minute DAG's steps, run warm for its tasks (pipelines/step_worker.py), with the tasks' environment.
+    data_root = pipeline_config(settings).paths.root
+    out.append(Service("step-worker", [python, "-m", "pipelines.cli", "worker"], client,
+                       f"{step_worker.address_file(data_root)}", lambda: _step_worker_ready(data_root),
+                       after=("s3", "spark-connect", "mlflow")))
     serving = settings.url("SERVING_PORT")
     out.append(Service("serving", [python, "-m", "pipelines.cli", "serve", "--host", "127.0.0.1", "--port",
                                    str(settings.port("SERVING_PORT")), "--grpc-port",
@@ -389,6 +395,17 @@ def _airflow_component_ready(api: str, key: str) -> Callable[[], str | None]:
         status = (health.get(key) or {}).get("status")
         return None if status == "healthy" else f"{key} heartbeat ({status})"
     return check
+
+
+def _step_worker_ready(data_root: Path) -> str | None:
+    address = step_worker.worker_address(data_root)
+    if address is None:
+        return "its address file"
+    try:
+        socket.create_connection(address, timeout=1).close()
+    except OSError:
+        return f"{address[0]}:{address[1]}"
+    return None
 
 
 def _log_says(path: Path, text: str) -> str | None:

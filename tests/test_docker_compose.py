@@ -29,7 +29,7 @@ AIRFLOW_LONG_RUNNING = {
 }
 ONE_SHOT = {"airflow-init", "minio-init"}
 EXPECTED_SERVICES = AIRFLOW_LONG_RUNNING | ONE_SHOT | {
-    "postgres", "redis", "minio", "mlflow", "spark-connect", "serving",
+    "postgres", "redis", "minio", "mlflow", "spark-connect", "serving", "step-worker",
 }
 # Services whose processes run pipeline tasks, by executor.
 TASK_RUNNERS = {"airflow-scheduler", "airflow-worker"}
@@ -173,6 +173,17 @@ def test_airflow_services_wait_for_healthy_postgres_and_init(services):
     needed = {"airflow-api-server", "spark-connect", "mlflow", "minio-init"}
     for name in TASK_RUNNERS:
         assert needed <= set(services[name]["depends_on"]), name
+
+
+def test_the_step_worker_runs_steps_as_the_task_runners_would_and_is_found_by_its_service_name(services):
+    worker = services["step-worker"]
+    for name in TASK_RUNNERS:
+        for key in ("CTR_HOME", "CTR_MODEL_STORE", "SPARK_REMOTE", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID"):
+            assert worker["environment"][key] == services[name]["environment"][key], (name, key)
+    assert f"ctr-home:{CTR_HOME}:rw" in worker["volumes"]
+    command = worker["command"]
+    assert command[:2] == ["ctr", "worker"] and command[command.index("--advertise") + 1] == "step-worker"
+    assert {"spark-connect", "mlflow", "minio-init"} <= set(worker["depends_on"])
 
 
 def test_service_ports_are_published_on_their_documented_defaults(services):

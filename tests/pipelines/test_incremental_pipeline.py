@@ -183,3 +183,59 @@ def test_a_damaged_checkpoint_is_detected_and_the_chain_goes_on_from_its_parent(
     assert outputs["validate"]["minutes"] == ["2026-01-01T00:16:00+00:00", "2026-01-01T00:17:00+00:00"]
     manifest = store.manifest("ctr", "202601010018")
     assert manifest["parent"] == "202601010015" and store.latest("ctr") == "202601010018"
+
+
+def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcomes(chain, caplog):
+    """Airflow's tasks hand their steps to a warm step worker: outputs come back, the step's log lines are
+    printed by the task, domain errors keep their type, other errors come with the worker's traceback, and with
+    the worker gone the task runs the step itself."""
+    import threading
+
+    from components.synthetic import write_minute
+    from pipelines import step_worker
+    from pipelines.runner import run_airflow_step
+
+    config, layout, store = chain["config"], chain["layout"], chain["store"]
+    stop = threading.Event()
+    up = threading.Event()
+    worker = threading.Thread(target=step_worker.serve, args=(config,), kwargs={"ready": lambda _: up.set(),
+                                                                                "stop": stop}, daemon=True)
+    worker.start()
+    assert up.wait(120), "the step worker did not come up"
+    address = step_worker.worker_address(config.paths.root)
+    assert address is not None and address[0] == "127.0.0.1"
+
+    minute = Interval.minute("2026-01-01T00:18")
+    write_minute(config.generate, layout, 18, minute.start)
+    request = {"pipeline": "incremental", "run_id": "worker-0018", "start": minute.start.isoformat(),
+               "end": minute.end.isoformat(), "overrides": {"paths.data_root": str(layout.root), **OVERRIDES},
+               "environ": {}}
+    lines: list[str] = []
+    outputs = {step.name: step_worker.run_on_worker(layout.root, {**request, "step": step.name},
+                                                    lambda level, text: lines.append(text))
+               for step in select_steps("incremental", None) if not step.sensor}
+    assert outputs["publish"]["version"] == "202601010019" and store.latest("ctr") == "202601010019"
+    assert store.manifest("ctr", "202601010019")["minutes"] == ["2026-01-01T00:18:00+00:00"]
+    assert outputs["samples"]["train"] + outputs["samples"]["holdout"] == 2000
+    assert any("step train done in" in line for line in lines)
+
+    # An Airflow task (run_airflow_step) for a minute the model already holds: the worker's NothingToLearn is
+    # raised as itself in the task, after the step's log lines (which come back under ctr.step_worker).
+    context = {"data_interval_start": minute.start, "data_interval_end": minute.end, "run_id": "worker-again",
+               "params": {}}
+    caplog.set_level("INFO")
+    with pytest.raises(NothingToLearn, match="already holds data up to 2026-01-01T00:19:00"):
+        run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
+    assert any(r.name == "ctr.step_worker" and "step plan started" in r.getMessage() for r in caplog.records)
+
+    with pytest.raises(step_worker.StepWorkerError, match=r"(?s)ValueError: .*on the step worker at .*Traceback"):
+        step_worker.run_on_worker(layout.root, {**request, "pipeline": "daily", "step": "train"}, lambda *_: None)
+
+    stop.set()
+    worker.join(30)
+    assert not step_worker.address_file(layout.root).exists()
+    caplog.clear()
+    with pytest.raises(NothingToLearn):
+        run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
+    assert any("the step runs in this task's process" in r.getMessage() for r in caplog.records)
+    assert not any(r.name == "ctr.step_worker" for r in caplog.records)

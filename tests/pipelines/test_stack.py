@@ -84,7 +84,7 @@ def test_components_get_postgres_celery_and_the_login_and_no_secret_is_on_a_comm
     assert env["CTR_MODEL_STORE"] == "s3://models/"
     names = [s.name for s in stack.services(settings)]
     assert names == ["s3", "spark-connect", "mlflow", "airflow-api-server", "airflow-scheduler",
-                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "serving"]
+                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "step-worker", "serving"]
     secret_values = [settings.secrets[key] for key in SECRET_KEYS]
     for service in stack.services(settings):
         assert not any(secret in arg for arg in service.command for secret in secret_values), service.name

@@ -13,6 +13,7 @@ and checks that nothing it started is left. About 7 minutes on 2 cores. Runs onl
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhoo
     status = _ctr(env, "stack", "status")
     assert status.returncode == 0, "a service is not healthy right after `up`"
     for service in ("s3", "spark-connect", "mlflow", "airflow-api-server", "airflow-scheduler",
-                    "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "serving"):
+                    "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "step-worker", "serving"):
         assert any(line.startswith(service) and line.endswith("healthy") for line in status.stdout.splitlines()), \
             service
     # Logins are required: the Airflow API and the MLflow server refuse anonymous requests.
@@ -176,6 +177,10 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhoo
             r["data_interval_start"] for r in airflow.runs("ctr_incremental") if r["state"] == "success")[:2]
             if len([r for r in airflow.runs("ctr_incremental") if r["state"] == "success"]) >= 2 else None, 330)
         print(f"ctr_incremental: minutes {minutes} learned and published", flush=True)
+        # Their steps ran in the step worker (the Celery workers' tasks handed them over).
+        worker_log = (run_home / "logs" / "step-worker.log").read_text()
+        for step in ("samples", "train", "publish"):
+            assert re.search(rf"incremental/{step} of scheduled__\S+: done in", worker_log), step
         followed = _wait("serving to follow the deltas", lambda: (
             doc if (doc := _served(serving)) and doc["parent"] is not None else None), 60, 2)
         print(f"serving: version {followed['version']} (parent {followed['parent']}, data to "

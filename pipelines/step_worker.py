@@ -1,0 +1,265 @@
+"""A long-running process that runs the minute pipeline's steps for Airflow's tasks, warm.
+
+An Airflow task is a fresh process: each step of a minute run pays for its start-up again (TensorFlow's graphs
+and XLA programs, a Spark Connect session, an MLflow client, Great Expectations' context). In fresh processes a
+steady-state 60 K-row minute spent 33-37 s in its steps; run one after another in one warm process, the same
+steps took 7-10 s. The step worker (`ctr worker`) is that warm process. Each task of ctr_incremental still runs
+in Airflow, with its own state, retries and log; it sends its step to the worker, prints the step's log lines
+as they come, and ends as the step ends: its output is the task's return value, its error the task's error.
+
+    Airflow task (fresh process)                step worker (one process per data root)
+      run_airflow_step ---- step, run, config ---->  a thread per step: run_steps(ctx, [step])
+      log lines <--------------------------------- the step's log records, as they are emitted
+      return / raise <---- output or error -------- DataValidationError, NothingToLearn, ... keep their type
+
+Finding it: the worker writes `<data_root>/worker/step-worker.json` (host, port, pid) once it listens and
+removes it when it stops. A task whose data root has no answering worker runs the step itself, as before
+(logged once per task), so a worker is a speed-up, never a dependency. `incremental.step_worker=false` turns
+it off.
+
+The worker runs the task's exact config: the task sends the values its own config was built from (its params'
+overrides and the environment variables of components.config.ENVIRONMENT_KEYS); the rest of the environment
+(credentials of the model store, MLflow) is the worker's own, so it is started with the scheduler's
+environment (`ctr stack up` does).
+
+Limits: a step already running goes on to its end when its task is killed (its outputs are written atomically,
+so a retry that runs beside it cannot see a half-written one). Steps run in threads of one process, as many at
+once as Airflow's pools let through (validate beside samples); a step that fails drops the worker's Spark
+session, so a restarted Spark Connect server costs one retry, not every later run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ADDRESS_FILE = "step-worker.json"
+CONNECT_TIMEOUT_S = 2.0
+PIPELINES = ("incremental",)  # the pipelines whose steps the worker runs (daily steps are minutes long anyway)
+
+
+class StepWorkerError(RuntimeError):
+    """A step failed on the step worker with an error this side cannot rebuild; the message is the remote
+    error's type and text, and the remote traceback follows it."""
+
+
+class WorkerUnavailable(ConnectionError):
+    """No step worker answers for this data root."""
+
+
+def address_file(data_root: Path) -> Path:
+    return Path(data_root) / "worker" / ADDRESS_FILE
+
+
+def _errors() -> dict[str, type[BaseException]]:
+    """Errors that keep their type across the wire: the ones Airflow's tasks map to a skip or a failure without
+    retries (pipelines.airflow_tasks.run_step_task)."""
+    from components.evaluation import DeltaGateError, QualityGateError
+    from components.validation import DataValidationError
+    from pipelines.incremental import NothingToLearn
+
+    return {cls.__name__: cls for cls in (NothingToLearn, DataValidationError, QualityGateError, DeltaGateError)}
+
+
+def _send(stream, message: dict[str, Any]) -> None:
+    stream.write((json.dumps(message, default=str) + "\n").encode())
+    stream.flush()
+
+
+# ------------------------------------------------------------------------------------------------ client side
+
+
+def worker_address(data_root: Path) -> tuple[str, int] | None:
+    """(host, port) from the worker's address file, or None when no worker has announced itself."""
+    path = address_file(data_root)
+    try:
+        data = json.loads(path.read_text())
+        return str(data["host"]), int(data["port"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def run_on_worker(data_root: Path, request: Mapping[str, Any], on_log: Callable[[int, str], None]) -> Any:
+    """Sends one step to the worker of `data_root` and waits for it: log records go to `on_log(level, text)`
+    as they come; returns the step's output or raises its error (WorkerUnavailable when none answers)."""
+    address = worker_address(data_root)
+    if address is None:
+        raise WorkerUnavailable(f"no step worker for {data_root} ({address_file(data_root)} is absent)")
+    try:
+        connection = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+    except OSError as err:
+        raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]} does not answer: {err}") from err
+    with connection:
+        connection.settimeout(None)  # a step takes as long as it takes; Airflow's task timeout bounds it
+        stream = connection.makefile("rwb")
+        _send(stream, dict(request))
+        for line in stream:
+            message = json.loads(line)
+            if "log" in message:
+                on_log(int(message.get("level", logging.INFO)), str(message["log"]))
+            elif message.get("ok"):
+                return message.get("output")
+            else:
+                error_type, text = str(message.get("error_type", "")), str(message.get("error", ""))
+                known = _errors().get(error_type)
+                if known is not None:
+                    raise known(text)
+                raise StepWorkerError(f"{error_type}: {text}\n--- on the step worker at {address[0]}:{address[1]}:\n"
+                                      f"{message.get('traceback', '')}")
+    raise StepWorkerError(f"the step worker at {address[0]}:{address[1]} closed the connection before the step "
+                          "ended (it stopped or was killed); the task's retry runs the step again")
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+
+
+class _ThreadLogs(logging.Handler):
+    """Routes each log record to the step running in the thread that emitted it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.sinks: dict[int, Callable[[logging.LogRecord], None]] = {}
+        self.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sink = self.sinks.get(record.thread or 0)
+        if sink is not None:
+            sink(record)
+
+
+def run_request(request: Mapping[str, Any]) -> Any:
+    """Runs the requested step in this process, as run_airflow_step would in the task's own."""
+    from components.config import load_config
+    from components.interval import Interval
+    from pipelines.context import RunContext
+    from pipelines.runner import run_steps, select_steps
+
+    pipeline = str(request["pipeline"])
+    if pipeline not in PIPELINES:
+        raise ValueError(f"the step worker runs the steps of {list(PIPELINES)}, not of {pipeline!r}")
+    config = load_config(overrides=request.get("overrides") or {}, environ=request.get("environ") or {})
+    ctx = RunContext(config=config, interval=Interval(datetime.fromisoformat(request["start"]),
+                                                      datetime.fromisoformat(request["end"])),
+                     pipeline=pipeline, run_id=str(request["run_id"]), dag_id=str(request.get("dag_id", "")))
+    (step,) = select_steps(pipeline, [str(request["step"])])
+    return run_steps(ctx, [step])[step.name]
+
+
+def _drop_spark_session() -> None:
+    """Stops the process's Spark session, so the next step starts a new one (a restarted Connect server does
+    not know the old session)."""
+    try:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+        if session is not None and type(session).__module__.startswith("pyspark.sql.connect"):
+            session.stop()  # a local session does not go stale
+    except Exception:  # noqa: BLE001 - best effort: the next step reports a Spark that is really gone
+        log.debug("stopping the Spark session failed", exc_info=True)
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        request = json.loads(self.rfile.readline() or b"{}")
+        name = f"{request.get('pipeline')}/{request.get('step')} of {request.get('run_id')}"
+        lock = threading.Lock()
+        connected = [True]
+
+        def send(message: dict[str, Any]) -> None:
+            with lock:
+                if not connected[0]:
+                    return
+                try:
+                    _send(self.wfile, message)
+                except OSError:  # the task went away (killed, timed out): the step still runs to its end
+                    connected[0] = False
+                    log.warning("the task of %s went away; the step runs to its end", name)
+
+        logs = self.server.thread_logs
+        ident = threading.get_ident()
+        logs.sinks[ident] = lambda record: send({"log": logs.format(record), "level": record.levelno})
+        started = time.monotonic()
+        log.info("%s: started", name)
+        try:
+            output = run_request(request)
+            json.dumps(output, default=str)
+            send({"ok": True, "output": output})
+            log.info("%s: done in %.1f s", name, time.monotonic() - started)
+        except Exception as err:  # noqa: BLE001 - every error goes back to the task, which raises it
+            if not isinstance(err, tuple(_errors().values())):
+                _drop_spark_session()
+            send({"ok": False, "error_type": type(err).__name__, "error": str(err),
+                  "traceback": traceback.format_exc()})
+            log.info("%s: %s after %.1f s: %s", name, type(err).__name__, time.monotonic() - started, err)
+        finally:
+            logs.sinks.pop(ident, None)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        super().__init__(address, _Handler)
+        self.thread_logs = _ThreadLogs()
+
+
+def warm_up(config) -> None:
+    """Imports what the steps import, so the first minute does not pay for it."""
+    import tensorflow  # noqa: F401 - heavy, imported by train, export and gate
+
+    import components.validation  # noqa: F401
+    import pipelines.incremental  # noqa: F401
+    import spark_jobs.samples  # noqa: F401
+
+
+def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple[str, int]], None] | None = None,
+          stop: threading.Event | None = None, advertise: str | None = None) -> None:
+    """Serves steps until `stop` is set (or forever), announcing the address in the data root's address file
+    (`advertise`, or the host it listens on, and the port)."""
+    warm_up(config)
+    server = _Server((host, port))
+    logging.getLogger().addHandler(server.thread_logs)
+    if logging.getLogger("ctr").getEffectiveLevel() > logging.INFO:  # the steps' progress lines go to the tasks
+        logging.getLogger("ctr").setLevel(logging.INFO)
+    address = server.server_address[:2]
+    path = address_file(config.paths.root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"host": advertise or address[0], "port": address[1], "pid": os.getpid(),
+                               "started": datetime.now().astimezone().isoformat(timespec="seconds")}))
+    os.replace(tmp, path)
+    log.info("step worker for %s listening on %s:%d", config.paths.root, *address)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
+                              name="step-worker")
+    thread.start()
+    if ready is not None:
+        ready(address)
+    try:
+        while not (stop.wait(0.5) if stop is not None else time.sleep(0.5)):
+            pass
+    finally:
+        try:
+            current = json.loads(path.read_text())
+            if current.get("pid") == os.getpid() and int(current.get("port", -1)) == address[1]:
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+        server.shutdown()
+        server.server_close()
+        logging.getLogger().removeHandler(server.thread_logs)
+        log.info("step worker stopped")
