@@ -399,9 +399,9 @@ def train(ctx: RunContext) -> dict:
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
     ctx.tracker.log_metrics({f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)})
-    ctx.progress("train: %d rows at %.0f ex/s; holdout logloss %.4f (parent %.4f), %.1f s", result["train_rows"],
+    ctx.progress("train: %d rows at %.0f ex/s; holdout logloss %.4f (parent %.4f, %s), %.1f s", result["train_rows"],
                  result["examples_per_second"], result["holdout_logloss"], result["parent_holdout_logloss"],
-                 time.monotonic() - started)
+                 "kept in memory" if result["parent_from_memory"] else "loaded", time.monotonic() - started)
     return result
 
 

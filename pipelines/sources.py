@@ -94,7 +94,7 @@ class ClickLogSource:
 
     def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
              holdout: tuple[float, bool] | None = None):
-        from spark_jobs.raw import extract_raw, parse_raw
+        from spark_jobs.raw import extract_raw, parse_raw, raw_columns
 
         paths = [str(ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name) for m in minutes
                  if self.has_data(ctx.layout, ctx.spec, m)]
@@ -103,7 +103,7 @@ class ClickLogSource:
         raw = extract_raw(ctx.spark(), paths, ctx.spec)
         # Split on the raw text, before parsing: a hash over the parsed expressions, inlined into the
         # vocabulary count, made Spark's optimizer run out of memory.
-        return parse_raw(_hash_split(raw, raw.columns, holdout), ctx.spec)
+        return parse_raw(_hash_split(raw, raw_columns(ctx.spec), holdout), ctx.spec)
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
         from components.synthetic import planted_auc

@@ -48,9 +48,14 @@ def _minute_of_path() -> Column:
     )
 
 
+def raw_columns(spec: FeatureSpec) -> list[str]:
+    """The columns of extract_raw's frame, in order."""
+    return [*spec.input_columns, MINUTE_COLUMN]
+
+
 def extract_raw(spark: SparkSession, paths: list[str], spec: FeatureSpec) -> DataFrame:
     """The spec's raw columns of the partition files `paths` (text formats: strings, an empty field null;
-    Parquet: as stored) plus the partition's minute."""
+    Parquet: as stored) plus the partition's minute (raw_columns)."""
     source = spec.source
     if source.format == "parquet":
         frame = spark.read.parquet(*paths)
@@ -61,6 +66,9 @@ def extract_raw(spark: SparkSession, paths: list[str], spec: FeatureSpec) -> Dat
         schema = StructType([StructField(name, StringType(), True) for name in source.columns])
         frame = spark.read.csv(paths, sep=source.field_delimiter, schema=schema, header=False, mode="PERMISSIVE",
                                emptyValue=None)
+        # The spec's own columns (checked against the spec when it was read): no need to ask Spark, which over
+        # Spark Connect is a round trip that lists the files.
+        return frame.select(*spec.input_columns, _minute_of_path().alias(MINUTE_COLUMN))
     missing = [c for c in spec.input_columns if c not in frame.columns]
     if missing:
         raise FeatureSpecError(f"feature spec {spec.name!r} reads columns {missing} that the files do not have; "

@@ -7,7 +7,9 @@ to newly admitted values start from a fresh draw of the table's initializer, as 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,47 @@ from components.feature_spec import FeatureSpec, load_spec
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
 from trainer.layers.categorical_embedding import CategoricalEmbedding
-from trainer.train import ThroughputMeter, load_checkpoint, save_checkpoint
+from trainer.train import CHECKPOINT_KIND, ThroughputMeter, load_checkpoint, save_checkpoint
+
+
+@dataclass
+class _WarmModel:
+    """The model a minute run just saved, kept in memory by a long-running process (the step worker): the next
+    minute's parent is usually that checkpoint, and the kept model has its weights, optimizer state and
+    compiled train and test functions already."""
+
+    directory: Path
+    files: dict[str, Any]  # the checkpoint manifest's files (sha256, bytes) when it was saved
+    model: keras.Model
+
+
+_warm: _WarmModel | None = None
+_warm_lock = threading.Lock()
+
+
+def _parent_model(parent_checkpoint: Path) -> tuple[keras.Model, bool]:
+    """(the parent's model, whether it came from memory). The kept model is used only for the checkpoint it
+    was saved as, while that checkpoint's manifest still names the same files; it is taken out while in use,
+    so a run that fails half-way never leaves a half-trained model behind."""
+    from components.manifest import read_manifest
+
+    global _warm
+    with _warm_lock:
+        warm, _warm = _warm, None
+    if warm is not None and warm.directory == Path(parent_checkpoint).resolve():
+        manifest = read_manifest(parent_checkpoint, kind=CHECKPOINT_KIND, verify=False)
+        if manifest.get("files") == warm.files:
+            return warm.model, True
+    return load_checkpoint(parent_checkpoint), False
+
+
+def _keep_warm(model: keras.Model, checkpoint_dir: Path) -> None:
+    from components.manifest import read_manifest
+
+    global _warm
+    files = read_manifest(checkpoint_dir, kind=CHECKPOINT_KIND, verify=False)["files"]
+    with _warm_lock:
+        _warm = _WarmModel(Path(checkpoint_dir).resolve(), files, model)
 
 
 def checkpoint_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
@@ -67,7 +109,7 @@ def train_increment(
 
     keras.utils.set_random_seed(seed)
     train_batch_size = even_batch_size(num_rows, batch_size) if num_rows else batch_size
-    model = load_checkpoint(parent_checkpoint)
+    model, from_memory = _parent_model(parent_checkpoint)
     if model.optimizer is None:
         raise ValueError(f"the checkpoint in {parent_checkpoint} has no optimizer state; it cannot be trained on")
     num_reset = reset_rows(model, new_rows, list(inputs.tables))
@@ -92,6 +134,8 @@ def train_increment(
                              "holdout_files": list(holdout_files)},
                      row_counts={"train": train_rows, "holdout": holdout_rows},
                      extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model)})
+    _keep_warm(model, checkpoint_dir)
     return {"train_rows": train_rows, "batch_size": train_batch_size, "holdout_rows": holdout_rows,
-            "rows_reset": num_reset, "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
+            "parent_from_memory": from_memory, "rows_reset": num_reset,
+            "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
             "parent_holdout_logloss": parent_logloss, "global_step": global_step}

@@ -239,3 +239,37 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
         run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
     assert any("the step runs in this task's process" in r.getMessage() for r in caplog.records)
     assert not any(r.name == "ctr.step_worker" for r in caplog.records)
+
+
+def test_a_minute_trained_from_the_model_kept_in_memory_equals_one_trained_from_its_checkpoint(chain, tmp_path):
+    """The chain's second minute trained the model its first minute kept in memory; trained again from the first
+    minute's checkpoint on disk, it ends with the same weights and the same holdout logloss."""
+    from components.feature_state import load_feature_state
+    from pipelines.daily import sample_files
+    from pipelines.incremental import read_plan
+    from trainer import incremental
+    from trainer.train import load_checkpoint
+
+    outputs = chain["outputs"]
+    assert outputs["2026-01-01T00:10"]["train"]["parent_from_memory"] is False  # its parent is the daily model
+    assert outputs["2026-01-01T00:11"]["train"]["parent_from_memory"] is True
+    config, layout = chain["config"], chain["layout"]
+    ctx = RunContext(config=config, interval=Interval.minute("2026-01-01T00:11"), pipeline="incremental",
+                     run_id="again")
+    directory = layout.incremental_dir(ctx.interval)
+    plan = read_plan(ctx)
+    (train_files, manifest), (holdout_files, _) = (sample_files(directory / "samples" / split, ctx.spec.hash())
+                                                   for split in ("train", "holdout"))
+    incremental._warm = None
+    again = incremental.train_increment(
+        Path(plan.parent_checkpoint), train_files, holdout_files, tmp_path / "checkpoint",
+        new_rows=load_feature_state(directory / "feature_state").new_rows, batch_size=config.train.batch_size,
+        epochs=config.incremental.epochs, seed=config.train.seed, version=plan.version, layout=manifest["layout"],
+        num_rows=manifest["row_counts"]["rows"], spec=ctx.spec)
+    assert again["parent_from_memory"] is False
+    first = outputs["2026-01-01T00:11"]["train"]
+    assert again["holdout_logloss"] == pytest.approx(first["holdout_logloss"], abs=1e-6)
+    assert again["global_step"] == first["global_step"]
+    kept = load_checkpoint(directory / "checkpoint")
+    for expected, actual in zip(kept.weights, load_checkpoint(tmp_path / "checkpoint").weights, strict=True):
+        np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=1e-5)
