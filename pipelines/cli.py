@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -238,11 +239,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = _config(args)
     try:
         with stop_on_signals():
-            serve(config, args.host, args.port, advertise=args.advertise,
-                  ready=lambda address: print(f"ctr: step worker for {config.paths.root} on {address[0]}:"
-                                              f"{address[1]}", flush=True))
+            again = serve(config, args.host, args.port, advertise=args.advertise,
+                          ready=lambda address: print(f"ctr: step worker for {config.paths.root} on {address[0]}:"
+                                                      f"{address[1]}", flush=True))
     except StopRequested:
-        pass
+        return 0
+    if again:  # its memory grew past incremental.step_worker_max_rss_mib: the same command, as a fresh process
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "pipelines.cli", *sys.argv[1:]])
     return 0
 
 
