@@ -8,6 +8,7 @@ to newly admitted values start from a fresh draw of the table's initializer, as 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,9 @@ class _WarmModel:
     files: dict[str, Any]  # the checkpoint manifest's files (sha256, bytes) when it was saved
     model: keras.Model
 
+
+# A minute's rows are one finite pass of unknown length: Keras warns at its end, in every minute run's log.
+warnings.filterwarnings("ignore", message="Your input ran out of data", category=UserWarning)
 
 _warm: _WarmModel | None = None
 _warm_lock = threading.Lock()
