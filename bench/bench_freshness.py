@@ -44,7 +44,7 @@ from components.layout import Layout
 from components.live_traffic import write_live_minute, write_live_minutes
 from components.model_store import open_model_store
 from pipelines.airflow_env import airflow_environment, prepare_database
-from pipelines.step_worker import address_file
+from pipelines.step_client import address_file
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 DAG_ID = "ctr_incremental"

@@ -11,7 +11,7 @@ from typing import Any
 
 from components.config import PipelineConfig, load_config
 from components.interval import Interval
-from pipelines import step_worker
+from pipelines import step_client
 from pipelines.context import RunContext, Step
 
 log = logging.getLogger(__name__)
@@ -109,14 +109,14 @@ def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
     (step,) = select_steps(pipeline, [step_name])
     if step.sensor:
         return bool(step.run(ctx))
-    if pipeline in step_worker.PIPELINES and ctx.config.incremental.step_worker:
+    if pipeline in step_client.PIPELINES and ctx.config.incremental.step_worker:
         overrides, env = _task_config_inputs(pipeline, context, environ)
         request = {"pipeline": pipeline, "step": step_name, "run_id": ctx.run_id, "dag_id": ctx.dag_id,
                    "start": ctx.interval.start.isoformat(), "end": ctx.interval.end.isoformat(),
                    "overrides": overrides, "environ": env}
         try:
-            return step_worker.run_on_worker(ctx.config.paths.root, request,
+            return step_client.run_on_worker(ctx.config.paths.root, request,
                                              lambda level, text: worker_log.log(level, "%s", text))
-        except step_worker.WorkerUnavailable as err:
+        except step_client.WorkerUnavailable as err:
             ctx.progress("%s; the step runs in this task's process", err)
     return run_steps(ctx, [step])[step_name]

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.config import PipelineConfig, load_config
-from pipelines import step_worker
+from pipelines import step_client
 from pipelines.airflow_env import airflow_environment, prepare_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -307,7 +307,7 @@ def services(settings: StackSettings) -> list[Service]:
     # The minute DAG's steps, run warm for its tasks (pipelines/step_worker.py), with the tasks' environment.
     data_root = pipeline_config(settings).paths.root
     out.append(Service("step-worker", [python, "-m", "pipelines.cli", "worker"], client,
-                       f"{step_worker.address_file(data_root)}", lambda: _step_worker_ready(data_root),
+                       f"{step_client.address_file(data_root)}", lambda: _step_worker_ready(data_root),
                        after=("s3", "spark-connect", "mlflow")))
     serving = settings.url("SERVING_PORT")
     out.append(Service("serving", [python, "-m", "pipelines.cli", "serve", "--host", "127.0.0.1", "--port",
@@ -398,7 +398,7 @@ def _airflow_component_ready(api: str, key: str) -> Callable[[], str | None]:
 
 
 def _step_worker_ready(data_root: Path) -> str | None:
-    address = step_worker.worker_address(data_root)
+    address = step_client.worker_address(data_root)
     if address is None:
         return "its address file"
     try:

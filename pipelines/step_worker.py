@@ -12,6 +12,8 @@ as they come, and ends as the step ends: its output is the task's return value, 
       log lines <--------------------------------- the step's log records, as they are emitted
       return / raise <---- output or error -------- DataValidationError, NothingToLearn, ... keep their type
 
+The task's side (finding the worker, sending a step, relaying its answer) is pipelines/step_client.py.
+
 Finding it: the worker writes `<data_root>/worker/step-worker.json` (host, port, pid) once it listens and
 removes it when it stops. A task whose data root has no answering worker runs the step itself, as before
 (logged once per task), so a worker is a speed-up, never a dependency. `incremental.step_worker=false` turns
@@ -39,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import socketserver
 import threading
 import time
@@ -49,88 +50,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.step_client import PIPELINES, address_file, error_types, send_message
+
 log = logging.getLogger(__name__)
-
-ADDRESS_FILE = "step-worker.json"
-CONNECT_TIMEOUT_S = 2.0
-PIPELINES = ("incremental",)  # the pipelines whose steps the worker runs (daily steps are minutes long anyway)
-
-
-class StepWorkerError(RuntimeError):
-    """A step failed on the step worker with an error this side cannot rebuild; the message is the remote
-    error's type and text, and the remote traceback follows it."""
-
-
-class WorkerUnavailable(ConnectionError):
-    """No step worker answers for this data root."""
-
-
-def address_file(data_root: Path) -> Path:
-    return Path(data_root) / "worker" / ADDRESS_FILE
-
-
-def _errors() -> dict[str, type[BaseException]]:
-    """Errors that keep their type across the wire: the ones Airflow's tasks map to a skip or a failure without
-    retries (pipelines.airflow_tasks.run_step_task)."""
-    from components.evaluation import DeltaGateError, QualityGateError
-    from components.validation import DataValidationError
-    from pipelines.incremental import NothingToLearn
-
-    return {cls.__name__: cls for cls in (NothingToLearn, DataValidationError, QualityGateError, DeltaGateError)}
-
-
-def _send(stream, message: dict[str, Any]) -> None:
-    stream.write((json.dumps(message, default=str) + "\n").encode())
-    stream.flush()
-
-
-# ------------------------------------------------------------------------------------------------ client side
-
-
-def worker_address(data_root: Path) -> tuple[str, int] | None:
-    """(host, port) from the worker's address file, or None when no worker has announced itself."""
-    path = address_file(data_root)
-    try:
-        data = json.loads(path.read_text())
-        return str(data["host"]), int(data["port"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def run_on_worker(data_root: Path, request: Mapping[str, Any], on_log: Callable[[int, str], None]) -> Any:
-    """Sends one step to the worker of `data_root` and waits for it: log records go to `on_log(level, text)`
-    as they come; returns the step's output or raises its error (WorkerUnavailable when none answers)."""
-    address = worker_address(data_root)
-    if address is None:
-        raise WorkerUnavailable(f"no step worker for {data_root} ({address_file(data_root)} is absent)")
-    try:
-        connection = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
-    except OSError as err:
-        raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]} does not answer: {err}") from err
-    with connection:
-        connection.settimeout(None)  # a step takes as long as it takes; Airflow's task timeout bounds it
-        stream = connection.makefile("rwb")
-        _send(stream, dict(request))
-        for line in stream:
-            message = json.loads(line)
-            if "log" in message:
-                on_log(int(message.get("level", logging.INFO)), str(message["log"]))
-            elif message.get("ok"):
-                return message.get("output")
-            else:
-                error_type, text = str(message.get("error_type", "")), str(message.get("error", ""))
-                if error_type == WorkerUnavailable.__name__:  # it is starting over: the step was not run
-                    raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]}: {text}")
-                known = _errors().get(error_type)
-                if known is not None:
-                    raise known(text)
-                raise StepWorkerError(f"{error_type}: {text}\n--- on the step worker at {address[0]}:{address[1]}:\n"
-                                      f"{message.get('traceback', '')}")
-    raise StepWorkerError(f"the step worker at {address[0]}:{address[1]} closed the connection before the step "
-                          "ended (it stopped or was killed); the task's retry runs the step again")
-
-
-# ------------------------------------------------------------------------------------------------ worker side
 
 
 class _ThreadLogs(logging.Handler):
@@ -144,7 +66,10 @@ class _ThreadLogs(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         sink = self.sinks.get(record.thread or 0)
         if sink is not None:
-            sink(record)
+            try:
+                sink(record)
+            except Exception:  # noqa: BLE001 - a record that cannot be sent must not stop the step
+                self.handleError(record)
 
 
 def run_request(request: Mapping[str, Any]) -> Any:
@@ -193,20 +118,23 @@ class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
-        request = json.loads(self.rfile.readline() or b"{}")
+        line = self.rfile.readline()
+        if not line.strip():  # a health check's connect-and-close, or a client that sent nothing
+            return
+        request = json.loads(line)
         name = f"{request.get('pipeline')}/{request.get('step')} of {request.get('run_id')}"
         lock = threading.Lock()
         connected = [True]
 
         def send(message: dict[str, Any]) -> None:
+            # Called from inside logging (the thread's sink): it must neither log nor raise.
             with lock:
                 if not connected[0]:
                     return
                 try:
-                    _send(self.wfile, message)
+                    send_message(self.wfile, message)
                 except OSError:  # the task went away (killed, timed out): the step still runs to its end
                     connected[0] = False
-                    log.warning("the task of %s went away; the step runs to its end", name)
 
         server = self.server
         if server.recycling.is_set():  # announced gone already: the task runs the step itself
@@ -219,17 +147,18 @@ class _Handler(socketserver.StreamRequestHandler):
         log.info("%s: started", name)
         try:
             output = run_request(request)
-            json.dumps(output, default=str)
             send({"ok": True, "output": output})
             log.info("%s: done in %.1f s", name, time.monotonic() - started)
         except Exception as err:  # noqa: BLE001 - every error goes back to the task, which raises it
-            if not isinstance(err, tuple(_errors().values())):
+            if not isinstance(err, tuple(error_types().values())):
                 _drop_spark_session()
             send({"ok": False, "error_type": type(err).__name__, "error": str(err),
                   "traceback": traceback.format_exc()})
             log.info("%s: %s after %.1f s: %s", name, type(err).__name__, time.monotonic() - started, err)
         finally:
             logs.sinks.pop(ident, None)
+            if not connected[0]:
+                log.warning("the task of %s went away before its step ended; the step ran to its end", name)
             rss = rss_mib()
             if server.max_rss_mib and rss is not None and rss > server.max_rss_mib:
                 log.info("resident memory %.0f MiB is over incremental.step_worker_max_rss_mib=%.0f: no more steps "

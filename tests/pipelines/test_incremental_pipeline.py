@@ -192,7 +192,7 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
     import threading
 
     from components.synthetic import write_minute
-    from pipelines import step_worker
+    from pipelines import step_client, step_worker
     from pipelines.runner import run_airflow_step
 
     config, layout, store = chain["config"], chain["layout"], chain["store"]
@@ -202,7 +202,7 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
                                                                                 "stop": stop}, daemon=True)
     worker.start()
     assert up.wait(120), "the step worker did not come up"
-    address = step_worker.worker_address(config.paths.root)
+    address = step_client.worker_address(config.paths.root)
     assert address is not None and address[0] == "127.0.0.1"
 
     minute = Interval.minute("2026-01-01T00:18")
@@ -211,7 +211,7 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
                "end": minute.end.isoformat(), "overrides": {"paths.data_root": str(layout.root), **OVERRIDES},
                "environ": {}}
     lines: list[str] = []
-    outputs = {step.name: step_worker.run_on_worker(layout.root, {**request, "step": step.name},
+    outputs = {step.name: step_client.run_on_worker(layout.root, {**request, "step": step.name},
                                                     lambda level, text: lines.append(text))
                for step in select_steps("incremental", None) if not step.sensor}
     assert outputs["publish"]["version"] == "202601010019" and store.latest("ctr") == "202601010019"
@@ -228,12 +228,12 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
         run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
     assert any(r.name == "ctr.step_worker" and "step plan started" in r.getMessage() for r in caplog.records)
 
-    with pytest.raises(step_worker.StepWorkerError, match=r"(?s)ValueError: .*on the step worker at .*Traceback"):
-        step_worker.run_on_worker(layout.root, {**request, "pipeline": "daily", "step": "train"}, lambda *_: None)
+    with pytest.raises(step_client.StepWorkerError, match=r"(?s)ValueError: .*on the step worker at .*Traceback"):
+        step_client.run_on_worker(layout.root, {**request, "pipeline": "daily", "step": "train"}, lambda *_: None)
 
     stop.set()
     worker.join(30)
-    assert not step_worker.address_file(layout.root).exists()
+    assert not step_client.address_file(layout.root).exists()
     caplog.clear()
     with pytest.raises(NothingToLearn):
         run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})

@@ -1,0 +1,86 @@
+"""The task's side of the step worker (pipelines/step_worker.py): finding the worker of a data root, sending it
+one step and relaying what comes back (log lines as they come, then the output or the error)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ADDRESS_FILE = "step-worker.json"
+CONNECT_TIMEOUT_S = 2.0
+PIPELINES = ("incremental",)  # the pipelines whose steps the worker runs (daily steps are minutes long anyway)
+
+
+class StepWorkerError(RuntimeError):
+    """A step failed on the step worker with an error this side cannot rebuild; the message is the remote
+    error's type and text, and the remote traceback follows it."""
+
+
+class WorkerUnavailable(ConnectionError):
+    """No step worker answers for this data root."""
+
+
+def address_file(data_root: Path) -> Path:
+    return Path(data_root) / "worker" / ADDRESS_FILE
+
+
+def error_types() -> dict[str, type[BaseException]]:
+    """Errors that keep their type across the wire: the ones Airflow's tasks map to a skip or a failure without
+    retries (pipelines.airflow_tasks.run_step_task)."""
+    from components.evaluation import DeltaGateError, QualityGateError
+    from components.validation import DataValidationError
+    from pipelines.incremental import NothingToLearn
+
+    return {cls.__name__: cls for cls in (NothingToLearn, DataValidationError, QualityGateError, DeltaGateError)}
+
+
+def send_message(stream, message: dict[str, Any]) -> None:
+    stream.write((json.dumps(message, default=str) + "\n").encode())
+    stream.flush()
+
+
+def worker_address(data_root: Path) -> tuple[str, int] | None:
+    """(host, port) from the worker's address file, or None when no worker has announced itself."""
+    path = address_file(data_root)
+    try:
+        data = json.loads(path.read_text())
+        return str(data["host"]), int(data["port"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def run_on_worker(data_root: Path, request: Mapping[str, Any], on_log: Callable[[int, str], None]) -> Any:
+    """Sends one step to the worker of `data_root` and waits for it: log records go to `on_log(level, text)`
+    as they come; returns the step's output or raises its error (WorkerUnavailable when none answers)."""
+    address = worker_address(data_root)
+    if address is None:
+        raise WorkerUnavailable(f"no step worker for {data_root} ({address_file(data_root)} is absent)")
+    try:
+        connection = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+    except OSError as err:
+        raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]} does not answer: {err}") from err
+    with connection:
+        connection.settimeout(None)  # a step takes as long as it takes; Airflow's task timeout bounds it
+        stream = connection.makefile("rwb")
+        send_message(stream, dict(request))
+        for line in stream:
+            message = json.loads(line)
+            if "log" in message:
+                on_log(int(message.get("level", logging.INFO)), str(message["log"]))
+            elif message.get("ok"):
+                return message.get("output")
+            else:
+                error_type, text = str(message.get("error_type", "")), str(message.get("error", ""))
+                if error_type == WorkerUnavailable.__name__:  # it is starting over: the step was not run
+                    raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]}: {text}")
+                known = error_types().get(error_type)
+                if known is not None:
+                    raise known(text)
+                raise StepWorkerError(f"{error_type}: {text}\n--- on the step worker at {address[0]}:{address[1]}:\n"
+                                      f"{message.get('traceback', '')}")
+    raise StepWorkerError(f"the step worker at {address[0]}:{address[1]} closed the connection before the step "
+                          "ended (it stopped or was killed); the task's retry runs the step again")
