@@ -45,6 +45,7 @@ from components.live_traffic import write_live_minute, write_live_minutes
 from components.model_store import open_model_store
 from pipelines.airflow_env import airflow_environment, prepare_database
 from pipelines.step_client import address_file
+from pipelines.step_worker import rss_mib
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 DAG_ID = "ctr_incremental"
@@ -214,16 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_minute",)}, indent=2))
     print(f"[bench-freshness] wrote {RESULTS} in {time.time() - started:.0f} s")
     return 0
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
 
 
 def dag_unpaused(db: Path, dag_id: str) -> bool:

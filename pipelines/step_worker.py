@@ -90,10 +90,10 @@ def run_request(request: Mapping[str, Any]) -> Any:
     return run_steps(ctx, [step])[step.name]
 
 
-def rss_mib() -> float | None:
-    """This process's resident memory (Linux), or None where /proc is not there."""
+def rss_mib(pid: int | str = "self") -> float | None:
+    """A process's resident memory (Linux; this process's by default), or None where /proc does not say."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     except OSError:
@@ -179,7 +179,7 @@ class _Server(socketserver.ThreadingTCPServer):
         self.recycling = threading.Event()
 
 
-def warm_up(config) -> None:
+def warm_up() -> None:
     """Imports what the steps import, so the first minute does not pay for it."""
     import tensorflow  # noqa: F401 - heavy, imported by train, export and gate
 
@@ -193,7 +193,7 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     """Serves steps until `stop` is set (or forever), announcing the address in the data root's address file
     (`advertise`, or the host it listens on, and the port). Returns True when it stopped to start over (its
     memory went over incremental.step_worker_max_rss_mib), False when stopped."""
-    warm_up(config)
+    warm_up()
     server = _Server((host, port), config.incremental.step_worker_max_rss_mib)
     logging.getLogger().addHandler(server.thread_logs)
     if logging.getLogger("ctr").getEffectiveLevel() > logging.INFO:  # the steps' progress lines go to the tasks

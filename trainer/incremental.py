@@ -60,13 +60,10 @@ def _parent_model(parent_checkpoint: Path) -> tuple[keras.Model, bool]:
     return load_checkpoint(parent_checkpoint), False
 
 
-def _keep_warm(model: keras.Model, checkpoint_dir: Path) -> None:
-    from components.manifest import read_manifest
-
+def _keep_warm(model: keras.Model, checkpoint_dir: Path, manifest: Mapping[str, Any]) -> None:
     global _warm
-    files = read_manifest(checkpoint_dir, kind=CHECKPOINT_KIND, verify=False)["files"]
     with _warm_lock:
-        _warm = _WarmModel(Path(checkpoint_dir).resolve(), files, model)
+        _warm = _WarmModel(Path(checkpoint_dir).resolve(), manifest["files"], model)
 
 
 def checkpoint_weights(checkpoint_dir: Path) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
@@ -132,13 +129,14 @@ def train_increment(
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
-    save_checkpoint(model, checkpoint_dir, version=version, extra_files=[weights_file],
-                     spec_hash=(spec or load_spec("criteo")).hash(),
-                     inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
-                             "holdout_files": list(holdout_files)},
-                     row_counts={"train": train_rows, "holdout": holdout_rows},
-                     extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model)})
-    _keep_warm(model, checkpoint_dir)
+    saved = save_checkpoint(
+        model, checkpoint_dir, version=version, extra_files=[weights_file],
+        spec_hash=(spec or load_spec("criteo")).hash(),
+        inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
+                "holdout_files": list(holdout_files)},
+        row_counts={"train": train_rows, "holdout": holdout_rows},
+        extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model)})
+    _keep_warm(model, checkpoint_dir, saved)
     return {"train_rows": train_rows, "batch_size": train_batch_size, "holdout_rows": holdout_rows,
             "parent_from_memory": from_memory, "rows_reset": num_reset,
             "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,

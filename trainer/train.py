@@ -353,14 +353,16 @@ def _speed_flags(config: TrainConfig, num_replicas: int) -> dict[str, Any]:
 
 
 def save_checkpoint(model: keras.Model, directory: Path, *, version: str, extra_files: Sequence[str] = (),
-                     **manifest: Any) -> None:
-    """model.keras (and `extra_files`, already written into `directory`) with the manifest written last."""
+                     **manifest: Any) -> dict[str, Any]:
+    """model.keras (and `extra_files`, already written into `directory`) with the manifest written last;
+    returns the manifest."""
     directory.mkdir(parents=True, exist_ok=True)
     # Written under a temporary name first: a crash never leaves a truncated model.keras behind.
     partial = directory / f".{uuid.uuid4().hex}.partial.keras"
     model.save(partial)
     os.replace(partial, directory / MODEL_FILE)
-    write_manifest(directory, kind=CHECKPOINT_KIND, version=version, files=[MODEL_FILE, *extra_files], **manifest)
+    return write_manifest(directory, kind=CHECKPOINT_KIND, version=version, files=[MODEL_FILE, *extra_files],
+                          **manifest)
 
 
 def _input_hash(
