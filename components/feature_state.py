@@ -237,7 +237,9 @@ def advance_feature_state(
     counts = counts.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
     candidates = previous.candidates if previous is not None else COUNTS_SCHEMA.empty_table()
     merged = _sum_counts(pa.concat_tables([candidates, counts]))
-    by_feature = _group_by_feature(merged, tables)
+    unknown = sorted(set(pc.unique(merged["feature"]).to_pylist()) - set(tables))
+    if unknown:
+        raise ValueError(f"counts name an unknown table {unknown[0]!r}; expected one of {list(tables)}")
 
     vocabularies: dict[str, Vocabulary] = {}
     evicted_rows: dict[str, tuple[int, ...]] = {}
@@ -247,58 +249,21 @@ def advance_feature_state(
         old = previous.vocabularies.get(name) if previous is not None else None
         if old is None:
             old = Vocabulary.of(settings.fixed_values, last_seen=day) if settings.fixed_values else Vocabulary()
-        stale_before = day - settings.evict_after_days if settings.evict_after_days > 0 else None
-        max_rows_per_feature = settings.max_rows
-        seen = by_feature.get(name, {})
-        entries = {}  # value -> [row, count, last_seen] of admitted values
-        for value, row, count, last in zip(old.values, old.rows, old.counts, old.last_seen, strict=True):
-            extra_count, extra_last = seen.pop(value, (0, last))
-            entries[value] = [row, count + extra_count, max(last, extra_last)]
-        free = set(old.free_rows)
-        evicted = []
-        if stale_before is not None:
-            for value in [v for v, (_, _, last) in entries.items() if last <= stale_before]:
-                evicted.append(entries.pop(value)[0])
-            free.update(evicted)
-            seen = {v: cl for v, cl in seen.items() if cl[1] > stale_before}
-        admissible = sorted(((-c, v) for v, (c, _) in seen.items() if c >= settings.min_count
-                             and (not settings.fixed_values or v in settings.fixed_values)))
-        num_rows = old.num_rows
         limit = old.table_size if fixed_tables and previous is not None and name in previous.vocabularies \
-            else max_rows_per_feature
-        free_sorted = sorted(free)
-        added = []
-        for _, value in admissible:
-            if free_sorted:
-                row = free_sorted.pop(0)
-            elif num_rows < limit:
-                row, num_rows = num_rows, num_rows + 1
-            else:
-                break  # full: the rest stay candidates and keep counting
-            count, last = seen.pop(value)
-            entries[value] = [row, count, last]
-            added.append(row)
-        ordered = sorted(entries.items(), key=lambda item: item[1][0])
-        vocabularies[name] = Vocabulary(
-            values=tuple(v for v, _ in ordered), rows=tuple(e[0] for _, e in ordered),
-            counts=tuple(e[1] for _, e in ordered), last_seen=tuple(e[2] for _, e in ordered),
-            num_rows=num_rows, free_rows=tuple(free_sorted),
-            # A table of fixed values (hours, days, buckets) holds exactly them: no room to grow.
-            capacity=old.table_size if fixed_tables or settings.fixed_values
-            else min(max_rows_per_feature, num_rows + growth_rows),
-        )
+            else settings.max_rows
+        seen = merged.filter(pc.equal(merged["feature"], name)).drop_columns(["feature"])
+        vocabulary, evicted, added, rest = _advance_table(
+            old, seen, settings, day=day, limit=limit,
+            capacity=None if fixed_tables or settings.fixed_values else growth_rows)
+        vocabularies[name] = vocabulary
         if evicted:
-            evicted_rows[name] = tuple(sorted(evicted))
+            evicted_rows[name] = evicted
         if added:
-            new_rows[name] = tuple(sorted(added))
-        if seen:
-            values = sorted(seen)
+            new_rows[name] = added
+        if rest.num_rows:
             remaining_candidates.append(pa.table({
-                "feature": pa.array([name] * len(values), pa.string()),
-                "value": pa.array(values, pa.string()),
-                "count": pa.array([seen[v][0] for v in values], pa.int64()),
-                "last_seen": pa.array([seen[v][1] for v in values], pa.int32()),
-            }, schema=COUNTS_SCHEMA))
+                "feature": pa.array([name] * rest.num_rows, pa.string()), "value": rest["value"],
+                "count": rest["count"], "last_seen": rest["last_seen"]}, schema=COUNTS_SCHEMA))
     return FeatureState(
         version=version, min_count=min_count, vocabularies=vocabularies, dense=dense,
         candidates=pa.concat_tables(remaining_candidates) if remaining_candidates else COUNTS_SCHEMA.empty_table(),
@@ -307,21 +272,70 @@ def advance_feature_state(
     )
 
 
+def _advance_table(old: Vocabulary, seen: pa.Table, settings: TableSettings, *, day: int, limit: int,
+                   capacity: int | None) -> tuple[Vocabulary, tuple[int, ...], tuple[int, ...], pa.Table]:
+    """One table's step of advance_feature_state, on whole arrays: `seen` holds the (value, count, last_seen)
+    of every value counted so far that is not in `old`'s rows yet, or is; returns the new vocabulary, the rows
+    evicted and added, and the values left as candidates (sorted by value). `capacity`: the rows of growth
+    room to leave (None: the table keeps its size)."""
+    values = pa.array(old.values, pa.string())
+    rows = np.asarray(old.rows, np.int64)
+    counts = np.asarray(old.counts, np.int64)
+    last = np.asarray(old.last_seen, np.int64)
+    seen_counts = seen["count"].to_numpy()
+    seen_last = seen["last_seen"].to_numpy().astype(np.int64)
+    rest = np.ones(seen.num_rows, bool)  # counted values not admitted (yet)
+    if seen.num_rows and len(values):
+        position = pc.index_in(values, value_set=seen["value"])
+        hit = position.is_valid().to_numpy(zero_copy_only=False)
+        at = position.fill_null(0).to_numpy()[hit]
+        counts[hit] += seen_counts[at]
+        last[hit] = np.maximum(last[hit], seen_last[at])
+        rest[at] = False
+    keep = np.ones(len(values), bool)
+    evicted = np.zeros(0, np.int64)
+    free = set(old.free_rows)
+    if settings.evict_after_days > 0:
+        stale_before = day - settings.evict_after_days
+        keep = last > stale_before
+        evicted = rows[~keep]
+        free.update(evicted.tolist())
+        rest &= seen_last > stale_before
+    admissible = rest & (seen_counts >= settings.min_count)
+    if settings.fixed_values:
+        admissible &= pc.is_in(seen["value"], value_set=pa.array(settings.fixed_values, pa.string())).to_numpy(
+            zero_copy_only=False)
+    # Highest count first, ties by value; into the lowest free rows, then new rows while the table has room.
+    order = pc.sort_indices(seen.filter(pa.array(admissible)), [("count", "descending"), ("value", "ascending")])
+    ranked = np.flatnonzero(admissible)[order.to_numpy()]
+    free_sorted = sorted(free)
+    room = max(0, limit - old.num_rows)
+    taken = ranked[:len(free_sorted) + room]
+    reused = free_sorted[:len(taken)]
+    grown = len(taken) - len(reused)
+    added = np.array(reused + list(range(old.num_rows, old.num_rows + grown)), np.int64)
+    num_rows = old.num_rows + grown
+    rest[taken] = False
+
+    all_rows = np.concatenate([rows[keep], added])
+    by_row = np.argsort(all_rows, kind="stable")
+    all_values = pa.concat_arrays([values.filter(pa.array(keep)), seen["value"].combine_chunks().take(taken)])
+    vocabulary = Vocabulary(
+        values=tuple(all_values.take(by_row).to_pylist()), rows=tuple(all_rows[by_row].tolist()),
+        counts=tuple(np.concatenate([counts[keep], seen_counts[taken]])[by_row].tolist()),
+        last_seen=tuple(np.concatenate([last[keep], seen_last[taken]])[by_row].tolist()),
+        num_rows=num_rows, free_rows=tuple(free_sorted[len(reused):]),
+        # A table of fixed values (hours, days, buckets) holds exactly them: no room to grow.
+        capacity=old.table_size if capacity is None else min(settings.max_rows, num_rows + capacity),
+    )
+    left = seen.filter(pa.array(rest))
+    left = left.take(pc.sort_indices(left, [("value", "ascending")]))
+    return vocabulary, tuple(sorted(evicted.tolist())), tuple(sorted(added.tolist())), left
+
+
 def _sum_counts(table: pa.Table) -> pa.Table:
     grouped = table.group_by(["feature", "value"]).aggregate([("count", "sum"), ("last_seen", "max")])
     return grouped.rename_columns(["feature", "value", "count", "last_seen"])
-
-
-def _group_by_feature(table: pa.Table, tables: Mapping[str, TableSettings]) -> dict[str, dict[str, tuple[int, int]]]:
-    out: dict[str, dict[str, tuple[int, int]]] = {}
-    for feature, value, count, last in zip(
-        table["feature"].to_pylist(), table["value"].to_pylist(), table["count"].to_pylist(),
-        table["last_seen"].to_pylist(), strict=True,
-    ):
-        if feature not in tables:
-            raise ValueError(f"counts name an unknown table {feature!r}; expected one of {list(tables)}")
-        out.setdefault(feature, {})[value] = (int(count), int(last))
-    return out
 
 
 def save_feature_state(state: FeatureState, directory: str | Path) -> list[str]:

@@ -307,3 +307,91 @@ def test_daily_room_is_filled_by_minute_runs_without_growing_the_table(tmp_path)
     write_manifest(staging, kind=FEATURE_STATE_KIND, version=minute.version, files=files)
     commit_dir(staging, directory)
     assert load_feature_state(directory).table_sizes() == daily.table_sizes()
+
+
+def _reference_advance(previous, counts, *, day, tables, growth_rows, fixed_tables):
+    """advance_feature_state's rules written value by value, as they read: the check of its array version."""
+    seen_by_table: dict[str, dict[str, list[int]]] = {}
+    candidates = previous["candidates"] if previous else []
+    for row in [*candidates, *counts.to_pylist()]:
+        entry = seen_by_table.setdefault(row["feature"], {}).setdefault(row["value"], [0, row["last_seen"]])
+        entry[0] += row["count"]
+        entry[1] = max(entry[1], row["last_seen"])
+    out = {"vocabularies": {}, "candidates": [], "new_rows": {}, "evicted_rows": {}}
+    for name, settings in tables.items():
+        old = previous["vocabularies"].get(name) if previous else None
+        if old is None:
+            old = Vocabulary.of(settings.fixed_values, last_seen=day) if settings.fixed_values else Vocabulary()
+        seen = seen_by_table.get(name, {})
+        entries = {}
+        for value, row, count, last in zip(old.values, old.rows, old.counts, old.last_seen, strict=True):
+            extra_count, extra_last = seen.pop(value, (0, last))
+            entries[value] = [row, count + extra_count, max(last, extra_last)]
+        free, evicted = set(old.free_rows), []
+        if settings.evict_after_days > 0:
+            stale_before = day - settings.evict_after_days
+            for value in [v for v, (_, _, last) in entries.items() if last <= stale_before]:
+                evicted.append(entries.pop(value)[0])
+            free.update(evicted)
+            seen = {v: cl for v, cl in seen.items() if cl[1] > stale_before}
+        admissible = sorted((-c, v) for v, (c, _) in seen.items()
+                            if c >= settings.min_count and (not settings.fixed_values or v in settings.fixed_values))
+        num_rows, free_sorted, added = old.num_rows, sorted(free), []
+        limit = old.table_size if fixed_tables and previous else settings.max_rows
+        for _, value in admissible:
+            if free_sorted:
+                row = free_sorted.pop(0)
+            elif num_rows < limit:
+                row, num_rows = num_rows, num_rows + 1
+            else:
+                break
+            entries[value] = [row, *seen.pop(value)]
+            added.append(row)
+        ordered = sorted(entries.items(), key=lambda item: item[1][0])
+        out["vocabularies"][name] = Vocabulary(
+            tuple(v for v, _ in ordered), tuple(e[0] for _, e in ordered), tuple(e[1] for _, e in ordered),
+            tuple(e[2] for _, e in ordered), num_rows, tuple(free_sorted),
+            old.table_size if fixed_tables or settings.fixed_values else min(settings.max_rows, num_rows + growth_rows))
+        if evicted:
+            out["evicted_rows"][name] = tuple(sorted(evicted))
+        if added:
+            out["new_rows"][name] = tuple(sorted(added))
+        out["candidates"] += [{"feature": name, "value": v, "count": seen[v][0], "last_seen": seen[v][1]}
+                              for v in sorted(seen)]
+    return out
+
+
+def test_advance_matches_the_rules_value_by_value_over_random_histories():
+    """Admission order, free-row reuse, full tables, eviction, fixed values and minute runs (fixed_tables), over
+    random multi-day histories: the array version gives exactly the reference's state, Python ints included."""
+    from components.feature_state import TableSettings
+
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        tables = {}
+        for t in range(int(rng.integers(1, 4))):
+            fixed = tuple(f"f{i}" for i in range(int(rng.integers(1, 4)))) if rng.random() < 0.25 else ()
+            tables[f"T{t}"] = TableSettings(int(rng.integers(1, 4)), int(rng.choice([0, 1, 2])),
+                                            int(rng.choice([3, 5, 8, 1 << 62])), fixed)
+        state, reference = None, None
+        for day in range(int(rng.integers(2, 6))):
+            rows = []
+            for name, settings in tables.items():
+                pool = [*settings.fixed_values, *(f"v{i}" for i in range(12)), "é", "Z", "a b"]
+                for value in sorted(set(rng.choice(pool, size=int(rng.integers(0, 15))).tolist())):
+                    rows.append({"feature": name, "value": value, "count": int(rng.integers(1, 5)),
+                                 "last_seen": day})
+            counts = pa.Table.from_pylist(rows, schema=COUNTS_SCHEMA)
+            evict, growth, fixed_tables = rng.random() < 0.6, int(rng.choice([0, 2, 5])), rng.random() < 0.3
+            settings = {name: TableSettings(s.min_count, s.evict_after_days if evict else 0, s.max_rows,
+                                            s.fixed_values) for name, s in tables.items()}
+            state = advance_feature_state(state, counts, day=day, min_count=2, dense=(), version=f"d{day}",
+                                          tables=settings, growth_rows=growth, fixed_tables=fixed_tables)
+            reference = _reference_advance(reference, counts, day=day, tables=settings, growth_rows=growth,
+                                           fixed_tables=fixed_tables)
+            where = f"trial {trial} day {day}"
+            assert state.vocabularies == reference["vocabularies"], where
+            assert state.candidates.to_pylist() == reference["candidates"], where
+            assert (state.new_rows, state.evicted_rows) == (reference["new_rows"], reference["evicted_rows"]), where
+            assert all(type(x) is int for v in state.vocabularies.values() for x in (*v.rows, *v.counts,
+                                                                                     *v.last_seen)), where
