@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DoubleType, IntegerType, LongType, StructField, StructType
 
 from components.config import FeatureConfig
 from components.feature_spec import DenseFeature, FeatureSpec
@@ -25,6 +27,7 @@ from components.feature_state import (
     table_settings,
 )
 from components.manifest import commit_dir, staging_dir, write_manifest
+from components.quantiles import merged_quantiles
 
 QUANTILE_RELATIVE_ERROR = 1e-4
 
@@ -76,17 +79,16 @@ def dense_statistics(frame: DataFrame, spec: FeatureSpec) -> tuple[DenseTransfor
       of the (log-)transformed values) and the mean and standard deviation of the clipped values;
     - bucketized: its num_buckets - 1 boundaries, the 1/num_buckets, 2/num_buckets, ... quantiles of its values
       (all 0.0 when it has no values).
-    One approxQuantile pass computes every quantile, one aggregation the moments."""
+    One pass computes every quantile (approximate_quantiles), one aggregation the moments."""
     features = spec.dense
     if not features:
         return ()
-    names = [f.name for f in features]
     transformed = frame.select(*[
         (signed_log1p(F.col(f.name)) if f.transform == "log_standardize" else F.col(f.name)).alias(f.name)
         for f in features
     ])
     levels = sorted({q for f in features for q in _quantile_levels(f)})
-    table = transformed.approxQuantile(names, levels, QUANTILE_RELATIVE_ERROR)
+    table = approximate_quantiles(transformed, levels, QUANTILE_RELATIVE_ERROR)
     quantiles = []
     for feature, values in zip(features, table, strict=True):
         by_level = dict(zip(levels, values, strict=True)) if values else {}
@@ -116,6 +118,44 @@ def dense_statistics(frame: DataFrame, spec: FeatureSpec) -> tuple[DenseTransfor
                                   log=feature.transform == "log_standardize",
                                   indicator=feature.missing_indicator))
     return tuple(out)
+
+
+SUMMARY_SCHEMA = StructType([StructField("column", IntegerType()), StructField("values", ArrayType(DoubleType())),
+                             StructField("weights", ArrayType(LongType()))])
+
+
+def approximate_quantiles(frame: DataFrame, levels: list[float], relative_error: float) -> list[list[float]]:
+    """Per column of `frame` (numeric), its `levels` quantiles within `relative_error` in rank, nulls and NaN
+    left out ([] for a column without values): what DataFrame.approxQuantile answers, from one mergeable
+    summary per partition (components.quantiles: a sort in numpy) merged on the driver."""
+    names = frame.columns
+
+    def summarize_partition(batches):
+        import numpy as np
+        import pyarrow as pa
+
+        from components.quantiles import summarize
+
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        for batch in batches:
+            for name in names:
+                column = batch.column(name).cast(pa.float64())
+                parts[name].append(column.to_numpy(zero_copy_only=False))  # nulls -> NaN
+        for index, name in enumerate(names):
+            values, weights = summarize(np.concatenate(parts[name]) if parts[name] else np.zeros(0),
+                                        relative_error)
+            parts[name] = []
+            yield pa.RecordBatch.from_pydict({"column": pa.array([index], pa.int32()),
+                                              "values": pa.array([values], pa.list_(pa.float64())),
+                                              "weights": pa.array([weights], pa.list_(pa.int64()))})
+
+    summaries = frame.mapInArrow(summarize_partition, SUMMARY_SCHEMA).toArrow()
+    by_column: list[list] = [[] for _ in names]
+    for index, values, weights in zip(summaries.column("column").to_pylist(),
+                                      summaries.column("values").to_numpy(zero_copy_only=False),
+                                      summaries.column("weights").to_numpy(zero_copy_only=False), strict=True):
+        by_column[index].append((np.asarray(values, np.float64), np.asarray(weights, np.int64)))
+    return [merged_quantiles(parts, levels) for parts in by_column]
 
 
 def _quantile_levels(feature: DenseFeature) -> tuple[float, ...]:
