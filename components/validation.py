@@ -162,9 +162,59 @@ def read_raw_slice_arrow(path: str | Path, minute: datetime | None = None, *,
     """read_raw_slice with the raw columns as Arrow-backed strings (missing: <NA>), what validation reads: the
     suite's checks run on them in 5.3-6.3 s instead of 7.6-8.2 s for a 60 K-row slice, here."""
     spec = spec or _criteo()
+    fast = read_delimited_arrow(Path(path), spec) if spec.source.format != "parquet" else None
+    if fast is not None:
+        return fast
     frame = read_raw_slice(path, minute, spec=spec)
     for name in spec.input_columns:
         frame[name] = frame[name].astype("string[pyarrow]")
+    return frame
+
+
+def read_delimited_arrow(path: Path, spec: FeatureSpec) -> pd.DataFrame | None:
+    """read_raw_slice_arrow of a well-formed delimited file, split by Arrow's CSV reader (a 60 K-row slice:
+    about a tenth of the time of splitting its lines in pandas); None when the file needs the line-by-line
+    reader to say exactly what is wrong or to read it as read_raw_slice does: a line with another number of
+    fields, bytes that are not UTF-8, carriage returns, quotes in a comma-separated file, a header."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    from pyarrow import csv as pa_csv
+
+    columns, delimiter = list(spec.source.columns), spec.source.field_delimiter
+    if spec.source.header or not columns or len(delimiter.encode()) != 1:
+        return None
+    data = path.read_bytes()
+    if not data or b"\r" in data or (delimiter == "," and b'"' in data):
+        return None
+    buffer = np.frombuffer(data, np.uint8)
+    terminated = data.endswith(b"\n")
+    ends = np.flatnonzero(buffer == 10)
+    if not terminated:
+        ends = np.append(ends, len(buffer))
+    fields = np.diff(np.searchsorted(np.flatnonzero(buffer == ord(delimiter)), ends), prepend=0) + 1
+    if not (fields == len(columns)).all():
+        return None
+    wanted = list(spec.input_columns)
+    try:
+        table = pa_csv.read_csv(
+            io.BytesIO(data), read_options=pa_csv.ReadOptions(column_names=columns, use_threads=False),
+            parse_options=pa_csv.ParseOptions(delimiter=delimiter, quote_char=False, double_quote=False,
+                                              escape_char=False, newlines_in_values=False,
+                                              ignore_empty_lines=False),
+            convert_options=pa_csv.ConvertOptions(column_types={c: pa.string() for c in columns},
+                                                  include_columns=wanted, strings_can_be_null=True,
+                                                  null_values=[""]))
+    except pa.ArrowInvalid:  # not UTF-8: the line reader replaces the bytes, and the suite flags them
+        return None
+    if table.num_rows != len(ends):
+        return None
+    frame = table.to_pandas(types_mapper={pa.string(): pd.StringDtype("pyarrow")}.get)
+    frame[NUM_FIELDS_COLUMN] = fields.astype("int64")
+    line_terminated = np.ones(len(ends), np.int64)
+    line_terminated[-1] = int(terminated)
+    frame[LINE_TERMINATED_COLUMN] = line_terminated
     return frame
 
 

@@ -23,7 +23,9 @@ from components.validation import (
     VALIDATED_MARKER,
     DataValidationError,
     raw_click_log_suite,
+    read_delimited_arrow,
     read_raw_slice,
+    read_raw_slice_arrow,
     validate_interval,
 )
 
@@ -121,6 +123,43 @@ def test_read_raw_slice_marks_an_unterminated_last_line(tmp_path):
     assert frame[NUM_FIELDS_COLUMN].tolist() == [40, 40]
     assert frame[LINE_TERMINATED_COLUMN].tolist() == [1, 0]
     assert frame["C26"].tolist() == ["abcdef01", "abcde"]
+
+
+def _line_reader_as_arrow(path):
+    frame = read_raw_slice(path)
+    for name in RAW_COLUMNS:
+        frame[name] = frame[name].astype("string[pyarrow]")
+    return frame
+
+
+@pytest.mark.parametrize("damage", ["none", "unterminated", "short line", "extra field", "not utf-8",
+                                    "carriage return", "empty line"])
+def test_validation_reads_what_the_line_reader_reads(tmp_path, damage):
+    """read_raw_slice_arrow (Arrow's CSV reader for well-formed files, the line reader otherwise) gives the
+    same frame as the line reader, on a generated slice as it is and damaged."""
+    import pandas as pd
+
+    layout = Layout(tmp_path)
+    generate(GenerateConfig(start="2026-01-01T00:00", minutes=1, rows_per_minute=500), layout)
+    path = next(tmp_path.rglob(RAW_FILE))
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    damaged = {
+        "none": data,
+        "unterminated": data[:-1],
+        "short line": b"\n".join([*lines[:3], b"0\t3", *lines[4:]]),
+        "extra field": b"\n".join([*lines[:3], lines[3] + b"\textra", *lines[4:]]),
+        "not utf-8": b"\n".join([*lines[:3], lines[3].replace(b"\t", b"\t\xff\xfe", 1), *lines[4:]]),
+        "carriage return": data.replace(b"\n", b"\r\n", 2),
+        "empty line": b"\n".join([*lines[:3], b"", *lines[3:]]),
+    }[damage]
+    path.write_bytes(damaged)
+    frame = read_raw_slice_arrow(path)
+    pd.testing.assert_frame_equal(frame, _line_reader_as_arrow(path))
+    assert len(frame) == 500 + (damage == "empty line")
+    assert frame["I1"].isna().sum() > 0  # empty fields read as missing
+    # Arrow splits the well-formed files; the damaged ones go to the line reader, which says what is wrong.
+    assert (read_delimited_arrow(path, load_spec("criteo")) is not None) == (damage in ("none", "unterminated"))
 
 
 def test_suite_has_one_expectation_per_column_rule():
