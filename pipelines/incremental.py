@@ -326,11 +326,11 @@ def _frames(ctx: RunContext, plan: Plan):
 def samples(ctx: RunContext) -> dict:
     """Spark, in one session: the minutes' values folded into the parent's feature state (admissions into the
     room the daily run left, no eviction, the parent's dense transforms: build_feature_state with evict=False),
-    then block TFRecords of the training and held-out rows under that state."""
+    then block TFRecords of the training and held-out rows under that state, both in one Spark job."""
     from components.feature_state import load_feature_state
     from components.interval import day_number
     from spark_jobs.features import build_feature_state, write_feature_state
-    from spark_jobs.samples import write_samples
+    from spark_jobs.samples import write_splits
 
     plan = read_plan(ctx)
     started = time.monotonic()
@@ -349,14 +349,13 @@ def samples(ctx: RunContext) -> dict:
         raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
     lap("fold_counts")
     features_s = time.monotonic() - started
-    rows = {}
-    for split, frame in (("train", train_frame), ("holdout", holdout_frame)):
-        written = write_samples(frame, state, _dir(ctx) / "samples" / split, spec=ctx.spec, split=split,
-                                block_rows=ctx.config.features.block_rows, num_shards=1,
-                                seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
-                                inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
-        rows[split] = written["row_counts"]["rows"]
-        lap(f"write_{split}")
+    written = write_splits({split: (frame, _dir(ctx) / "samples" / split)
+                            for split, frame in (("train", train_frame), ("holdout", holdout_frame))},
+                           state, spec=ctx.spec, block_rows=ctx.config.features.block_rows, num_shards=1,
+                           seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
+                           inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
+    rows = {split: manifest["row_counts"]["rows"] for split, manifest in written.items()}
+    lap("write_samples")
     if rows["train"] == 0 or rows["holdout"] == 0:
         raise RuntimeError(f"{ctx.interval.tag}: {rows['train']} training and {rows['holdout']} held-out rows; a "
                            "minute run needs both (incremental.holdout_fraction)")

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from components.block_codec import (
     BLOCK_CATEGORICAL_KEY,
@@ -50,14 +50,18 @@ SAMPLES_KIND = "samples"
 # features.samples_layout -> the layout name the manifest records.
 LAYOUTS = {"block": BLOCK_LAYOUT, "row": ROW_LAYOUT}
 SHARD_SCHEMA = StructType([
-    StructField("file", StringType()), StructField("rows", LongType()),
+    StructField("split", IntegerType()), StructField("file", StringType()), StructField("rows", LongType()),
     StructField("positives", LongType()), StructField("blocks", LongType()),
 ])
+# When one job writes several splits (write_splits), each row's split: its index into the output directories.
+SPLIT_COLUMN = "_split"
 
 
-def shuffle_deterministically(frame: DataFrame, num_shards: int, seed: int) -> DataFrame:
-    """Spreads rows over shards and orders them pseudo-randomly, identically on every run."""
-    key = F.xxhash64(F.lit(seed), *[F.col(c) for c in frame.columns])
+def shuffle_deterministically(frame: DataFrame, num_shards: int, seed: int,
+                              key_columns: list[str] | None = None) -> DataFrame:
+    """Spreads rows over shards and orders them pseudo-randomly, identically on every run (the key: a hash of
+    `key_columns`, by default all of them)."""
+    key = F.xxhash64(F.lit(seed), *[F.col(c) for c in (key_columns or frame.columns)])
     return frame.withColumn("_key", key).repartition(num_shards, "_key").sortWithinPartitions("_key").drop("_key")
 
 
@@ -77,11 +81,12 @@ def check_row_layout_spec(spec: FeatureSpec) -> None:
                          f"{spec.name!r} needs features.samples_layout=block")
 
 
-def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dir: str, block_rows: int,
+def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[str], block_rows: int,
                       layout: str = "block"):
     """The mapInArrow function: Arrow batches of parsed rows (spark_jobs.raw.parse_raw) -> one shard file per
-    Spark partition, in `layout` ("block", or "row": one per-column tf.Example per row; rows are still encoded
-    `block_rows` at a time)."""
+    Spark partition and output directory, in `layout` ("block", or "row": one per-column tf.Example per row;
+    rows are still encoded `block_rows` at a time). With several directories, each row's SPLIT_COLUMN says
+    which it goes to."""
     check_samples_layout(layout)
     if layout == "row":
         check_row_layout_spec(spec)
@@ -96,58 +101,81 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dir: str, b
     # below min_count; hundreds of thousands after a few days), which writing samples never reads.
     state = dataclasses.replace(state, candidates=state.candidates.schema.empty_table())
 
+    def encode(table: pa.Table) -> tuple[list[bytes], np.ndarray]:
+        labels = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
+        num = len(labels)
+        dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
+                              for n in dense_names], axis=1) if dense_names else np.zeros((num, 0))
+        dense = transform_dense(dense_raw, state)
+        ids = np.stack([
+            categorical_rows(bucket_values(dense_raw[:, dense_names.index(source)], boundaries[source])
+                             if source else table.column(n).combine_chunks(), *lookup)
+            for n, source, lookup in categorical
+        ], axis=1) if categorical else np.zeros((num, 0), np.int64)
+        id_lists = {n: list_rows(table.column(n), *lookup, length) for n, length, lookup in lists}
+        if layout == "block":
+            return encode_blocks(labels, dense, ids, block_rows, id_lists), labels
+        return encode_rows(labels, dense, ids, PER_COLUMN), labels
+
+    class ShardFile:
+        """One output's shard of this partition: rows gathered into whole blocks, framed and written."""
+
+        def __init__(self, path: str):
+            self.path, self.tmp = path, os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+            self.handle = open(self.tmp, "wb")  # noqa: SIM115 (closed in finish)
+            self.pending: list[pa.RecordBatch] = []
+            self.pending_rows = self.rows = self.positives = self.blocks = 0
+
+        def flush(self, table: pa.Table) -> None:
+            records, labels = encode(table)
+            self.handle.write(frame_records(records))
+            self.rows += len(labels)
+            self.positives += int(labels.sum())
+            self.blocks += len(records)
+
+        def add(self, batch: pa.RecordBatch) -> None:
+            self.pending.append(batch)
+            self.pending_rows += batch.num_rows
+            if self.pending_rows >= block_rows:
+                table = pa.Table.from_batches(self.pending)
+                full = (self.pending_rows // block_rows) * block_rows
+                self.flush(table.slice(0, full))
+                rest = table.slice(full)
+                self.pending, self.pending_rows = rest.to_batches(), rest.num_rows
+
+        def finish(self) -> bool:
+            """Writes the rest and puts the shard in place; False (and no file) when it got no rows."""
+            if self.pending_rows:
+                self.flush(pa.Table.from_batches(self.pending))
+            self.handle.close()
+            if self.rows == 0:
+                os.remove(self.tmp)
+                return False
+            os.replace(self.tmp, self.path)
+            return True
+
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
-        name = f"part-{partition:05d}.tfrecord"
-        tmp = os.path.join(output_dir, f".{name}.tmp")
-        rows = positives = blocks = 0
-        pending: list[pa.RecordBatch] = []
-        pending_rows = 0
-        with open(tmp, "wb") as handle:
-            def flush(table: pa.Table) -> None:
-                nonlocal rows, positives, blocks
-                labels = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
-                num = len(labels)
-                dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
-                                      for n in dense_names], axis=1) if dense_names else np.zeros((num, 0))
-                dense = transform_dense(dense_raw, state)
-                ids = np.stack([
-                    categorical_rows(bucket_values(dense_raw[:, dense_names.index(source)], boundaries[source])
-                                     if source else table.column(n).combine_chunks(), *lookup)
-                    for n, source, lookup in categorical
-                ], axis=1) if categorical else np.zeros((num, 0), np.int64)
-                id_lists = {n: list_rows(table.column(n), *lookup, length) for n, length, lookup in lists}
-                if layout == "block":
-                    records = encode_blocks(labels, dense, ids, block_rows, id_lists)
-                else:
-                    records = encode_rows(labels, dense, ids, PER_COLUMN)
-                handle.write(frame_records(records))
-                rows += len(labels)
-                positives += int(labels.sum())
-                blocks += len(records)
-
-            for batch in batches:
-                pending.append(batch)
-                pending_rows += batch.num_rows
-                if pending_rows >= block_rows:
-                    table = pa.Table.from_batches(pending)
-                    full = (pending_rows // block_rows) * block_rows
-                    flush(table.slice(0, full))
-                    rest = table.slice(full)
-                    pending, pending_rows = rest.to_batches(), rest.num_rows
-            if pending_rows:
-                flush(pa.Table.from_batches(pending))
-        if rows == 0:
-            os.remove(tmp)
-            return
-        os.replace(tmp, os.path.join(output_dir, name))
-        yield pa.RecordBatch.from_pylist(
-            [{"file": name, "rows": rows, "positives": positives, "blocks": blocks}],
-            schema=pa.schema([("file", pa.string()), ("rows", pa.int64()), ("positives", pa.int64()),
-                              ("blocks", pa.int64())]),
-        )
+        name = f"part-{TaskContext.get().partitionId():05d}.tfrecord"
+        shards = [ShardFile(os.path.join(directory, name)) for directory in output_dirs]
+        for batch in batches:
+            if len(shards) == 1:
+                shards[0].add(batch)
+                continue
+            split = batch.column(SPLIT_COLUMN).to_numpy(zero_copy_only=False)
+            for index, shard in enumerate(shards):
+                mask = split == index
+                if mask.any():
+                    shard.add(batch.filter(pa.array(mask)))
+        done = [(index, shard) for index, shard in enumerate(shards) if shard.finish()]
+        if done:
+            yield pa.RecordBatch.from_pylist(
+                [{"split": index, "file": name, "rows": shard.rows, "positives": shard.positives,
+                  "blocks": shard.blocks} for index, shard in done],
+                schema=pa.schema([("split", pa.int32()), ("file", pa.string()), ("rows", pa.int64()),
+                                  ("positives", pa.int64()), ("blocks", pa.int64())]),
+            )
 
     return write_partition
 
@@ -231,24 +259,48 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spe
     `shuffle`: spread and order the rows pseudo-randomly (shuffle_deterministically). False for rows that
     come already shuffled in an order every read repeats (the join's samples, spark_jobs.events.joined_rows):
     their partitions are kept, merged down to `num_shards`, which saves a shuffle of the wide rows."""
+    return write_splits({split: (frame, directory)}, state, spec=spec, block_rows=block_rows,
+                        num_shards=num_shards, seed=seed, inputs=inputs, layout=layout, shuffle=shuffle)[split]
+
+
+def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState, *, spec: FeatureSpec,
+                 block_rows: int, num_shards: int, seed: int, inputs: dict, layout: str = "block",
+                 shuffle: bool = True) -> dict[str, dict]:
+    """write_samples for several splits (split -> (its rows, its directory)) in one Spark job: a minute's
+    training and held-out rows pay Spark's per-job stages once. Each split gets the files, order and manifest
+    that write_samples would give it alone (with shuffle=False, when num_shards is 1); returns split ->
+    manifest."""
     layout_name = check_samples_layout(layout)
-    staging = staging_dir(directory)
-    shuffled = shuffle_deterministically(frame, num_shards, seed) if shuffle else frame.coalesce(num_shards)
-    writer = make_shard_writer(state, spec, str(staging), block_rows, layout)
+    names = list(splits)
+    frames = [frame for frame, _ in splits.values()]
+    combined = frames[0]
+    for index, frame in enumerate(frames[1:], start=1):
+        if index == 1:
+            combined = combined.withColumn(SPLIT_COLUMN, F.lit(0))
+        combined = combined.unionByName(frame.withColumn(SPLIT_COLUMN, F.lit(index)))
+    shuffled = (shuffle_deterministically(combined, num_shards, seed, key_columns=frames[0].columns) if shuffle
+                else combined.coalesce(num_shards))
+    staging = {name: staging_dir(directory) for name, (_, directory) in splits.items()}
+    writer = make_shard_writer(state, spec, [str(staging[name]) for name in names], block_rows, layout)
     shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),
-                    key=lambda r: r["file"])
-    num_rows = sum(s["rows"] for s in shards)
-    (staging / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block" else row_schema(state))
-    manifest = write_manifest(
-        staging, kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{split}",
-        files=[*(s["file"] for s in shards), SCHEMA_FILE], spec_hash=spec.hash(), inputs=inputs,
-        row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in shards)},
-        extra={"split": split, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
-               "shards": shards, "compression": "none", "feature_state_version": state.version,
-               "feature_spec": {"name": spec.name, "hash": spec.hash()}},
-    )
-    commit_dir(staging, directory)
-    return manifest
+                    key=lambda r: (r["split"], r["file"]))
+    manifests = {}
+    for index, name in enumerate(names):
+        own = [{k: v for k, v in s.items() if k != "split"} for s in shards if s["split"] == index]
+        num_rows = sum(s["rows"] for s in own)
+        (staging[name] / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block"
+                                                 else row_schema(state))
+        manifests[name] = write_manifest(
+            staging[name], kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{name}",
+            files=[*(s["file"] for s in own), SCHEMA_FILE], spec_hash=spec.hash(), inputs=inputs,
+            row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in own)},
+            extra={"split": name, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
+                   "shards": own, "compression": "none", "feature_state_version": state.version,
+                   "feature_spec": {"name": spec.name, "hash": spec.hash()}},
+        )
+    for name, (_, directory) in splits.items():
+        commit_dir(staging[name], directory)
+    return manifests
 
 
 def state_fingerprint(state: FeatureState) -> str:

@@ -22,7 +22,7 @@ from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW,
 from components.synthetic import generate
 from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
-from spark_jobs.samples import write_samples
+from spark_jobs.samples import write_samples, write_splits
 
 CRITEO = load_spec("criteo")
 
@@ -153,6 +153,28 @@ def test_rewriting_samples_gives_identical_shards(spark, raw_dir, tmp_path):
     assert first["files"] == second["files"] and len(first["files"]) == 3  # two shards and the schema
     assert (tmp_path / "a" / "manifest.json").read_bytes() == first_manifest  # byte-identical manifest too
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+@pytest.mark.parametrize(("shuffle", "num_shards"), [(True, 2), (False, 1)])
+def test_splits_written_in_one_job_are_the_files_written_one_by_one(spark, raw_dir, tmp_path, shuffle, num_shards):
+    """write_splits (a minute's training and held-out rows in one Spark job) gives each split the bytes,
+    files and manifest that write_samples gives it alone."""
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
+    state = build_state(frame)
+    splits = {"train": frame.where("label = 0"), "holdout": frame.where("label = 1")}
+    options = dict(spec=CRITEO, block_rows=2, num_shards=num_shards, seed=3, inputs={"interval": "t"},
+                   shuffle=shuffle)
+    together = write_splits({name: (rows, tmp_path / "together" / name) for name, rows in splits.items()},
+                            state, **options)
+    assert list(together) == ["train", "holdout"]
+    assert {n: m["row_counts"] for n, m in together.items()} == {"train": {"rows": 5, "positives": 0},
+                                                                 "holdout": {"rows": 4, "positives": 4}}
+    for name, rows in splits.items():
+        alone = write_samples(rows, state, tmp_path / "alone" / name, split=name, **options)
+        assert together[name] == alone
+        for file in alone["files"]:
+            assert (tmp_path / "together" / name / file).read_bytes() == (tmp_path / "alone" / name / file).read_bytes()
+    assert not [p for p in (tmp_path / "together").iterdir() if p.name.startswith(".")]
 
 
 def test_rebuilding_a_feature_state_writes_identical_bytes(spark, raw_dir, tmp_path):
