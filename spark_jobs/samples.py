@@ -12,6 +12,7 @@ see a partial dataset.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from collections.abc import Iterator
@@ -273,11 +274,9 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
     layout_name = check_samples_layout(layout)
     names = list(splits)
     frames = [frame for frame, _ in splits.values()]
-    combined = frames[0]
-    for index, frame in enumerate(frames[1:], start=1):
-        if index == 1:
-            combined = combined.withColumn(SPLIT_COLUMN, F.lit(0))
-        combined = combined.unionByName(frame.withColumn(SPLIT_COLUMN, F.lit(index)))
+    combined = frames[0] if len(frames) == 1 else functools.reduce(
+        lambda left, right: left.unionByName(right),
+        [frame.withColumn(SPLIT_COLUMN, F.lit(i)) for i, frame in enumerate(frames)])
     shuffled = (shuffle_deterministically(combined, num_shards, seed, key_columns=frames[0].columns) if shuffle
                 else combined.coalesce(num_shards))
     staging = {name: staging_dir(directory) for name, (_, directory) in splits.items()}
