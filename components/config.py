@@ -235,6 +235,10 @@ class ServingConfig:
     max_instances: int = 1024
     max_body_bytes: int = 4 * 1024 * 1024
     poll_seconds: float = 1.0
+    # What the model's layers compute in (trainer.export PACKED_ENDPOINTS): "bfloat16" runs the matrix products
+    # in bfloat16 with float32 weights and sums, about 0.6x float32's time on CPUs with AVX512_BF16 or AMX
+    # (bench/results/serving.json) and slower on CPUs without; predictions move by up to about 1e-3.
+    precision: Literal["float32", "bfloat16"] = "float32"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from components.stopping import StopRequested, stop_on_signals
 from serving.app import TIMED_ENDPOINTS, create_app
 from serving.grpc_server import GRPC_TIMED_ENDPOINTS, build_grpc_server
 from serving.metrics import ServerMetrics
+from serving.model import bfloat16_native
 from serving.watcher import ModelWatcher
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,11 @@ def build_server(config: PipelineConfig) -> Servers:
     """The REST and gRPC servers and the (not yet started) watcher behind them, sharing one set of metrics."""
     store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
     serving = config.serving
-    watcher = ModelWatcher(
-        store, serving.model_name, config.paths.root / "serving_cache", poll_seconds=serving.poll_seconds
-    )
+    watcher = ModelWatcher(store, serving.model_name, config.paths.root / "serving_cache",
+                           poll_seconds=serving.poll_seconds, precision=serving.precision)
+    if serving.precision == "bfloat16" and not bfloat16_native():
+        logger.warning("serving.precision is bfloat16 but this CPU has neither AVX512_BF16 nor AMX: its bfloat16 "
+                       "matrix products are emulated and slower than float32; set serving.precision=float32")
     metrics = ServerMetrics(timed_endpoints=[*TIMED_ENDPOINTS, *GRPC_TIMED_ENDPOINTS])
     app = create_app(watcher, serving, metrics=metrics)
     http = uvicorn.Server(uvicorn.Config(app, host=serving.host, port=serving.port, log_level="info",

@@ -46,11 +46,13 @@ MAX_CHAIN_LENGTH = 100_000
 
 class ModelWatcher:
     def __init__(
-        self, store: ModelStore, model_name: str, cache_dir: str | Path, poll_seconds: float
+        self, store: ModelStore, model_name: str, cache_dir: str | Path, poll_seconds: float,
+        precision: str = "float32",
     ) -> None:
         if poll_seconds <= 0:
             raise ValueError(f"poll_seconds must be positive, got {poll_seconds!r}")
         self.store = store
+        self.precision = precision
         self.model_name = model_name
         self.cache_dir = Path(cache_dir)
         self.poll_seconds = poll_seconds
@@ -218,7 +220,10 @@ class ModelWatcher:
     def _replica(self, full_version: str, deltas: list[tuple[dict[str, Any], dict[str, np.ndarray]]]) -> LoadedModel:
         """A fresh replica of a full model with `deltas` applied, warmed up."""
         directory = self.store.fetch(self.model_name, full_version, self.cache_dir)
-        model = LoadedModel.load(directory, full_version, verify=False)  # fetch() verified it
+        model = LoadedModel.load(directory, full_version, verify=False, precision=self.precision)  # fetch() verified it
+        if model.precision != self.precision:
+            logger.warning("version %s was exported without a %s endpoint: it answers in %s", full_version,
+                           self.precision, model.precision)
         for manifest, arrays in deltas:
             model = model.apply_delta(manifest, arrays)
         model.predict([{}])  # warm-up: traces and allocates before the first real request

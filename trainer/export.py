@@ -13,7 +13,10 @@ take `values_i`. The weights are numbered in the order `weight_specs` lists them
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,10 @@ SAVED_MODEL_DIR = "saved_model"
 SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
 APPLY_DELTA_ENDPOINT = "apply_delta"
+# The packed serving endpoints by compute precision: the same model and preprocessing as SIGNATURE_NAME, taking
+# packed_layout's few tensors (a server's fast path) and returning the probabilities [batch].
+PACKED_ENDPOINTS = {"float32": "serve_packed", "bfloat16": "serve_packed_bfloat16"}
+PACKED_LAYOUT_FILE = "packed_inputs.json"
 
 def raw_input_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
     """The serving signature's inputs, from the feature spec: raw values, one tensor per input.
@@ -56,15 +63,50 @@ def raw_input_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
 RAW_INPUT_SIGNATURE = raw_input_signature(load_spec("criteo"))
 
 
+def packed_layout(spec: FeatureSpec) -> list[dict[str, Any]]:
+    """The arguments of the packed serving endpoints (PACKED_ENDPOINTS), in order: the raw inputs of one dtype and
+    width stacked into one tensor, so a server passes a few tensors instead of one per feature.
+
+    - "dense": float32 [batch, len(inputs)], the dense features in spec order;
+    - "categorical": string [batch, len(inputs)], the categorical features that are not derived, in spec order;
+    - the timestamp (when features are derived from it) and each multi-valued or sequence feature: its
+      raw_input_signature tensor as it is.
+    Written beside the SavedModel as PACKED_LAYOUT_FILE; serving reads it rather than knowing this rule."""
+    layout: list[dict[str, Any]] = []
+    if spec.dense:
+        layout.append({"name": "dense", "dtype": "float32", "stacked": True, "inputs": [f.name for f in spec.dense]})
+    raw_categorical = [f.name for f in spec.categorical if not f.derived_from]
+    if raw_categorical:
+        layout.append({"name": "categorical", "dtype": "string", "stacked": True, "inputs": raw_categorical})
+    signature = raw_input_signature(spec)
+    single = ([spec.timestamp.name] if spec.timestamp is not None and spec.timestamp.derive else []) + [
+        f.name for f in spec.lists]
+    for name in single:
+        layout.append({"name": name, "dtype": signature[name].dtype.name, "stacked": False, "inputs": [name]})
+    return layout
+
+
+def packed_input_signature(spec: FeatureSpec) -> list[tf.TensorSpec]:
+    signature = raw_input_signature(spec)
+    out = []
+    for argument in packed_layout(spec):
+        if argument["stacked"]:
+            out.append(tf.TensorSpec([None, len(argument["inputs"])], argument["dtype"], name=argument["name"]))
+        else:
+            out.append(tf.TensorSpec(signature[argument["name"]].shape, argument["dtype"], name=argument["name"]))
+    return out
+
+
 class RawFeaturePreprocessor(tf.Module):
-    """The feature state as TensorFlow ops: raw values (raw_input_signature) -> the model's inputs
-    (trainer.model_inputs)."""
+    """The feature state as TensorFlow ops: raw values (raw_input_signature, or packed_layout's tensors) -> the
+    model's inputs (trainer.model_inputs)."""
 
     def __init__(self, state: FeatureState, spec: FeatureSpec | None = None) -> None:
         super().__init__(name="raw_feature_preprocessor")
         spec = spec or load_spec("criteo")
         check_state_matches(list(state.vocabularies), state.dense_names, spec, f"feature state {state.version}")
         self.spec = spec
+        self.layout = packed_layout(spec)
         names = list(state.vocabularies)
         keys = [tf.strings.join([name + KEY_SEPARATOR, tf.constant(list(state.vocabularies[name].values), tf.string)])
                 for name in names]
@@ -84,18 +126,35 @@ class RawFeaturePreprocessor(tf.Module):
                            for f in spec.categorical if f.derivation == BUCKET_DERIVATION}
 
     def __call__(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        out = {DENSE_INPUT: self.dense(features), CATEGORICAL_INPUT: self.categorical(features)}
+        """From one tensor per raw input (raw_input_signature)."""
+        return self.packed(*self.pack(features))
+
+    def pack(self, features: dict[str, tf.Tensor]) -> list[tf.Tensor]:
+        """One tensor per raw input -> packed_layout's arguments."""
+        return [tf.stack([features[name] for name in argument["inputs"]], axis=1) if argument["stacked"]
+                else features[argument["name"]] for argument in self.layout]
+
+    def packed(self, *arguments: tf.Tensor) -> dict[str, tf.Tensor]:
+        """From packed_layout's arguments."""
+        given = {argument["name"]: tensor for argument, tensor in zip(self.layout, arguments, strict=True)}
+        dense = given.get("dense")
+        out = {DENSE_INPUT: self.dense(dense, next(iter(given.values()))), CATEGORICAL_INPUT: self.categorical(given)}
         for feature in self.spec.lists:
-            out[feature.name] = self.id_list(features[feature.name], self.spec.table_of(feature.name))
+            out[feature.name] = self.id_list(given[feature.name], self.spec.table_of(feature.name))
         return out
 
-    def dense(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+    def dense_column(self, dense: tf.Tensor, name: str) -> tf.Tensor:
+        return dense[:, self.spec.dense_names.index(name)]
+
+    def dense(self, dense: tf.Tensor | None, any_input: tf.Tensor) -> tf.Tensor:
         """Same arithmetic as components.feature_state.transform_dense, in float64 like numpy."""
         names = [f.name for f in self.spec.scaled_dense]
         if not names:
-            batch = tf.shape(next(iter(features.values())))[0]
-            return tf.zeros([batch, 0], tf.float32)
-        values = tf.stack([tf.cast(features[name], tf.float64) for name in names], axis=1)
+            return tf.zeros([tf.shape(any_input)[0], 0], tf.float32)
+        assert dense is not None
+        if len(names) < len(self.spec.dense):  # bucketized ones are not values
+            dense = tf.gather(dense, [self.spec.dense_names.index(name) for name in names], axis=1)
+        values = tf.cast(dense, tf.float64)
         missing = tf.math.is_nan(values)
         filled = tf.where(missing, tf.zeros_like(values), values)
         logged = tf.where(self.log, tf.sign(filled) * tf.math.log1p(tf.abs(filled)), filled)
@@ -104,17 +163,25 @@ class RawFeaturePreprocessor(tf.Module):
         flags = tf.gather(tf.cast(missing, tf.float64), self.flagged, axis=1)
         return tf.cast(tf.concat([standardized, flags], axis=1), tf.float32)
 
-    def raw_categorical(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        """[batch, F] strings: the categorical inputs, derived ones computed from the timestamp."""
+    def raw_categorical(self, given: dict[str, tf.Tensor]) -> tf.Tensor:
+        """[batch, F] strings: the categorical inputs, derived ones computed from the timestamp or a dense
+        feature."""
+        raw = given.get("categorical")
+        if all(not f.derived_from for f in self.spec.categorical):
+            assert raw is not None
+            return raw
+        raw_names = next((a["inputs"] for a in self.layout if a["name"] == "categorical"), [])
         columns = []
         for feature in self.spec.categorical:
             if feature.derivation == BUCKET_DERIVATION:
-                columns.append(self.bucket(features[feature.derived_from], feature.derived_from))
+                values = self.dense_column(given["dense"], feature.derived_from)
+                columns.append(self.bucket(values, feature.derived_from))
             elif feature.derived_from:
-                seconds = features[feature.derived_from]
+                seconds = given[feature.derived_from]
                 columns.append(tf.strings.as_string(derive_time(seconds, feature.derivation)))
             else:
-                columns.append(features[feature.name])
+                assert raw is not None
+                columns.append(raw[:, raw_names.index(feature.name)])
         return tf.stack(columns, axis=1)
 
     def bucket(self, values: tf.Tensor, name: str) -> tf.Tensor:
@@ -123,9 +190,9 @@ class RawFeaturePreprocessor(tf.Module):
         buckets = tf.searchsorted(tf.constant(self.boundaries[name], tf.float64), values, side="right")
         return tf.where(tf.math.is_nan(values), "", tf.strings.as_string(buckets))
 
-    def categorical(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+    def categorical(self, given: dict[str, tf.Tensor]) -> tf.Tensor:
         """Same rows as components.feature_state.categorical_rows: "" -> MISSING_ROW, unknown -> RARE_ROW."""
-        values = self.raw_categorical(features)
+        values = self.raw_categorical(given)
         keys = tf.strings.join([tf.broadcast_to(self.key_prefixes, tf.shape(values)), values])
         rows = tf.reshape(self.table.lookup(keys), tf.shape(values))  # a mutable table's lookup has no static shape
         return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
@@ -185,10 +252,54 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
                 variable.value.scatter_update(tf.IndexedSlices(values, rows))
         return {"num_vocabulary_entries": tf.size(delta["vocab_keys"])}
 
+    def packed_endpoint(precision: str) -> Callable[..., tf.Tensor]:
+        def serve_packed(*arguments: tf.Tensor) -> tf.Tensor:
+            # The policies are set while the graph is traced, whenever that is (saving traces again).
+            with _computing_in(model, precision):
+                probability = model(preprocessor.packed(*arguments), training=False)
+            return tf.reshape(tf.cast(probability, tf.float32), [-1])
+
+        return serve_packed
+
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(preprocessor)
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])
     archive.add_endpoint(APPLY_DELTA_ENDPOINT, apply_delta, input_signature=[delta_input_signature(model)])
+    for precision, endpoint in PACKED_ENDPOINTS.items():
+        archive.add_endpoint(endpoint, packed_endpoint(precision), input_signature=packed_input_signature(spec))
     archive.write_out(str(target), verbose=False)
-    return sorted(str(path.relative_to(directory)) for path in target.rglob("*") if path.is_file())
+    (directory / PACKED_LAYOUT_FILE).write_text(json.dumps({"endpoints": PACKED_ENDPOINTS,
+                                                            "arguments": packed_layout(spec)}, indent=1) + "\n")
+    files = [path for path in target.rglob("*") if path.is_file()] + [directory / PACKED_LAYOUT_FILE]
+    return sorted(str(path.relative_to(directory)) for path in files)
+
+
+@contextmanager
+def _computing_in(model: keras.Model, precision: str) -> Iterator[None]:
+    """The model's layers under the dtype policies that building it under the global policy of `precision`
+    gives them ("float32": every layer float32; "bfloat16": as mixed_bfloat16 training has them, where layers
+    built with an explicit float32, such as the sigmoid heads, stay float32). Variables stay float32 either way:
+    deltas write the same ones."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32" if precision == "float32" else f"mixed_{precision}")
+    try:
+        config = {key: value for key, value in model.get_config().items() if key != "dtype"}
+        twin = model.__class__.from_config(config)  # unbuilt: no weights are allocated
+    finally:
+        keras.config.set_dtype_policy(previous)
+    layers, twins = ([layer for layer in m._flatten_layers() if not isinstance(layer, keras.layers.InputLayer)]
+                     for m in (model, twin))  # a built Sequential has an InputLayer, an unbuilt one not yet
+    if [type(layer) for layer in layers] != [type(layer) for layer in twins]:
+        raise RuntimeError(f"cannot export a {precision} endpoint of {model.name}: rebuilding it from its config "
+                           "gave other layers; its sublayers must be made in __init__")
+    wanted = [(layer, other.dtype_policy) for layer, other in zip(layers, twins, strict=True)
+              if layer.dtype_policy.name != other.dtype_policy.name]
+    changed = [(layer, layer.dtype_policy) for layer, _ in wanted]
+    for layer, policy in wanted:
+        layer.dtype_policy = policy
+    try:
+        yield
+    finally:
+        for layer, policy in changed:
+            layer.dtype_policy = policy

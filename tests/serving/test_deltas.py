@@ -61,6 +61,43 @@ def test_full_model_plus_deltas_serves_the_trainers_predictions(chain, tmp_path)
     assert np.abs(expected[steps[-1].version] - expected[steps[0].version]).max() > 1e-3
 
 
+def row_form(columns) -> list[dict]:
+    """The columns as TF-Serving instances: a missing number left out, or (every third instance) null."""
+    instances = []
+    for index in range(len(next(iter(columns.values())))):
+        instance = {}
+        for name, values in columns.items():
+            value = values[index]
+            if isinstance(value, float) and np.isnan(value):
+                if index % 3 == 0:
+                    instance[name] = None
+            else:
+                instance[name] = value
+        instances.append(instance)
+    return instances
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_row_form_requests_follow_the_chain_in_either_precision(chain, tmp_path, precision):
+    """The packed endpoint answers row-form requests (read a row at a time) with the trainer's predictions
+    through the deltas; bfloat16 within 5e-3 of them, far closer than the steps are to each other."""
+    steps, columns, expected = chain
+    watcher = ModelWatcher(store_with(tmp_path, steps), MODEL_NAME, tmp_path / "cache", poll_seconds=60,
+                           precision=precision)
+    assert watcher.poll_once() and watcher.version == steps[-1].version
+    model = watcher.current()
+    assert model.precision == precision
+    assert model.packed is not None and model.packed.row_readers == ("floats", "strings")
+    got = model.predict(row_form(columns))
+    last, first = expected[steps[-1].version], expected[steps[0].version]
+    if precision == "float32":
+        np.testing.assert_allclose(got, last, rtol=0, atol=1e-6)
+    else:
+        error = np.abs(got - last)
+        assert error.max() < 5e-3 and 0 < error.mean() < np.abs(last - first).mean() / 50, (
+            error.max(), error.mean(), np.abs(last - first).mean())
+
+
 def test_several_new_deltas_are_applied_in_one_poll_and_the_standby_catches_up(chain, tmp_path):
     steps, columns, expected = chain
     store = store_with(tmp_path, steps[:2])

@@ -5,6 +5,7 @@ JSON conversion, give the same model inputs and so the same predictions. Also se
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,26 @@ def test_serving_raw_values_gives_the_models_predictions_on_the_written_rows(exp
     np.testing.assert_allclose(served.predict(INSTANCES), expected, rtol=1e-6, atol=1e-7)
     columns = {name: [row.get(name) for row in INSTANCES] for name in {k for row in INSTANCES for k in row}}
     np.testing.assert_allclose(served.predict_columns(columns), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_every_serving_path_gives_the_same_predictions(exported):
+    """The packed float32 endpoint (what the server calls), the TF-Serving signature, and the packed bfloat16
+    endpoint (serving.precision=bfloat16: within about 1e-3, and not the float32 graph again)."""
+    model, state, served = exported
+    expected = np.asarray(model(_reference_inputs(state), training=False)).reshape(-1)
+    assert served.packed is not None and served.precision == "float32"
+    assert served.packed.layout == ((True, ("price", "clicks", "bid")), (True, ("user", "item", "last_item")),
+                                    (False, ("ts",)), (False, ("tags",)), (False, ("history",)))
+    # Floats are read a row at a time; the categorical argument holds integer ids, which the converters read.
+    assert served.packed.row_readers == ("floats", "", "", "", "")
+    signature_only = dataclasses.replace(served, packed=None)
+    assert signature_only.precision == "float32"
+    np.testing.assert_allclose(signature_only.predict(INSTANCES), expected, rtol=1e-6, atol=1e-7)
+    bfloat16 = LoadedModel.load(served.directory, precision="bfloat16")
+    assert bfloat16.precision == "bfloat16"
+    got = bfloat16.predict(INSTANCES)
+    np.testing.assert_allclose(got, expected, atol=5e-3)
+    assert not np.array_equal(got, served.predict(INSTANCES))
 
 
 def test_the_model_reads_the_spec_inputs():
