@@ -16,8 +16,8 @@ Phases, in one run:
   conversion included, `inprocess_convert_*`);
 - closed loop (one request in flight, keep-alive): p50 and p99 per size; then the same over gRPC with TF
   Serving's stub (`grpc_*`), one float32 or string tensor per feature;
-- open loop at rising rates of 100-candidate requests until p99 passes 10 ms: the highest rate held, as
-  candidates/s;
+- open loop at rising rates of 100-candidate requests until the server saturates: the highest rate held at
+  p99 <= 10 ms, as candidates/s;
 - swaps: an open loop at half that rate while a new full model, then a delta, are published; the p99 of the
   requests sent in the 3 s after each publish over the p99 before the first.
 
@@ -60,6 +60,7 @@ FIRST_VERSION = "202601010000"
 SECOND_VERSION = "202601010100"
 DELTA_VERSION = "202601010101"
 P99_LIMIT_MS = 10.0
+SATURATED_P99_MS = 50.0
 SERVER_CORE, CLIENT_CORE = 0, 1
 # The generated click log is in the criteo spec's layout; its columns come from that spec.
 SPEC = load_spec("criteo")
@@ -279,7 +280,11 @@ def grpc_closed_loop(port: int, requests: dict[int, list[Any]], repeats: int) ->
 
 
 def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float) -> dict[str, Any]:
-    """Rising rates of 100-candidate requests (x1.4 each step) until p99 passes P99_LIMIT_MS."""
+    """Rising rates of 100-candidate requests (x1.4 each step) until the server saturates (a request skipped
+    or failed, or p99 over SATURATED_P99_MS); the highest rate whose p99 stayed within P99_LIMIT_MS. A low
+    rate can miss the limit where a higher one holds it: between requests far apart the cores go idle, and
+    waking them costs milliseconds on a shared virtual machine (docs/serving.md), so the scan does not stop
+    at the first step over the limit."""
     def make(index: int) -> list[dict]:
         offset = (index * 100) % (len(instances) - 100)
         return instances[offset:offset + 100]
@@ -294,9 +299,10 @@ def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float
                       "sent": result.num_requests, "skipped": result.skipped, "failed": result.failed_requests})
         print(f"  open loop {rate:7.1f} req/s: p50 {result.latency_p50_ms:.2f} ms, p99 {p99:.2f} ms, "
               f"skipped {result.skipped}, failed {result.failed_requests}", flush=True)
-        if p99 is None or p99 > P99_LIMIT_MS or result.skipped or result.failed_requests:
+        if p99 is None or p99 > SATURATED_P99_MS or result.skipped or result.failed_requests:
             break
-        held = rate
+        if p99 <= P99_LIMIT_MS:
+            held = rate
         rate *= 1.4
     return {"steps": steps, "max_rate_per_s_at_p99_10ms": held,
             "max_candidates_per_s_at_p99_10ms": None if held is None else held * 100, "failed_requests": failed}
