@@ -22,6 +22,7 @@ up is logged and not tried again until a backoff has passed; serving stays on th
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -126,6 +127,7 @@ class ModelWatcher:
         self.stop()
 
     def _run(self) -> None:
+        _lower_this_threads_priority()
         while not self._stop.wait(self.poll_seconds):
             self.poll_once()
 
@@ -297,3 +299,15 @@ class ModelWatcher:
         for path in cached.iterdir():
             if path.is_dir() and path.name.isdigit() and path.resolve() not in {k.resolve() for k in keep}:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+# The watcher thread's nice value: loading a full model takes a core for about a second, and requests on the
+# same cores come first. Linux gives each thread its own nice value.
+WATCHER_NICE = 19
+
+
+def _lower_this_threads_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCHER_NICE)
+    except (AttributeError, OSError) as err:  # not Linux, or not allowed: the watcher runs at the process's
+        logger.info("the model watcher runs at the process's priority (%s)", err)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from components.config import ServingConfig
 from components.model_store import LocalModelStore
 from serving import watcher as watcher_module
 from serving.app import create_app
-from serving.watcher import ModelWatcher
+from serving.watcher import WATCHER_NICE, ModelWatcher
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt
 
 pytestmark = pytest.mark.unit
@@ -69,6 +70,20 @@ def test_start_loads_the_latest_version(
     assert watcher.version == model.version == NEW_VERSION
     assert before <= model.loaded_at <= datetime.now(UTC)
     assert model.predict([INSTANCE]).tolist() == pytest.approx([VALUES[NEW_VERSION]], rel=1e-6)
+
+
+def test_the_watcher_thread_loads_at_a_lower_priority_than_requests(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """Full-model loads run on the watcher thread: at nice 19 the request threads of the same process come
+    first on a busy core (the swap phase of bench-serving)."""
+    store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+    with ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60) as watcher:
+        thread = watcher._thread
+        assert thread is not None
+        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, thread.native_id) == WATCHER_NICE, timeout=5)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, 0)
+        assert WATCHER_NICE > os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_serves_503_until_a_first_version_is_published(exported: dict[str, Path], tmp_path: Path) -> None:
