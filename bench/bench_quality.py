@@ -30,6 +30,50 @@ DAY = "2026-01-01"
 DEFAULT_OVERRIDES = {"train.epochs": "2", "train.learning_rate": "0.01", "train.embedding_learning_rate": "0.1"}
 
 
+def serving_precision(ctx: RunContext, directory: Path) -> dict:
+    """The trained model exported as the pipeline exports it, and the held-out minutes' raw rows sent to it as
+    a client sends them (LoadedModel.predict, 1,000 a call) at serving.precision float32 and bfloat16: AUC,
+    logloss and how far the two precisions' predictions are apart."""
+    import keras
+    import numpy as np
+
+    from components.evaluation import evaluate
+    from components.feature_state import load_feature_state
+    from components.manifest import write_manifest
+    from components.validation import read_raw_slice
+    from pipelines.daily import split_minutes
+    from serving.model import LoadedModel
+    from trainer.export import export_serving_model
+
+    spec = ctx.spec
+    model = keras.saving.load_model(ctx.layout.checkpoint_dir(ctx.interval) / "model.keras")
+    state = load_feature_state(ctx.layout.feature_state_dir(ctx.interval))
+    files = export_serving_model(model, state, directory, spec)
+    write_manifest(directory, kind="full_model", version="quality", files=files,
+                   extra={"feature_spec": {**spec.as_dict(), "hash": spec.hash()}})
+    instances, labels = [], []
+    for minute in split_minutes(ctx)[1]:
+        for part in sorted(ctx.layout.raw_minute_dir(minute).glob("part-*")):
+            for row in read_raw_slice(part, minute, spec=spec).to_dict("records"):
+                instances.append(spec.request_instance(row))
+                labels.append(int(row[spec.label.column]))
+    predictions = {}
+    for precision in ("float32", "bfloat16"):
+        served = LoadedModel.load(directory, precision=precision)
+        predictions[precision] = np.concatenate([served.predict(instances[start:start + 1000])
+                                                 for start in range(0, len(instances), 1000)])
+    gap = np.abs(predictions["bfloat16"] - predictions["float32"])
+    relative = gap / predictions["float32"]
+    return {
+        **{precision: {key: value for key, value in evaluate(np.array(labels), values).metrics().items()
+                       if key in ("auc", "logloss", "mean_prediction")}
+           for precision, values in predictions.items()},
+        "rows": len(labels),
+        "max_abs_difference": float(gap.max()), "mean_abs_difference": float(gap.mean()),
+        "max_relative_difference": float(relative.max()), "mean_relative_difference": float(relative.mean()),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=int, default=600)
@@ -54,6 +98,8 @@ def main() -> int:
         layout = Layout(config.paths.root)
         report = json.loads((layout.evaluation_dir(interval) / "report.json").read_text())
         training = json.loads((layout.evaluation_dir(interval) / "training.json").read_text())
+        print("the held-out minutes through the exported model in each serving precision ...", flush=True)
+        precision = serving_precision(ctx, root / "precision")
     metrics = report["metrics"]
     result = {
         "auc": metrics["auc"],
@@ -66,6 +112,7 @@ def main() -> int:
         "train_rows": training["num_train_examples"],
         "eval_rows": metrics.get("num_examples"),
         "examples_per_second": training["examples_per_second"],
+        "serving_precision": precision,
         "generated_rows": args.minutes * args.rows_per_minute,
         "generated_planted_auc_all_minutes": summary.get("planted_auc"),
         "overrides": overrides,

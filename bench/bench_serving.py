@@ -316,6 +316,7 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
         return instances[offset:offset + 100]
 
     published: dict[str, float] = {}
+    time.sleep(2.0)  # the open loop's last step went past saturation: its backlog drains first
 
     def publish() -> None:
         time.sleep(6.0)
@@ -334,7 +335,9 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
     def window(start: float, end: float) -> list[float]:
         return [r.latency_s * 1000 for r in records if start <= r.sent_at_s < end]
 
-    steady = window(0, published["full"])
+    # Steady state: from a second after the phase starts (the open loop's last step, past saturation, may still
+    # be draining) to the first publish.
+    steady = window(result.records[0].sent_at_s + 1.0 if result.records else 0, published["full"])
     out: dict[str, Any] = {"rate_per_s": rate, "failed_requests": result.failed_requests, "skipped": result.skipped,
                            "steady": percentiles(steady)}
     for kind in ("full", "delta"):
