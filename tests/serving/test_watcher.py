@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -17,8 +16,7 @@ from components.config import ServingConfig
 from components.model_store import LocalModelStore
 from serving import watcher as watcher_module
 from serving.app import create_app
-from serving.model import LoadedModel
-from serving.watcher import LOADER_NICE, ModelWatcher
+from serving.watcher import ModelWatcher
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt
 
 pytestmark = pytest.mark.unit
@@ -71,34 +69,6 @@ def test_start_loads_the_latest_version(
     assert watcher.version == model.version == NEW_VERSION
     assert before <= model.loaded_at <= datetime.now(UTC)
     assert model.predict([INSTANCE]).tolist() == pytest.approx([VALUES[NEW_VERSION]], rel=1e-6)
-
-
-def test_full_models_load_at_a_lower_priority_and_deltas_do_not(
-    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A full-model load takes a core for about a second: it runs on a thread at nice 19, so the request
-    threads of the same process come first (bench-serving's swap phase). The watcher's own thread, which
-    applies deltas, keeps the process's priority."""
-    loads: list[tuple[str, int]] = []
-    load = LoadedModel.load
-
-    def noting_priority(*args: Any, **kwargs: Any) -> LoadedModel:
-        loads.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-        return load(*args, **kwargs)
-
-    monkeypatch.setattr(LoadedModel, "load", noting_priority)
-    store.publish(MODEL_NAME, OLD_VERSION, exported[OLD_VERSION])
-    process_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    assert LOADER_NICE > process_nice
-    with ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=0.05) as watcher:
-        store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
-        wait_for(lambda: watcher.version == NEW_VERSION)
-        thread = watcher._thread
-        assert thread is not None
-        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == process_nice
-    assert [nice for _, nice in loads] == [LOADER_NICE] * len(loads) and len(loads) >= 2
-    assert all(name.startswith(f"load-{MODEL_NAME}-") for name, _ in loads)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == process_nice
 
 
 def test_serves_503_until_a_first_version_is_published(exported: dict[str, Path], tmp_path: Path) -> None:
