@@ -236,8 +236,8 @@ class ServingConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     poll_seconds: float = 1.0
     # What the model's layers compute in (trainer.export PACKED_ENDPOINTS): "bfloat16" runs the matrix products
-    # in bfloat16 with float32 weights and sums: 0.67-0.84x float32's time at 100-1,000 candidates on CPUs with
-    # AVX512_BF16 or AMX, 1.4x at 1 candidate, slower still on CPUs without (bench/results/serving_bfloat16.json).
+    # in bfloat16 with float32 weights and sums: 0.67-0.87x float32's time at 100-1,000 candidates on CPUs with
+    # AVX512_BF16 or AMX, 1.1-1.4x at 1 candidate, slower still on CPUs without (bench/results/serving_bfloat16.json).
     # On 30 K held-out rows of a trained model (make bench-quality) predictions moved by 0.3 % on average, 3.3 %
     # at most, and AUC by +0.00003.
     precision: Literal["float32", "bfloat16"] = "float32"
