@@ -137,8 +137,8 @@ def export_full(model, state: FeatureState, spec, directory: Path, version: str)
     return directory
 
 
-def build_models(work: Path, rows: int) -> dict[str, Any]:
-    """The first full model, a second full model of the same weights, and a delta on the second."""
+def build_models(work: Path, rows: int, swap_rounds: int = SWAP_ROUNDS) -> dict[str, Any]:
+    """The first full model, and `swap_rounds` more full models of the same weights, each with a delta on it."""
     import keras
 
     from trainer.export import weight_specs
@@ -169,8 +169,8 @@ def build_models(work: Path, rows: int) -> dict[str, Any]:
     next_state = FeatureState(version="bench-1", min_count=1,
                               vocabularies={**state.vocabularies, CATEGORICAL[0]: grown}, dense=state.dense)
     arrays = delta_arrays(parent_weights, weights, state, next_state)
-    rounds = []
-    for index in range(SWAP_ROUNDS):
+    rounds, manifest = [], None
+    for index in range(swap_rounds):
         full_version = f"20260101{index + 1:02d}00"
         delta_version = f"20260101{index + 1:02d}01"
         full = export_full(model, state, spec, work / "export" / full_version, full_version)
@@ -178,7 +178,7 @@ def build_models(work: Path, rows: int) -> dict[str, Any]:
                                chain_root=full_version, weight_specs=weight_specs(model),
                                extra={"data_end": f"2026-01-01T{index + 1:02d}:01:00+00:00"}, spec_hash=spec.hash())
         rounds.append(((full_version, full), (delta_version, work / "export" / delta_version)))
-    return {"first": first, "rounds": rounds, "delta_bytes": manifest["delta_bytes"],
+    return {"first": first, "rounds": rounds, "delta_bytes": manifest["delta_bytes"] if manifest else None,
             "vocabulary_entries": sum(len(v) for v in state.vocabularies.values()),
             "embedding_rows": sum(state.table_sizes().values()), "num_weights": len(parent_weights)}
 
@@ -368,7 +368,8 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
     return out
 
 
-def start_server(work: Path, store_root: Path, port: int, grpc_port: int, precision: str) -> subprocess.Popen:
+def start_server(work: Path, store_root: Path, port: int, grpc_port: int, precision: str = "float32"
+                 ) -> subprocess.Popen:
     command = [sys.executable, "-m", "serving.server", "--set", f"paths.data_root={work / 'data'}",
                "--set", f"serving.precision={precision}",
                "--set", f"paths.model_store={store_root}", "--set", f"serving.port={port}",

@@ -494,7 +494,7 @@ def run_request_cases(work: Path, *, good_rate_per_s: float = 20.0, seconds_per_
     Returns {"cases": [case, ...], "good_traffic": {"steady_p99_ms", "during_p99_ms", "p99_ratio", "failed",
     "requests", ...}}: "failed" and "requests" are the good requests of the bad phase."""
     work.mkdir(parents=True, exist_ok=True)
-    models = build_models(work, STATE_ROWS)
+    models = build_models(work, STATE_ROWS, swap_rounds=0)  # the first model is all it serves
     store_root = work / "store"
     LocalModelStore(store_root).publish(MODEL_NAME, FIRST_VERSION, models["first"])
     pool = candidates(500, seed=11)
