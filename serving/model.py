@@ -6,6 +6,9 @@ returns a new snapshot and makes the older ones stale. A prediction holds the re
 that the replica still holds its snapshot's version, so it never runs on weights half-way through an update;
 a stale snapshot raises StaleModel, and the caller asks for the current one again.
 
+A model exported with packed endpoints (trainer.export PACKED_ENDPOINTS) is called through the one of the
+precision asked for (PackedCall): the inputs of one dtype in one tensor. Others are called through the signature.
+
 The signature takes raw features, one tensor per feature (trainer.export.raw_input_signature). The input
 names, dtypes and shapes are read from the signature itself, so any model that follows the contract (and the
 tiny fixture models in the tests) is served without a hard-coded feature list:
@@ -503,10 +506,10 @@ def _string_rows(instances: Sequence[dict[str, Any]], names: tuple[str, ...]) ->
     """[instances, names] strings (null or a missing key: ""), or None when a value is not a string."""
     rows = [[instance.get(name, "") for name in names] for instance in instances]
     types = set(map(type, itertools.chain.from_iterable(rows)))
-    if types == {str, type(None)}:
-        rows = [["" if value is None else value for value in row] for row in rows]
-    elif types != {str} and types:
+    if not types <= _STRING_TYPES:
         return None
+    if type(None) in types:
+        rows = [["" if value is None else value for value in row] for row in rows]
     return tf.constant(rows, dtype=tf.string, shape=[len(instances), len(names)])
 
 
@@ -541,8 +544,8 @@ def _array(values: Any, spec: tf.TensorSpec) -> np.ndarray:
 
 
 def _column_converter(tensor: tf.TensorSpec, convert: Callable[[Any], Any]) -> Callable[[list[Any]], Any]:
-    """One input's values -> an array: float inputs vectorized (the common case: numbers and nulls), the
-    others value by value with `convert`."""
+    """One input's values -> an array: float inputs vectorized (the common case: numbers and nulls), strings
+    checked by the set of their types, the others value by value with `convert`."""
     if convert is _to_string:
         def strings(values: list[Any]) -> list[str]:
             types = set(map(type, values))

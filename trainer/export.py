@@ -6,6 +6,11 @@ feature state inside the graph and returns {"probability": float32 [batch]}. It 
 where the preprocessing is components.feature_state.transform_dense, categorical_rows and list_rows, so
 serving needs nothing but TensorFlow.
 
+The packed endpoints (PACKED_ENDPOINTS, one per compute precision) are the same model and preprocessing taking
+the inputs of one dtype stacked into one tensor (packed_layout, written beside the SavedModel as
+PACKED_LAYOUT_FILE): the server's fast path. The bfloat16 one runs the layers under the policies mixed_bfloat16
+training gives them, over the same float32 variables.
+
 The `apply_delta` endpoint (trainer.delta) writes a delta into the loaded model: vocabulary entries go into
 the lookup table (a mutable one for that reason) and, for every weight i, the rows `rows_i` of the weight
 take `values_i`. The weights are numbered in the order `weight_specs` lists them in the manifest.

@@ -62,7 +62,8 @@ def test_full_model_plus_deltas_serves_the_trainers_predictions(chain, tmp_path)
 
 
 def row_form(columns) -> list[dict]:
-    """The columns as TF-Serving instances: a missing number left out, or (every third instance) null."""
+    """The columns as TF-Serving instances: a missing number left out, or (every third instance) null; a
+    missing id "" (every third instance: null)."""
     instances = []
     for index in range(len(next(iter(columns.values())))):
         instance = {}
@@ -71,6 +72,8 @@ def row_form(columns) -> list[dict]:
             if isinstance(value, float) and np.isnan(value):
                 if index % 3 == 0:
                     instance[name] = None
+            elif value == "" and index % 3 == 0:
+                instance[name] = None
             else:
                 instance[name] = value
         instances.append(instance)
