@@ -65,6 +65,8 @@ def read_event_partition(stream: str, path: Path, minute: datetime) -> pd.DataFr
 def impressions_suite() -> Any:
     import great_expectations as gx
 
+    from components.gx_expectations import ExpectColumnValuesToMatchPattern
+
     e = gx.expectations
     suite = gx.ExpectationSuite(name=IMPRESSIONS, meta={"version": SUITE_VERSION})
     # Traffic never stops for a whole minute: an empty partition is a broken writer.
@@ -77,7 +79,7 @@ def impressions_suite() -> Any:
     for name in DENSE_FEATURES:  # null rate: a field that is almost always missing was dropped upstream
         suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=name, mostly=0.1))
     for name in CATEGORICAL_FEATURES:
-        suite.add_expectation(e.ExpectColumnValuesToMatchRegex(column=name, regex=r"^[0-9a-zA-Z_\-]{1,64}$"))
+        suite.add_expectation(ExpectColumnValuesToMatchPattern(column=name, regex=r"^[0-9a-zA-Z_\-]{1,64}$"))
     return suite
 
 

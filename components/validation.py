@@ -228,8 +228,9 @@ def _criteo() -> FeatureSpec:
 # and no U+FFFD (bytes that are not UTF-8, replaced when read).
 NUMBER_REGEX = r"^-?[0-9]{1,18}(?:\.[0-9]*)?(?:[eE][-+]?[0-9]{1,3})?$"
 INTEGER_REGEX = r"^-?[0-9]{1,19}$"
-STRING_REGEX = r"^[^\x00-\x1f\x7f\ufffd]{1,256}$"
-LIST_REGEX = r"^[^\x00-\x1f\x7f\ufffd]{1,8192}$"
+# (U+FFFD itself, not its escape, which RE2 does not read: components.gx_expectations.)
+STRING_REGEX = "^[^\\x00-\\x1f\\x7f\ufffd]{1,256}$"
+LIST_REGEX = "^[^\\x00-\\x1f\\x7f\ufffd]{1,8192}$"
 
 
 def timestamp_regex(feature: TimestampFeature) -> str:
@@ -248,6 +249,8 @@ def raw_click_log_suite(spec: FeatureSpec | None = None):
     """The expectation suite for one raw minute slice, generated from the feature spec: field count, label
     set, and per column its kind's pattern (numbers, integer or string ids, lists, timestamps)."""
     import great_expectations as gx
+
+    from components.gx_expectations import ExpectColumnValuesToMatchPattern
 
     spec = spec or _criteo()
     e = gx.expectations
@@ -280,7 +283,7 @@ def raw_click_log_suite(spec: FeatureSpec | None = None):
             regex = r"^[0-9]{1,6}$"
         else:
             regex = LIST_REGEX
-        suite.add_expectation(e.ExpectColumnValuesToMatchRegex(column=feature.column, regex=regex))
+        suite.add_expectation(ExpectColumnValuesToMatchPattern(column=feature.column, regex=regex))
     return suite
 
 
@@ -308,13 +311,19 @@ class SliceValidator:
             failure = {"expectation": err.check, "column": None, "kwargs": {}, "detail": err.detail}
             return SliceResult(minute, str(path), False, 0, [failure]), {"success": False, "read_error": err.detail}
         self.last_result = None
-        batch = self._batch_definition.get_batch(batch_parameters={"dataframe": frame})
+        # What Batch.validate runs, without getting the batch first: each get_batch hashes the whole frame (0.2 s
+        # of a 60 K-row slice).
+        from great_expectations.validator.v1_validator import Validator
+
+        def validate(result_format: dict[str, Any]):
+            return Validator(batch_definition=self._batch_definition, batch_parameters={"dataframe": frame},
+                             result_format=result_format).validate_expectation_suite(self._suite)
+
         # A pass/fail verdict first: a third of the time of the summary, whose unexpected counts and examples
         # are computed only for a slice that failed (measured on a 60 K-row slice: 3.8 s against 11.6 s).
-        result = batch.validate(self._suite, result_format={"result_format": "BOOLEAN_ONLY"})
+        result = validate({"result_format": "BOOLEAN_ONLY"})
         if not result.success:
-            result = batch.validate(self._suite, result_format={"result_format": "SUMMARY",
-                                                                "partial_unexpected_count": MAX_UNEXPECTED_SHOWN})
+            result = validate({"result_format": "SUMMARY", "partial_unexpected_count": MAX_UNEXPECTED_SHOWN})
         self.last_result = result
         failures = []
         for item in result.results:

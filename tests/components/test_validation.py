@@ -169,7 +169,7 @@ def test_suite_has_one_expectation_per_column_rule():
     suite = raw_click_log_suite()
     types = [e.expectation_type for e in suite.expectations]
     assert len(types) == 5 + 13 + 26
-    assert types.count("expect_column_values_to_match_regex") == 39
+    assert types.count("expect_column_values_to_match_pattern") == 39
     assert suite.meta["version"] == SUITE_VERSION
 
 
@@ -224,7 +224,7 @@ ONE_ROW = r"1 of 200 rows unexpected, e\.g\. "
             ],
         ),
         (3, [("expect_column_values_to_be_in_set", "label", ONE_ROW + r"\['2'\]")]),
-        (4, [("expect_column_values_to_match_regex", "I3", ONE_ROW + r"\['12x'\]")]),
+        (4, [("expect_column_values_to_match_pattern", "I3", ONE_ROW + r"\['12x'\]")]),
         (5, [("expect_table_row_count_to_be_between", None, r"observed 0")]),
         (6, [(BETWEEN, "_line_terminated", ONE_ROW + r"\[0\]")]),
     ],
@@ -267,7 +267,7 @@ def test_validate_interval_raises_naming_each_bad_slice(layout, quarantine_run):
     assert error.startswith("5 raw slice(s) failed validation and were moved to quarantine")
     assert "2026-01-01 00:02" in error and "expect_column_values_to_be_between(_num_fields)" in error
     assert "2026-01-01 00:03" in error and "expect_column_values_to_be_in_set(label)" in error
-    assert "2026-01-01 00:04" in error and "expect_column_values_to_match_regex(I3)" in error
+    assert "2026-01-01 00:04" in error and "expect_column_values_to_match_pattern(I3)" in error
     assert "2026-01-01 00:05" in error and "expect_table_row_count_to_be_between(table): observed 0" in error
     assert "2026-01-01 00:06" in error and "expect_column_values_to_be_between(_line_terminated)" in error
     assert f"Full report: {quarantine_run['report_path']}" in error
@@ -363,8 +363,8 @@ def test_a_taobao_slice_with_a_bad_time_stamp_and_garbage_ids_is_quarantined_nam
     lines[2] = b",".join(fields)
     damaged = b"\n".join(lines)
     path.write_bytes(damaged)
-    with pytest.raises(DataValidationError, match=r"(?s)match_regex\(time_stamp\).*\['06/05/2017'\]"
-                                                  r".*match_regex\(pid\)"):
+    with pytest.raises(DataValidationError, match=r"(?s)match_pattern\(time_stamp\).*\['06/05/2017'\]"
+                                                  r".*match_pattern\(pid\)"):
         validate_interval(layout, minutes, tmp_path / "report.json", dataset=click_log_dataset(spec))
     quarantined = layout.quarantine_minute_dir(minutes[0]) / spec.source.file_name
     assert quarantined.read_bytes() == damaged
