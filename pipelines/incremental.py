@@ -397,10 +397,12 @@ def train(ctx: RunContext) -> dict:
         num_rows=manifest["row_counts"]["rows"], spec=ctx.spec,
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
-    ctx.tracker.log_metrics({f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)})
-    ctx.progress("train: %d rows at %.0f ex/s; holdout logloss %.4f (parent %.4f, %s), %.1f s", result["train_rows"],
-                 result["examples_per_second"], result["holdout_logloss"], result["parent_holdout_logloss"],
-                 "kept in memory" if result["parent_from_memory"] else "loaded", time.monotonic() - started)
+    ctx.tracker.log_metrics({**{f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)},
+                             **{f"train.seconds.{k}": v for k, v in result["seconds"].items()}})
+    ctx.progress("train: %d rows at %.0f ex/s; holdout logloss %.4f (parent %.4f, %s), %.1f s (%s)",
+                 result["train_rows"], result["examples_per_second"], result["holdout_logloss"],
+                 result["parent_holdout_logloss"], "kept in memory" if result["parent_from_memory"] else "loaded",
+                 time.monotonic() - started, ", ".join(f"{k} {v:.2f} s" for k, v in result["seconds"].items()))
     return result
 
 

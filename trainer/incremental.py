@@ -8,6 +8,7 @@ to newly admitted values start from a fresh draw of the table's initializer, as 
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,27 +109,40 @@ def train_increment(
 
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
 
+    started = time.monotonic()
+    seconds: dict[str, float] = {}
+
+    def lap(name: str) -> None:  # where the step's time goes, returned with its numbers
+        seconds[name] = round(time.monotonic() - started - sum(seconds.values()), 3)
+
     keras.utils.set_random_seed(seed)
     train_batch_size = even_batch_size(num_rows, batch_size) if num_rows else batch_size
     model, from_memory = _parent_model(parent_checkpoint)
     if model.optimizer is None:
         raise ValueError(f"the checkpoint in {parent_checkpoint} has no optimizer state; it cannot be trained on")
+    lap("load_parent")
     num_reset = reset_rows(model, new_rows, list(inputs.tables))
+    lap("reset_rows")
     holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout,
                               inputs=inputs)
     parent_logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
+    lap("score_parent")
     meter = ThroughputMeter()
     for epoch in range(epochs):
         data = samples_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch, layout=layout,
                                inputs=inputs)
         model.fit(data, epochs=1, callbacks=[meter], shuffle=False, verbose=0)
+    lap("fit")
     logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
+    lap("score_child")
     global_step = int(model.optimizer.iterations.numpy())
     train_rows = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     holdout_rows = int(sum(int(label.shape[0]) for _, label in holdout))
+    lap("count_holdout")
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
+    lap("save_weights")
     saved = save_checkpoint(
         model, checkpoint_dir, version=version, extra_files=[weights_file],
         spec_hash=(spec or load_spec("criteo")).hash(),
@@ -136,8 +150,9 @@ def train_increment(
                 "holdout_files": list(holdout_files)},
         row_counts={"train": train_rows, "holdout": holdout_rows},
         extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model)})
+    lap("save_checkpoint")
     _keep_warm(model, checkpoint_dir, saved)
     return {"train_rows": train_rows, "batch_size": train_batch_size, "holdout_rows": holdout_rows,
             "parent_from_memory": from_memory, "rows_reset": num_reset,
             "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
-            "parent_holdout_logloss": parent_logloss, "global_step": global_step}
+            "parent_holdout_logloss": parent_logloss, "global_step": global_step, "seconds": seconds}

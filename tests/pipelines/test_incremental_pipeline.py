@@ -268,6 +268,12 @@ def test_a_minute_trained_from_the_model_kept_in_memory_equals_one_trained_from_
         num_rows=manifest["row_counts"]["rows"], spec=ctx.spec)
     assert again["parent_from_memory"] is False
     first = outputs["2026-01-01T00:11"]["train"]
+    # Where each run's seconds went, in the order they were spent; loading from disk costs more than memory.
+    assert list(again["seconds"]) == list(first["seconds"]) == [
+        "load_parent", "reset_rows", "score_parent", "fit", "score_child", "count_holdout", "save_weights",
+        "save_checkpoint"]
+    assert all(value >= 0 for value in again["seconds"].values()) and again["seconds"]["fit"] > 0
+    assert again["seconds"]["load_parent"] > first["seconds"]["load_parent"]
     assert again["holdout_logloss"] == pytest.approx(first["holdout_logloss"], abs=1e-6)
     assert again["global_step"] == first["global_step"]
     kept = load_checkpoint(directory / "checkpoint")
