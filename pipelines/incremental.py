@@ -310,27 +310,32 @@ def _daily_run_key(ctx: RunContext, manifest: dict[str, Any]) -> str:
     return str(_store(ctx).manifest(MODEL_NAME, str(manifest["chain_root"])).get("run_key", ""))
 
 
-def _frames(ctx: RunContext, plan: Plan):
-    """The planned minutes' training and held-out rows (a stable hash split, incremental.holdout_fraction),
-    labelled first when the source needs it (events: the join of those minutes, under incremental/<minute>/)."""
+def _rows(ctx: RunContext, plan: Plan):
+    """The planned minutes' rows, each with HELD_OUT (pipelines.sources: a stable hash split,
+    incremental.holdout_fraction), labelled first when the source needs it (events: the join of those
+    minutes, under incremental/<minute>/)."""
     from components.interval import Interval
 
     minutes = [datetime.fromisoformat(m) for m in plan.minutes]
     directory = _dir(ctx) / "joined"
     ctx.source.label(ctx, Interval(minutes[0], minutes[-1] + timedelta(minutes=1)), directory)
-    fraction = ctx.config.incremental.holdout_fraction
-    return (ctx.source.rows(ctx, minutes, directory, holdout=(fraction, False)),
-            ctx.source.rows(ctx, minutes, directory, holdout=(fraction, True)))
+    return ctx.source.rows(ctx, minutes, directory, holdout_fraction=ctx.config.incremental.holdout_fraction)
 
 
 def samples(ctx: RunContext) -> dict:
     """Spark, in one session: the minutes' values folded into the parent's feature state (admissions into the
     room the daily run left, no eviction, the parent's dense transforms: build_feature_state with evict=False),
-    then block TFRecords of the training and held-out rows under that state, both in one Spark job."""
+    then block TFRecords of the training and held-out rows under that state, both in one Spark job.
+
+    The minutes' rows are read and parsed once, kept in Spark's memory for both jobs, and let go at the end:
+    a minute is small, and reading it a second time (and a third, for the held-out rows) cost more than
+    keeping it."""
     from components.feature_state import load_feature_state
     from components.interval import day_number
+    from pipelines.sources import split_rows
     from spark_jobs.features import build_feature_state, write_feature_state
     from spark_jobs.samples import write_splits
+    from spark_jobs.session import MINUTE_CACHE_CONF, session_conf
 
     plan = read_plan(ctx)
     started = time.monotonic()
@@ -341,19 +346,25 @@ def samples(ctx: RunContext) -> dict:
 
     parent = load_feature_state(plan.parent_feature_state, spec=ctx.spec)
     lap("load_parent_state")
-    train_frame, holdout_frame = _frames(ctx, plan)
-    lap("spark_session")
-    state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
-                                version=f"minute-{ctx.interval.tag}", evict=False, spec=ctx.spec)
-    if state.table_sizes() != parent.table_sizes():
-        raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
-    lap("fold_counts")
-    features_s = time.monotonic() - started
-    written = write_splits({split: (frame, _dir(ctx) / "samples" / split)
-                            for split, frame in (("train", train_frame), ("holdout", holdout_frame))},
-                           state, spec=ctx.spec, block_rows=ctx.config.features.block_rows, num_shards=1,
-                           seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
-                           inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)})
+    with session_conf(ctx.spark(), MINUTE_CACHE_CONF):  # kept uncompressed: spark_jobs.session
+        minute_rows = _rows(ctx, plan).persist()
+        lap("spark_session")
+        try:
+            train_frame, holdout_frame = split_rows(minute_rows)
+            state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
+                                        version=f"minute-{ctx.interval.tag}", evict=False, spec=ctx.spec)
+            if state.table_sizes() != parent.table_sizes():
+                raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
+            lap("fold_counts")
+            features_s = time.monotonic() - started
+            written = write_splits({split: (frame, _dir(ctx) / "samples" / split)
+                                    for split, frame in (("train", train_frame), ("holdout", holdout_frame))},
+                                   state, spec=ctx.spec, block_rows=ctx.config.features.block_rows, num_shards=1,
+                                   seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
+                                   inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)},
+                                   in_memory=True)
+        finally:
+            minute_rows.unpersist()
     rows = {split: manifest["row_counts"]["rows"] for split, manifest in written.items()}
     lap("write_samples")
     if rows["train"] == 0 or rows["holdout"] == 0:

@@ -9,9 +9,9 @@ Both pipelines ask their source the same questions and never branch on its name:
   attribution window, rounded up to whole minutes, for impression and click streams);
 - `label(ctx, span, directory)`: makes the span's labelled rows under `directory` (the impression x click
   join, validated) and returns its metrics; None when the raw rows carry their labels;
-- `rows(ctx, minutes, directory, holdout=None)`: the parsed rows of `minutes` (spark_jobs.raw.parse_raw's
-  typed columns and `minute`), or None when there are none; `holdout=(fraction, True|False)` keeps only the
-  held-out or only the training rows of a stable hash split;
+- `rows(ctx, minutes, directory, holdout_fraction=None)`: the parsed rows of `minutes` (spark_jobs.raw.parse_raw's
+  typed columns and `minute`), or None when there are none; with `holdout_fraction`, each row also says in
+  HELD_OUT whether a stable hash split holds it out (about that fraction of the rows);
 - `rows_come_shuffled`: whether `rows` are already in a pseudo-random order (the sample writer then keeps it);
 - `planted_auc(ctx, minutes, directory)`: the generator's own model on those minutes' labels, for generated
   data (None otherwise).
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 SOURCE_NAMES = ("click_log", "events")
 # Rows whose hash bucket (of 1000) is below fraction x 1000 are held out.
 HASH_BUCKETS = 1000
+# The column of rows(..., holdout_fraction=...): true for a held-out row.
+HELD_OUT = "_held_out"
 
 
 class Source(Protocol):
@@ -51,20 +53,27 @@ class Source(Protocol):
     def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None: ...
 
     def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
-             holdout: tuple[float, bool] | None = None): ...
+             holdout_fraction: float | None = None): ...
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None: ...
 
 
-def _hash_split(frame, columns: list[str], holdout: tuple[float, bool] | None):
-    if holdout is None:
+def _hash_split(frame, columns: list[str], fraction: float | None):
+    """`frame` with HELD_OUT (a stable hash of `columns` in the lowest `fraction` of HASH_BUCKETS), when
+    `fraction` is given."""
+    if fraction is None:
         return frame
     from pyspark.sql import functions as F
 
-    fraction, held_out = holdout
     bucket = F.pmod(F.xxhash64(*[F.col(c) for c in columns]), F.lit(HASH_BUCKETS))
-    cut = int(round(fraction * HASH_BUCKETS))
-    return frame.filter(bucket < cut if held_out else bucket >= cut)
+    return frame.withColumn(HELD_OUT, bucket < int(round(fraction * HASH_BUCKETS)))
+
+
+def split_rows(rows, column: str = HELD_OUT):
+    """(training rows, held-out rows) of rows(..., holdout_fraction=...), without the column."""
+    from pyspark.sql import functions as F
+
+    return rows.where(~F.col(column)).drop(column), rows.where(F.col(column)).drop(column)
 
 
 class ClickLogSource:
@@ -93,7 +102,7 @@ class ClickLogSource:
         return None
 
     def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
-             holdout: tuple[float, bool] | None = None):
+             holdout_fraction: float | None = None):
         from spark_jobs.raw import extract_raw, parse_raw, raw_columns
 
         paths = [str(ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name) for m in minutes
@@ -103,7 +112,8 @@ class ClickLogSource:
         raw = extract_raw(ctx.spark(), paths, ctx.spec)
         # Split on the raw text, before parsing: a hash over the parsed expressions, inlined into the
         # vocabulary count, made Spark's optimizer run out of memory.
-        return parse_raw(_hash_split(raw, raw_columns(ctx.spec), holdout), ctx.spec)
+        return parse_raw(_hash_split(raw, raw_columns(ctx.spec), holdout_fraction), ctx.spec,
+                         keep=[HELD_OUT] if holdout_fraction is not None else [])
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
         from components.synthetic import planted_auc
@@ -150,13 +160,14 @@ class EventsSource:
         return metrics
 
     def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
-             holdout: tuple[float, bool] | None = None):
+             holdout_fraction: float | None = None):
         from components.manifest import read_manifest
         from spark_jobs.events import JOINED_KIND, REQUEST_ID, joined_rows
 
         read_manifest(directory, kind=JOINED_KIND)
         return joined_rows(ctx.spark(), directory, minutes, ctx.spec,
-                           keep=lambda frame: _hash_split(frame, [REQUEST_ID], holdout))
+                           add=lambda frame: _hash_split(frame, [REQUEST_ID], holdout_fraction),
+                           keep=[HELD_OUT] if holdout_fraction is not None else [])
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
         from spark_jobs.events import planted_auc_of_joined

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -459,11 +459,12 @@ def _joined_table(directory: Path, columns: list[str]) -> pa.Table:
 
 
 def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], spec: FeatureSpec,
-                keep: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+                add: Callable[[DataFrame], DataFrame] | None = None, keep: Sequence[str] = ()) -> DataFrame:
     """The join's samples of `minutes` as the feature and sample jobs read rows: the spec's typed columns and
     the minute ('YYYY-MM-DD HH:MM'), through the same spark_jobs.raw.parse_raw as the click log's, in a fixed
-    pseudo-random order (write_samples(..., shuffle=False)). `keep`, when given, filters the joined rows (all
-    their columns, request_id included) before they are parsed."""
+    pseudo-random order (write_samples(..., shuffle=False)). `add`, when given, adds columns computed from the
+    joined rows (all their columns, request_id included) before they are parsed; those named in `keep` are
+    passed through."""
     from spark_jobs.raw import MINUTE_COLUMN, parse_raw
 
     start = int(min(minutes).timestamp() * 1000)
@@ -476,11 +477,11 @@ def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], s
         raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples do not "
                               f"have; they have {frame.columns}: use --spec events (or criteo) with the events source")
     frame = frame.where((F.col(TS) >= start) & (F.col(TS) < end))
-    raw = (keep(frame) if keep is not None else frame).select(
+    raw = (add(frame) if add is not None else frame).select(
         *spec.input_columns,
-        F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE_COLUMN),
+        F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE_COLUMN), *keep,
     )
-    return parse_raw(raw, spec)
+    return parse_raw(raw, spec, keep=keep)
 
 
 def validate_joined(layout: Layout, directory: Path, sequence_length: int, report_path: Path,

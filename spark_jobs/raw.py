@@ -19,6 +19,8 @@ step after this one knows which source its rows came from.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -137,8 +139,9 @@ def _canonical_int(value: Column) -> Column:
                   as_number.cast("long").cast("string")).otherwise(value)
 
 
-def parse_raw(frame: DataFrame, spec: FeatureSpec) -> DataFrame:
-    """Typed columns named after the spec's features (see the module docstring)."""
+def parse_raw(frame: DataFrame, spec: FeatureSpec, keep: Sequence[str] = ()) -> DataFrame:
+    """Typed columns named after the spec's features (see the module docstring), then the columns of `frame`
+    named in `keep`, as they are."""
     timestamp = spec.timestamp
     seconds = epoch_seconds(F.col(timestamp.column), timestamp) if timestamp is not None else None
     columns = [F.col(spec.label.column).cast("double").cast("int").alias(LABEL)]
@@ -151,7 +154,7 @@ def parse_raw(frame: DataFrame, spec: FeatureSpec) -> DataFrame:
         dtype = spec.feature(spec.table_of(feature.name)).dtype  # type: ignore[union-attr]
         columns.append(id_list(F.col(feature.column), feature, dtype).alias(feature.name))
     columns.append(F.col(MINUTE_COLUMN))
-    return frame.select(*columns)
+    return frame.select(*columns, *keep)
 
 
 def _categorical(feature: CategoricalFeature, seconds: Column | None) -> Column:

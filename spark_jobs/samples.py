@@ -59,11 +59,17 @@ SPLIT_COLUMN = "_split"
 
 
 def shuffle_deterministically(frame: DataFrame, num_shards: int, seed: int,
-                              key_columns: list[str] | None = None) -> DataFrame:
+                              key_columns: list[str] | None = None, *, in_memory: bool = False) -> DataFrame:
     """Spreads rows over shards and orders them pseudo-randomly, identically on every run (the key: a hash of
-    `key_columns`, by default all of them)."""
+    `key_columns`, by default all of them).
+
+    `in_memory`: the rows come from a persisted frame. For one shard they are then gathered into one task and
+    sorted there, without an exchange: the same rows in the same order, minus a stage that writes and reads
+    every row again. (Gathering rows read from files into one task would read them on one core instead.)"""
     key = F.xxhash64(F.lit(seed), *[F.col(c) for c in (key_columns or frame.columns)])
-    return frame.withColumn("_key", key).repartition(num_shards, "_key").sortWithinPartitions("_key").drop("_key")
+    keyed = frame.withColumn("_key", key)
+    spread = keyed.coalesce(1) if in_memory and num_shards == 1 else keyed.repartition(num_shards, "_key")
+    return spread.sortWithinPartitions("_key").drop("_key")
 
 
 def check_samples_layout(layout: str) -> str:
@@ -266,19 +272,19 @@ def write_samples(frame: DataFrame, state: FeatureState, directory: Path, *, spe
 
 def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState, *, spec: FeatureSpec,
                  block_rows: int, num_shards: int, seed: int, inputs: dict, layout: str = "block",
-                 shuffle: bool = True) -> dict[str, dict]:
+                 shuffle: bool = True, in_memory: bool = False) -> dict[str, dict]:
     """write_samples for several splits (split -> (its rows, its directory)) in one Spark job: a minute's
     training and held-out rows pay Spark's per-job stages once. Each split gets the files, order and manifest
     that write_samples would give it alone (with shuffle=False, when num_shards is 1); returns split ->
-    manifest."""
+    manifest. `in_memory`: the frames are read from a persisted frame (shuffle_deterministically)."""
     layout_name = check_samples_layout(layout)
     names = list(splits)
     frames = [frame for frame, _ in splits.values()]
     combined = frames[0] if len(frames) == 1 else functools.reduce(
         lambda left, right: left.unionByName(right),
         [frame.withColumn(SPLIT_COLUMN, F.lit(i)) for i, frame in enumerate(frames)])
-    shuffled = (shuffle_deterministically(combined, num_shards, seed, key_columns=frames[0].columns) if shuffle
-                else combined.coalesce(num_shards))
+    shuffled = (shuffle_deterministically(combined, num_shards, seed, key_columns=frames[0].columns,
+                                          in_memory=in_memory) if shuffle else combined.coalesce(num_shards))
     staging = {name: staging_dir(directory) for name, (_, directory) in splits.items()}
     writer = make_shard_writer(state, spec, [str(staging[name]) for name in names], block_rows, layout)
     shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),

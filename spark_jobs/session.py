@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from components.config import SparkConfig
 
@@ -31,3 +33,24 @@ def get_spark(config: SparkConfig, app_name: str = "ctr"):
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
+
+
+# What a minute's rows are kept in Spark's memory as: uncompressed column batches. For 60 K rows, compressing the
+# batches cost more than reading the rows again; the daily run's large persisted frames keep Spark's default.
+MINUTE_CACHE_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+
+
+@contextmanager
+def session_conf(spark, settings: Mapping[str, str]) -> Iterator[None]:
+    """Sets SQL settings of `spark`'s session for the block, then puts back what was there (or unsets)."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,61 @@ def test_splits_written_in_one_job_are_the_files_written_one_by_one(spark, raw_d
         for file in alone["files"]:
             assert (tmp_path / "together" / name / file).read_bytes() == (tmp_path / "alone" / name / file).read_bytes()
     assert not [p for p in (tmp_path / "together").iterdir() if p.name.startswith(".")]
+
+
+def test_splits_of_a_persisted_frame_ordered_in_one_task_are_the_files_of_the_exchange(spark, tmp_path):
+    """A minute run's rows are persisted; write_splits(in_memory=True) then orders them in one task instead of
+    through an exchange: the same rows, in the same order, byte for byte."""
+    generate(GenerateConfig(minutes=1, rows_per_minute=3000), Layout(tmp_path / "data"))
+    (path,) = (tmp_path / "data" / "raw").rglob("*.tsv")
+    frame = parse_raw(extract_raw(spark, [str(path)], CRITEO), CRITEO).persist()
+    try:
+        state = build_state(frame, min_count=5)
+        splits = {"train": frame.where("label = 0"), "holdout": frame.where("label = 1")}
+        written = {}
+        for in_memory in (False, True):
+            written[in_memory] = write_splits(
+                {name: (rows, tmp_path / str(in_memory) / name) for name, rows in splits.items()}, state,
+                spec=CRITEO, block_rows=64, num_shards=1, seed=3, inputs={}, in_memory=in_memory)
+    finally:
+        frame.unpersist()
+    assert written[True] == written[False]
+    assert sum(m["row_counts"]["rows"] for m in written[True].values()) == 3000
+    for name, manifest in written[True].items():
+        for file in manifest["files"]:
+            assert (tmp_path / "True" / name / file).read_bytes() == (tmp_path / "False" / name / file).read_bytes()
+    # and the order is not the file's: a shuffle, not a copy
+    unshuffled = write_splits({"train": (splits["train"], tmp_path / "plain" / "train")}, state, spec=CRITEO,
+                              block_rows=64, num_shards=1, seed=3, inputs={}, shuffle=False)["train"]
+    shard = next(f for f in unshuffled["files"] if f.endswith(".tfrecord"))
+    assert (tmp_path / "plain" / "train" / shard).read_bytes() != (tmp_path / "True" / "train" / shard).read_bytes()
+
+
+def test_a_minutes_hash_split_is_stable_and_holds_out_its_fraction(spark, tmp_path):
+    """ClickLogSource.rows(holdout_fraction=...) marks each row held out or not by a hash of its raw fields:
+    every row once, the same rows on every read, about the fraction held out."""
+    from pyspark.sql import functions as F
+
+    from components.config import load_config
+    from components.interval import Interval
+    from pipelines.context import RunContext
+    from pipelines.sources import HELD_OUT, ClickLogSource, split_rows
+
+    generate(GenerateConfig(minutes=1, rows_per_minute=4000), Layout(tmp_path / "data"))
+    config = load_config(overrides={"paths.data_root": str(tmp_path / "data")}, environ={})
+    start = datetime.fromisoformat(GenerateConfig().start).replace(tzinfo=UTC)
+    ctx = RunContext(config=config, interval=Interval(start, start + timedelta(minutes=1)), pipeline="incremental",
+                     run_id="t")
+    rows = ClickLogSource().rows(ctx, [start], tmp_path, holdout_fraction=0.2)
+    assert rows.columns[-1] == HELD_OUT
+    counts = {r[HELD_OUT]: r["count"] for r in rows.groupBy(HELD_OUT).count().collect()}
+    assert counts[True] + counts[False] == 4000 and 0.17 < counts[True] / 4000 < 0.23
+    key = F.xxhash64(*[F.col(c) for c in rows.columns if c != HELD_OUT])
+    held = [sorted(r[0] for r in split.select(key).collect()) for split in split_rows(rows)[::-1]]
+    again = ClickLogSource().rows(ctx, [start], tmp_path, holdout_fraction=0.2)
+    assert held[0] == sorted(r[0] for r in again.where(F.col(HELD_OUT)).select(key).collect())
+    assert len(held[0]) == counts[True] and len(held[1]) == counts[False]
+    assert split_rows(rows)[0].columns == ClickLogSource().rows(ctx, [start], tmp_path).columns
 
 
 def test_rebuilding_a_feature_state_writes_identical_bytes(spark, raw_dir, tmp_path):
