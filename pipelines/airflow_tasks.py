@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from airflow.sdk import Asset, task
 
-from pipelines.context import Step
+from pipelines.context import Step, step_upstream
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +93,16 @@ def failure_callback(pipeline: str) -> Callable[[dict], None]:
 
 
 def chain_step_tasks(pipeline: str, steps: Sequence[Step]) -> None:
-    """Inside a `with DAG(...)` block: a task per step, downstream of the steps it names in `upstream`, or
-    else of the one before it."""
+    """Inside a `with DAG(...)` block: a task per step, downstream of the steps it needs (step_upstream)."""
+    try:
+        upstream = step_upstream(steps)
+    except ValueError as err:
+        raise ValueError(f"{pipeline}: {err}") from err
     tasks: dict[str, object] = {}
-    previous = None
     for step in steps:
-        current = _step_task(pipeline, step)()
-        upstream = step.upstream if step.upstream is not None else ((previous,) if previous else ())
-        unknown = [name for name in upstream if name not in tasks]
-        if unknown:
-            raise ValueError(f"{pipeline} step {step.name!r} needs {unknown}, which are not steps before it")
-        for name in upstream:
-            tasks[name] >> current
-        tasks[step.name] = current
-        previous = step.name
+        tasks[step.name] = _step_task(pipeline, step)()
+        for name in upstream[step.name]:
+            tasks[name] >> tasks[step.name]
 
 
 def _step_task(pipeline: str, step: Step):

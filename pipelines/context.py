@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -32,6 +33,20 @@ class Step:
     outlets: tuple[str, ...] = ()
     # MLflow system metrics (CPU, memory, disk, network, GPU) are sampled on the run while the step runs.
     system_metrics: bool = False
+
+
+def step_upstream(steps: Sequence[Step]) -> dict[str, tuple[str, ...]]:
+    """The steps each step needs, by name, in the steps' order: its `upstream`, or else the step before it."""
+    upstream: dict[str, tuple[str, ...]] = {}
+    previous: str | None = None
+    for step in steps:
+        needs = step.upstream if step.upstream is not None else ((previous,) if previous else ())
+        unknown = [name for name in needs if name not in upstream]
+        if unknown:
+            raise ValueError(f"step {step.name!r} needs {unknown}, which are not steps before it")
+        upstream[step.name] = tuple(needs)
+        previous = step.name
+    return upstream
 
 
 @dataclass
