@@ -282,6 +282,23 @@ def airflow_timeline(db: Path) -> dict[str, Any]:
             "runs": len(by_run)}
 
 
+def worker_steps(log_path: Path) -> dict[str, Any]:
+    """From the step worker's log: per step, the median of its time in the worker (what its Airflow task's run
+    time adds hand-offs to), and how many steps started ahead of their tasks (pipelines/run_ahead.py)."""
+    import re
+
+    seconds: dict[str, list[float]] = {}
+    ahead = 0
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    for match in re.finditer(r"incremental/(\w+) of \S+: (?:started ahead of its task|done in ([\d.]+) s)", text):
+        if match.group(2) is None:
+            ahead += 1
+        else:
+            seconds.setdefault(match.group(1), []).append(float(match.group(2)))
+    return {"step_s": {step: round(statistics.median(v), 1) for step, v in seconds.items()},
+            "steps_done": sum(len(v) for v in seconds.values()), "steps_started_ahead": ahead}
+
+
 def summarize(config, layout: Layout, load, load_started: float, load_ended: float,
               written: list[tuple[datetime, float]], args: argparse.Namespace) -> dict[str, Any]:
     store = open_model_store(config.paths.model_store_uri)
@@ -322,6 +339,7 @@ def summarize(config, layout: Layout, load, load_started: float, load_ended: flo
         "request_rate_per_s": args.rate,
         "live_writer_lag_s": [round(lag, 2) for _, lag in written],
         "airflow_timeline": airflow_timeline(layout.root / "airflow" / "airflow.db"),
+        "worker_steps": worker_steps(layout.root / "logs" / "step-worker.log"),
         "per_minute": {datetime.fromtimestamp(c, UTC).isoformat(): (None if v is None else round(v, 2))
                        for c, v in by_minute.items()},
     }

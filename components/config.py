@@ -204,6 +204,9 @@ class IncrementalConfig:
     # Airflow's tasks of ctr_incremental run their steps in the step worker (`ctr worker`,
     # pipelines/step_worker.py) when one is up for this data root, else in their own process.
     step_worker: bool = True
+    # In the step worker, a step starts as soon as its upstream steps ended well, and its task takes the outcome
+    # when it comes (pipelines/run_ahead.py); false: every step waits for its task.
+    run_ahead: bool = True
     # The step worker starts over as a fresh process once a step leaves it above this resident memory (MiB).
     step_worker_max_rss_mib: float = 4096.0
 

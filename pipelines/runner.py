@@ -104,16 +104,26 @@ def airflow_run_context(pipeline: str, context: Mapping[str, Any],
 
 def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
                      environ: Mapping[str, str] | None = None) -> Any:
-    """Entry point of an Airflow task. A sensor step is asked once (one poke) and its answer returned."""
+    """Entry point of an Airflow task. A sensor step is asked once (one poke) and its answer returned; its yes
+    is told to the step worker, which then starts the steps after it (pipelines/run_ahead.py)."""
     ctx = airflow_run_context(pipeline, context, environ)
     (step,) = select_steps(pipeline, [step_name])
-    if step.sensor:
-        return bool(step.run(ctx))
-    if pipeline in step_client.PIPELINES and ctx.config.incremental.step_worker:
+    on_worker = pipeline in step_client.PIPELINES and ctx.config.incremental.step_worker
+    request: dict[str, Any] = {}
+    if on_worker:
         overrides, env = _task_config_inputs(pipeline, context, environ)
         request = {"pipeline": pipeline, "step": step_name, "run_id": ctx.run_id, "dag_id": ctx.dag_id,
                    "start": ctx.interval.start.isoformat(), "end": ctx.interval.end.isoformat(),
-                   "overrides": overrides, "environ": env}
+                   "overrides": overrides, "environ": env, "run_ahead": ctx.config.incremental.run_ahead}
+    if step.sensor:
+        answer = bool(step.run(ctx))
+        if answer and on_worker and ctx.config.incremental.run_ahead:
+            try:
+                step_client.notify_done(ctx.config.paths.root, request)
+            except step_client.WorkerUnavailable as err:  # the next task runs its step where it can
+                worker_log.debug("%s: the steps after %s start with their tasks", err, step_name)
+        return answer
+    if on_worker:
         try:
             return step_client.run_on_worker(ctx.config.paths.root, request,
                                              lambda level, text: worker_log.log(level, "%s", text))

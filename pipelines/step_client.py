@@ -53,16 +53,34 @@ def worker_address(data_root: Path) -> tuple[str, int] | None:
         return None
 
 
-def run_on_worker(data_root: Path, request: Mapping[str, Any], on_log: Callable[[int, str], None]) -> Any:
-    """Sends one step to the worker of `data_root` and waits for it: log records go to `on_log(level, text)`
-    as they come; returns the step's output or raises its error (WorkerUnavailable when none answers)."""
+def _connect(data_root: Path) -> tuple[socket.socket, tuple[str, int]]:
     address = worker_address(data_root)
     if address is None:
         raise WorkerUnavailable(f"no step worker for {data_root} ({address_file(data_root)} is absent)")
     try:
-        connection = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+        return socket.create_connection(address, timeout=CONNECT_TIMEOUT_S), address
     except OSError as err:
         raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]} does not answer: {err}") from err
+
+
+def notify_done(data_root: Path, request: Mapping[str, Any]) -> None:
+    """Tells the worker of `data_root` that the request's step (a sensor, run by its task) ended with a yes, so
+    it starts the steps after it (pipelines/run_ahead.py); returns once the worker has taken the notice."""
+    connection, address = _connect(data_root)
+    with connection:
+        stream = connection.makefile("rwb")
+        send_message(stream, {**request, "notice": "done"})
+        try:
+            json.loads(stream.readline())
+        except (OSError, ValueError) as err:
+            raise WorkerUnavailable(f"the step worker at {address[0]}:{address[1]} did not take the notice") from err
+
+
+def run_on_worker(data_root: Path, request: Mapping[str, Any], on_log: Callable[[int, str], None]) -> Any:
+    """Sends one step to the worker of `data_root` and waits for it: log records go to `on_log(level, text)`
+    as they come; returns the step's output or raises its error (WorkerUnavailable when none answers). Where
+    the step ran ahead of this task (pipelines/run_ahead.py), its lines and its end come from that run."""
+    connection, address = _connect(data_root)
     with connection:
         connection.settimeout(None)  # a step takes as long as it takes; Airflow's task timeout bounds it
         stream = connection.makefile("rwb")

@@ -8,11 +8,17 @@ in Airflow, with its own state, retries and log; it sends its step to the worker
 as they come, and ends as the step ends: its output is the task's return value, its error the task's error.
 
     Airflow task (fresh process)                step worker (one process per data root)
-      run_airflow_step ---- step, run, config ---->  a thread per step: run_steps(ctx, [step])
+      run_airflow_step ---- step, run, config ---->  a thread per step: run_steps(ctx, [step]), or the
+                                                   outcome of the step that ran ahead of its task
       log lines <--------------------------------- the step's log records, as they are emitted
       return / raise <---- output or error -------- DataValidationError, NothingToLearn, ... keep their type
 
 The task's side (finding the worker, sending a step, relaying its answer) is pipelines/step_client.py.
+
+Running ahead (pipelines/run_ahead.py): once a step ends well here, or the run's sensor task says its wait is
+over, the worker starts the steps after it without waiting for their tasks; a task whose step ran ahead gets
+that run's log lines and outcome instead of running it again. It takes Airflow's hand-offs (0.3-0.6 s each)
+out of a minute's freshness; `incremental.run_ahead=false` turns it off.
 
 Finding it: the worker writes `<data_root>/worker/step-worker.json` (host, port, pid) once it listens and
 removes it when it stops. A task whose data root has no answering worker runs the step itself, as before
@@ -31,8 +37,8 @@ new tasks run their steps themselves), lets the running ones finish and starts o
 (`ctr worker` re-executes itself), which warms up again.
 
 Limits: a step already running goes on to its end when its task is killed (its outputs are written atomically,
-so a retry that runs beside it cannot see a half-written one). Steps run in threads of one process, as many at
-once as Airflow's pools let through (validate beside samples); a step that fails drops the worker's Spark
+so a retry that runs beside it cannot see a half-written one). Steps run in threads of one process, one thread
+per step, side by side where the DAG has them side by side (validate beside samples); a step that fails drops the worker's Spark
 session, so a restarted Spark Connect server costs one retry, not every later run.
 """
 
@@ -50,6 +56,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.run_ahead import Outcome, RunAhead
 from pipelines.step_client import PIPELINES, address_file, error_types, send_message
 
 log = logging.getLogger(__name__)
@@ -122,48 +129,30 @@ class _Handler(socketserver.StreamRequestHandler):
         if not line.strip():  # a health check's connect-and-close, or a client that sent nothing
             return
         request = json.loads(line)
-        name = f"{request.get('pipeline')}/{request.get('step')} of {request.get('run_id')}"
-        lock = threading.Lock()
-        connected = [True]
-
-        def send(message: dict[str, Any]) -> None:
-            # Called from inside logging (the thread's sink): it must neither log nor raise.
-            with lock:
-                if not connected[0]:
-                    return
-                try:
-                    send_message(self.wfile, message)
-                except OSError:  # the task went away (killed, timed out): the step still runs to its end
-                    connected[0] = False
-
         server = self.server
-        if server.recycling.is_set():  # announced gone already: the task runs the step itself
-            send({"ok": False, "error_type": "WorkerUnavailable", "error": "the step worker is restarting"})
+        if request.get("notice") == "done":  # a sensor's task: its wait is over (pipelines/run_ahead.py)
+            if not server.recycling.is_set():
+                server.start(server.ahead.notice(request))
+            send_message(self.wfile, {"ok": True, "output": None})
             return
-        logs = server.thread_logs
-        ident = threading.get_ident()
-        logs.sinks[ident] = lambda record: send({"log": logs.format(record), "level": record.levelno})
-        started = time.monotonic()
-        log.info("%s: started", name)
+        outcome = server.ahead.claim(request)
+        if outcome is None:
+            if server.recycling.is_set():  # announced gone already: the task runs the step itself
+                send_message(self.wfile, {"ok": False, "error_type": "WorkerUnavailable",
+                                          "error": "the step worker is restarting"})
+                return
+            outcome = server.ahead.begin(request)
+            server.start([outcome])
         try:
-            output = run_request(request)
-            send({"ok": True, "output": output})
-            log.info("%s: done in %.1f s", name, time.monotonic() - started)
-        except Exception as err:  # noqa: BLE001 - every error goes back to the task, which raises it
-            if not isinstance(err, tuple(error_types().values())):
-                _drop_spark_session()
-            send({"ok": False, "error_type": type(err).__name__, "error": str(err),
-                  "traceback": traceback.format_exc()})
-            log.info("%s: %s after %.1f s: %s", name, type(err).__name__, time.monotonic() - started, err)
-        finally:
-            logs.sinks.pop(ident, None)
-            if not connected[0]:
-                log.warning("the task of %s went away before its step ended; the step ran to its end", name)
-            rss = rss_mib()
-            if server.max_rss_mib and rss is not None and rss > server.max_rss_mib:
-                log.info("resident memory %.0f MiB is over incremental.step_worker_max_rss_mib=%.0f: no more steps "
-                         "here; the worker starts over once the running ones end", rss, server.max_rss_mib)
-                server.recycling.set()
+            for message in outcome.messages():
+                send_message(self.wfile, message)
+        except OSError:  # the task went away (killed, timed out): the step still runs to its end
+            log.warning("the task of %s went away before its step ended; the step runs to its end",
+                        _name(request))
+
+
+def _name(request: Mapping[str, Any]) -> str:
+    return f"{request.get('pipeline')}/{request.get('step')} of {request.get('run_id')}"
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -173,10 +162,66 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], max_rss_mib: float | None) -> None:
+        from pipelines.runner import pipeline_steps
+
         super().__init__(address, _Handler)
         self.thread_logs = _ThreadLogs()
         self.max_rss_mib = max_rss_mib
         self.recycling = threading.Event()
+        self.ahead = RunAhead(pipeline_steps)
+        self.steps: list[threading.Thread] = []
+
+    def start(self, outcomes: list[Outcome]) -> None:
+        """Runs each execution in a thread of its own (a step the worker started ahead of its task, or one a
+        task asked for and waits on)."""
+        for outcome in outcomes:
+            if outcome.ahead and self.recycling.is_set():  # nothing new once it is starting over
+                outcome.add({"ok": False, "error_type": "WorkerUnavailable", "error": "the step worker is restarting"})
+                continue
+            thread = threading.Thread(target=self.execute, args=(outcome,), name=_name(outcome.request))
+            self.steps = [t for t in self.steps if t.is_alive()] + [thread]
+            thread.start()
+
+    def execute(self, outcome: Outcome) -> None:
+        """Runs one step, its log records and then its end going to `outcome`; then starts what may run ahead."""
+        request, name = outcome.request, _name(outcome.request)
+        logs = self.thread_logs
+        ident = threading.get_ident()
+        logs.sinks[ident] = lambda record: outcome.add({"log": logs.format(record), "level": record.levelno})
+        started = time.monotonic()
+        if outcome.ahead:
+            at = datetime.now().astimezone().strftime("%H:%M:%S.%f")[:-3]
+            log.info("%s: started ahead of its task, at %s", name, at)
+        else:
+            log.info("%s: started", name)
+        next_steps: list[Outcome] = []
+        try:
+            output = run_request(request)
+            log.info("%s: done in %.1f s", name, time.monotonic() - started)
+            logs.sinks.pop(ident, None)
+            next_steps = self.ahead.ended(outcome, ok=True)
+            outcome.add({"ok": True, "output": output})
+        except Exception as err:  # noqa: BLE001 - every error goes back to the task, which raises it
+            if not isinstance(err, tuple(error_types().values())):
+                _drop_spark_session()
+            log.info("%s: %s after %.1f s: %s", name, type(err).__name__, time.monotonic() - started, err)
+            logs.sinks.pop(ident, None)
+            self.ahead.ended(outcome, ok=False)
+            outcome.add({"ok": False, "error_type": type(err).__name__, "error": str(err),
+                         "traceback": traceback.format_exc()})
+        finally:
+            logs.sinks.pop(ident, None)
+            rss = rss_mib()
+            if self.max_rss_mib and rss is not None and rss > self.max_rss_mib and not self.recycling.is_set():
+                log.info("resident memory %.0f MiB is over incremental.step_worker_max_rss_mib=%.0f: no more steps "
+                         "here; the worker starts over once the running ones end", rss, self.max_rss_mib)
+                self.recycling.set()
+        self.start(next_steps)
+
+    def join_steps(self) -> None:
+        """Waits for the steps still running, those started ahead of their tasks too."""
+        for thread in list(self.steps):
+            thread.join()
 
 
 def warm_up() -> None:
@@ -196,8 +241,9 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     warm_up()
     server = _Server((host, port), config.incremental.step_worker_max_rss_mib)
     logging.getLogger().addHandler(server.thread_logs)
-    if logging.getLogger("ctr").getEffectiveLevel() > logging.INFO:  # the steps' progress lines go to the tasks
-        logging.getLogger("ctr").setLevel(logging.INFO)
+    for logger in (logging.getLogger("ctr"), log):  # the steps' progress lines and the worker's go to the tasks
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
     address = server.server_address[:2]
     path = address_file(config.paths.root)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,6 +274,7 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
         unannounce()
         server.shutdown()
         server.server_close()  # waits for the running steps
+        server.join_steps()
         logging.getLogger().removeHandler(server.thread_logs)
         log.info("step worker %s", "starting over" if server.recycling.is_set() else "stopped")
     return server.recycling.is_set()

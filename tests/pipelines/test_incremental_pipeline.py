@@ -190,6 +190,7 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
     printed by the task, domain errors keep their type, other errors come with the worker's traceback, and with
     the worker gone the task runs the step itself."""
     import threading
+    import time
 
     from components.synthetic import write_minute
     from pipelines import step_client, step_worker
@@ -230,6 +231,42 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
 
     with pytest.raises(step_client.StepWorkerError, match=r"(?s)ValueError: .*on the step worker at .*Traceback"):
         step_client.run_on_worker(layout.root, {**request, "pipeline": "daily", "step": "train"}, lambda *_: None)
+
+    # Steps ahead of their tasks (pipelines/run_ahead.py): the sensor's yes starts the minute in the worker, which
+    # publishes it before any task asks; each task then gets its step's lines and outcome from that run, once.
+    minute = Interval.minute("2026-01-01T00:19")
+    write_minute(config.generate, layout, 19, minute.start)
+    ahead = {**request, "run_id": "worker-0019", "start": minute.start.isoformat(), "end": minute.end.isoformat(),
+             "run_ahead": True}
+    step_client.notify_done(layout.root, {**ahead, "step": "wait_for_data"})
+    deadline = time.monotonic() + 300
+    while store.latest("ctr") != "202601010020" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert store.latest("ctr") == "202601010020", "the minute's steps did not run ahead of their tasks"
+    lines.clear()
+    taken = {step.name: step_client.run_on_worker(layout.root, {**ahead, "step": step.name},
+                                                  lambda level, text: lines.append(text))
+             for step in select_steps("incremental", None) if not step.sensor}
+    assert taken["publish"]["version"] == "202601010020" and taken["publish"]["uri"]
+    assert taken["samples"]["train"] + taken["samples"]["holdout"] == 2000
+    assert [line.split(" of ")[0].split(": ")[-1] for line in lines if "started ahead of its task" in line] == [
+        "incremental/plan", "incremental/validate", "incremental/samples", "incremental/train",
+        "incremental/export_delta", "incremental/gate", "incremental/publish"]
+    # A retry of a task (or one cleared after the run) runs its step again, and nothing after it runs ahead.
+    lines.clear()
+    assert step_client.run_on_worker(layout.root, {**ahead, "step": "gate"},
+                                     lambda level, text: lines.append(text)) == taken["gate"]
+    assert any("incremental/gate of worker-0019: started" in line for line in lines)
+    assert not any("ahead" in line for line in lines)
+    # An Airflow sensor task's yes is what starts a run ahead: here the minute is learned already, so the plan
+    # that ran ahead ends in NothingToLearn, which the plan task raises as itself.
+    context = {**context, "run_id": "worker-again-ahead"}
+    caplog.clear()
+    assert run_airflow_step("incremental", "wait_for_data", context, environ={"CTR_HOME": str(layout.root)}) is True
+    with pytest.raises(NothingToLearn):
+        run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
+    assert any("incremental/plan of worker-again-ahead: started ahead of its task" in r.getMessage()
+               for r in caplog.records)
 
     stop.set()
     worker.join(30)
