@@ -38,8 +38,8 @@ new tasks run their steps themselves), lets the running ones finish and starts o
 
 Limits: a step already running goes on to its end when its task is killed (its outputs are written atomically,
 so a retry that runs beside it cannot see a half-written one). Steps run in threads of one process, one thread
-per step, side by side where the DAG has them side by side (validate beside samples); a step that fails drops the worker's Spark
-session, so a restarted Spark Connect server costs one retry, not every later run.
+per step, side by side where the DAG has them side by side (validate beside samples); a step that fails drops
+the worker's Spark session, so a restarted Spark Connect server costs one retry, not every later run.
 """
 
 from __future__ import annotations
