@@ -237,7 +237,11 @@ class ServingConfig:
     model_name: str = "ctr"
     max_instances: int = 1024
     max_body_bytes: int = 4 * 1024 * 1024
+    # The model server lists the model store for new versions every poll_seconds, and reads the store's change
+    # marker (components.model_store: one small read, a HEAD on S3) every watch_seconds, listing it at once
+    # when a version was published, retracted or promoted.
     poll_seconds: float = 1.0
+    watch_seconds: float = 0.1
     # What the model's layers compute in (trainer.export PACKED_ENDPOINTS): "bfloat16" runs the matrix products
     # in bfloat16 with float32 weights and sums: 0.67-0.87x float32's time at 100-1,000 candidates on CPUs with
     # AVX512_BF16 or AMX, 1.1-1.4x at 1 candidate, slower still on CPUs without (bench/results/serving_bfloat16.json).

@@ -12,6 +12,10 @@ trains on from it; retracted versions stay in the store for inspection.
 Promotion marks a version as trusted: <store>/<model_name>/_promoted/<version>.json records who and why. The
 two version labels follow from the markers (TF Serving's /labels/{label}): `stable` is the newest promoted
 version still standing, `canary` the newest standing version when it is newer than that (not yet promoted).
+
+Every publish, retraction and promotion rewrites <store>/<model_name>/_changed.json last. `changed` reads it (one
+small read, one HEAD on S3), so a reader can look for news often and list the store only when there are some;
+listing stays the truth (a store changed by hand, without the marker, is seen at the next listing).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +45,8 @@ class ModelStoreError(RuntimeError):
 
 class ModelStore(Protocol):
     uri: str
+
+    def changed(self, model_name: str) -> str | None: ...
 
     def publish(self, model_name: str, version: str, source: Path) -> str: ...
     def versions(self, model_name: str) -> list[str]: ...
@@ -66,6 +73,7 @@ def _check_version(version: str) -> None:
         raise ModelStoreError(f"model version {version!r} must be a decimal integer, e.g. 202601020000")
 
 
+CHANGED_NAME = "_changed.json"
 RETRACTED_DIR = "_retracted"
 PROMOTED_DIR = "_promoted"
 STABLE_LABEL = "stable"
@@ -93,12 +101,21 @@ class _Standing:
     def _write_marker(self, model_name: str, folder: str, version: str, body: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _write_changed(self, model_name: str, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _mark_changed(self, model_name: str, change: str) -> None:
+        """Rewrites the change marker (last, after the change itself); unique per change."""
+        self._write_changed(model_name, {"change": change, "at": datetime.now(UTC).isoformat(),
+                                         "id": uuid.uuid4().hex})
+
     def retracted(self, model_name: str) -> set[str]:
         return self._markers(model_name, RETRACTED_DIR)
 
     def retract(self, model_name: str, version: str, reason: str) -> None:
         _check_version(version)
         self._write_marker(model_name, RETRACTED_DIR, version, {"version": version, "reason": reason})
+        self._mark_changed(model_name, f"retract {version}")
 
     def promoted(self, model_name: str) -> set[str]:
         return self._markers(model_name, PROMOTED_DIR)
@@ -107,6 +124,7 @@ class _Standing:
         _check_version(version)
         self._write_marker(model_name, PROMOTED_DIR, version,
                            {"version": version, "reason": reason, "promoted_at": _now_iso()})
+        self._mark_changed(model_name, f"promote {version}")
 
     def stable(self, model_name: str) -> str | None:
         """The newest promoted version that is not retracted: what label `stable` names."""
@@ -162,7 +180,18 @@ class LocalModelStore(_Standing):
         commit_dir(staging, final)
         if _is_full(Path(source)):
             write_json_atomic(self.root / model_name / FULL_MODELS_DIR / f"{version}.json", {"version": version})
+        self._mark_changed(model_name, f"publish {version}")
         return str(final)
+
+    def _write_changed(self, model_name: str, body: dict[str, Any]) -> None:
+        write_json_atomic(self.root / model_name / CHANGED_NAME, body)
+
+    def changed(self, model_name: str) -> str | None:
+        """The change marker's content, or None before the first change."""
+        try:
+            return (self.root / model_name / CHANGED_NAME).read_text()
+        except FileNotFoundError:
+            return None
 
     def versions(self, model_name: str) -> list[str]:
         base = self.root / model_name
@@ -223,7 +252,21 @@ class S3ModelStore(_Standing):
         if _is_full(source):
             self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, FULL_MODELS_DIR, f"{version}.json"),
                                    Body=json.dumps({"version": version}).encode())
+        self._mark_changed(model_name, f"publish {version}")
         return f"{self.uri}/{model_name}/{version}"
+
+    def _write_changed(self, model_name: str, body: dict[str, Any]) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(model_name, CHANGED_NAME),
+                               Body=json.dumps(body).encode())
+
+    def changed(self, model_name: str) -> str | None:
+        """The change marker's ETag (a HEAD request), or None before the first change."""
+        try:
+            return str(self.client.head_object(Bucket=self.bucket, Key=self._key(model_name, CHANGED_NAME))["ETag"])
+        except self.client.exceptions.ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
 
     def versions(self, model_name: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")

@@ -48,7 +48,8 @@ def build_server(config: PipelineConfig) -> Servers:
     store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
     serving = config.serving
     watcher = ModelWatcher(store, serving.model_name, config.paths.root / "serving_cache",
-                           poll_seconds=serving.poll_seconds, precision=serving.precision)
+                           poll_seconds=serving.poll_seconds, precision=serving.precision,
+                           watch_seconds=serving.watch_seconds)
     if serving.precision == "bfloat16" and not bfloat16_native():
         logger.warning("serving.precision is bfloat16 but this CPU has neither AVX512_BF16 nor AMX: its bfloat16 "
                        "matrix products are emulated and slower than float32; set serving.precision=float32")

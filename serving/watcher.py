@@ -47,15 +47,19 @@ MAX_CHAIN_LENGTH = 100_000
 class ModelWatcher:
     def __init__(
         self, store: ModelStore, model_name: str, cache_dir: str | Path, poll_seconds: float,
-        precision: str = "float32",
+        precision: str = "float32", watch_seconds: float | None = None,
     ) -> None:
-        if poll_seconds <= 0:
-            raise ValueError(f"poll_seconds must be positive, got {poll_seconds!r}")
+        """Lists the store every `poll_seconds`; with `watch_seconds`, also reads the store's change marker that
+        often (ModelStore.changed: one small read) and lists it at once when the marker changed."""
+        if poll_seconds <= 0 or (watch_seconds is not None and watch_seconds <= 0):
+            raise ValueError(f"poll_seconds and watch_seconds must be positive, got {poll_seconds!r} and "
+                             f"{watch_seconds!r}")
         self.store = store
         self.precision = precision
         self.model_name = model_name
         self.cache_dir = Path(cache_dir)
         self.poll_seconds = poll_seconds
+        self.watch_seconds = watch_seconds
         self._model: LoadedModel | None = None
         # The second replica of the served chain, and the deltas it lacks to reach the active version.
         self._standby: LoadedModel | None = None
@@ -126,8 +130,24 @@ class ModelWatcher:
         self.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            self.poll_once()
+        if self.watch_seconds is None or self.watch_seconds >= self.poll_seconds:
+            while not self._stop.wait(self.poll_seconds):
+                self.poll_once()
+            return
+        marker, listed = self._marker(), time.monotonic()
+        while not self._stop.wait(self.watch_seconds):
+            seen = self._marker()
+            if seen != marker or time.monotonic() - listed >= self.poll_seconds:
+                marker, listed = seen, time.monotonic()
+                self.poll_once()
+
+    def _marker(self) -> str | None:
+        """The store's change marker; on an error, a value that differs from every marker (the listing that it
+        causes reports the error)."""
+        try:
+            return self.store.changed(self.model_name)
+        except Exception:  # noqa: BLE001 - the store is remote; _poll logs what is wrong with it
+            return f"error at {time.monotonic()}"
 
     def poll_once(self) -> bool:
         """Swaps to the store's latest version if it is newer and loads cleanly; says whether it swapped."""

@@ -61,7 +61,7 @@ def test_local_republish_replaces_the_version(tmp_path):
     assert (
         store.fetch(MODEL, "1", tmp_path / "cache") / "variables" / "variables.data"
     ).read_bytes() == b"second"
-    assert [p.name for p in (tmp_path / "store" / MODEL).iterdir()] == ["1"]
+    assert sorted(p.name for p in (tmp_path / "store" / MODEL).iterdir()) == ["1", "_changed.json"]
 
 
 @pytest.mark.unit
@@ -194,7 +194,8 @@ def test_s3_publish_versions_latest_fetch_manifest(tmp_path, s3_client):
     store.publish(MODEL, "202601030000", _export(tmp_path / "b", b"new"))
     store.publish(MODEL, "99", _export(tmp_path / "c", b"oldest"))
     assert "prod/ctr/202601030000/variables/variables.data" in _keys(s3_client)
-    assert len(_keys(s3_client)) == 9
+    assert len(_keys(s3_client)) == 10  # three versions of three objects, and the change marker
+    assert "prod/ctr/_changed.json" in _keys(s3_client)
 
     assert store.versions(MODEL) == ["99", "202601020000", "202601030000"]
     assert store.latest(MODEL) == "202601030000"
@@ -339,3 +340,21 @@ def test_promotion_sets_the_stable_and_canary_labels_and_rollback_moves_them(tmp
         promote(store, MODEL, "102", "again")
     with pytest.raises(ModelStoreError, match=r"cannot promote version 7 of 'ctr': it is not in .*newest versions"):
         promote(store, MODEL, "7", "typo")
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_every_publish_retraction_and_promotion_changes_the_change_marker(tmp_path, backend, request):
+    store = _store(backend, tmp_path, request, "changes")
+    assert store.changed(MODEL) is None  # nothing happened yet
+    seen = []
+    store.publish(MODEL, "100", _export_kind(tmp_path / "100", "full_model"))
+    seen.append(store.changed(MODEL))
+    store.publish(MODEL, "101", _export_kind(tmp_path / "101", "delta"))
+    seen.append(store.changed(MODEL))
+    promote(store, MODEL, "100", "passed")
+    seen.append(store.changed(MODEL))
+    rollback(store, MODEL, "100", "101 was wrong")
+    seen.append(store.changed(MODEL))
+    assert None not in seen and len(set(seen)) == 4
+    assert store.changed(MODEL) == seen[-1]  # reading it changes nothing
+    assert store.versions(MODEL) == ["100", "101"]  # the marker is not a version

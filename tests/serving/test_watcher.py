@@ -222,3 +222,21 @@ def test_the_stable_version_is_served_beside_the_canary_under_its_label(
     assert after["/labels/stable"] == (200, NEW_VERSION)
     assert after["/labels/canary"] == (404, None)
     assert loaded_after == [NEW_VERSION]
+
+
+def test_a_publish_or_a_retraction_is_followed_at_the_change_markers_pace_not_the_listings(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    from components.model_store import rollback
+
+    store.publish(MODEL_NAME, OLD_VERSION, exported[OLD_VERSION])
+    # Listing once a minute: only the change marker, read every 20 ms, can bring the new version in time.
+    watcher = ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=60, watch_seconds=0.02)
+    with watcher:
+        assert watcher.version == OLD_VERSION
+        store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+        wait_for(lambda: watcher.version == NEW_VERSION, timeout=10)
+        rollback(store, MODEL_NAME, OLD_VERSION, "new one is wrong")
+        wait_for(lambda: watcher.version == OLD_VERSION, timeout=10)
+    with pytest.raises(ValueError, match="must be positive"):
+        ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=1, watch_seconds=0)
