@@ -194,28 +194,32 @@ class _Server(socketserver.ThreadingTCPServer):
             log.info("%s: started ahead of its task, at %s", name, at)
         else:
             log.info("%s: started", name)
+        final: dict[str, Any] = {"ok": False, "error_type": "RuntimeError", "error": "the step worker failed"}
         next_steps: list[Outcome] = []
         try:
-            output = run_request(request)
-            log.info("%s: done in %.1f s", name, time.monotonic() - started)
-            logs.sinks.pop(ident, None)
-            next_steps = self.ahead.ended(outcome, ok=True)
-            outcome.add({"ok": True, "output": output})
-        except Exception as err:  # noqa: BLE001 - every error goes back to the task, which raises it
-            if not isinstance(err, tuple(error_types().values())):
-                _drop_spark_session()
-            log.info("%s: %s after %.1f s: %s", name, type(err).__name__, time.monotonic() - started, err)
-            logs.sinks.pop(ident, None)
-            self.ahead.ended(outcome, ok=False)
-            outcome.add({"ok": False, "error_type": type(err).__name__, "error": str(err),
-                         "traceback": traceback.format_exc()})
-        finally:
-            logs.sinks.pop(ident, None)
+            try:
+                output = run_request(request)
+                log.info("%s: done in %.1f s", name, time.monotonic() - started)
+                final = {"ok": True, "output": output}
+            except Exception as err:  # noqa: BLE001 - every error goes back to the task, which raises it
+                if not isinstance(err, tuple(error_types().values())):
+                    _drop_spark_session()
+                log.info("%s: %s after %.1f s: %s", name, type(err).__name__, time.monotonic() - started, err)
+                final = {"ok": False, "error_type": type(err).__name__, "error": str(err),
+                         "traceback": traceback.format_exc()}
+            finally:
+                logs.sinks.pop(ident, None)
             rss = rss_mib()
             if self.max_rss_mib and rss is not None and rss > self.max_rss_mib and not self.recycling.is_set():
                 log.info("resident memory %.0f MiB is over incremental.step_worker_max_rss_mib=%.0f: no more steps "
                          "here; the worker starts over once the running ones end", rss, self.max_rss_mib)
                 self.recycling.set()
+            # Recorded before the task hears of the end, so the task of a step after it finds that step begun.
+            next_steps = self.ahead.ended(outcome, ok=final["ok"])
+        except Exception:  # noqa: BLE001 - the task still gets the step's end; what follows waits for its tasks
+            log.exception("%s: the steps after it wait for their tasks", name)
+        finally:
+            outcome.add(final)
         self.start(next_steps)
 
     def join_steps(self) -> None:
