@@ -13,7 +13,8 @@ What a task takes:
 - only an execution of its own run, step and inputs (the interval and the config it was built from); anything
   else runs the step again as before;
 - only once: a retry, or a task cleared after the run, runs the step again, and the steps after it run ahead
-  only where they have not run for this run yet. A sensor's notice after a cleared run starts the run afresh;
+  only where they have not run for this run yet. A sensor's notice after a cleared run starts the run afresh
+  (one that comes while a step of the run still runs here changes nothing);
 - the outcome as it was: an error (a failed gate, data that fails validation) is the task's error, Airflow's
   retry runs the step again, and nothing downstream of a failed step runs ahead.
 
@@ -151,8 +152,11 @@ class RunAhead:
 
     def notice(self, request: Mapping[str, Any]) -> list[Outcome]:
         """A step that ended well outside this worker (a sensor's yes in its task): the run starts afresh from
-        it (a cleared run's earlier outcomes are dropped); returns the executions to start."""
+        it (a cleared run's earlier outcomes are dropped); returns the executions to start. While a step of the
+        run still runs here (a sensor task that told, then failed and was retried), the run goes on as it is."""
         with self._lock:
+            if any(earlier.ended is None for earlier in self._run(request).values()):
+                return []
             outcome = Outcome(request, ahead=False)
             outcome.add({"ok": True, "output": True})
             self._run(request, fresh=True)[outcome.step] = outcome

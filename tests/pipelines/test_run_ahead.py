@@ -81,6 +81,14 @@ def test_a_task_of_other_inputs_or_without_run_ahead_takes_and_starts_nothing():
     assert finish(ahead, plan) == {}
 
 
+def test_a_sensors_second_yes_while_the_run_goes_on_changes_nothing():
+    ahead = RunAhead(pipeline_steps)
+    (plan,) = ahead.notice({**RUN, "step": "wait_for_data"})
+    assert ahead.notice({**RUN, "step": "wait_for_data"}) == []  # its task told, failed, and told again
+    assert ahead.claim({**RUN, "step": "plan"}) is plan
+    assert list(finish(ahead, plan)) == ["validate", "samples"]
+
+
 def test_a_cleared_run_starts_afresh_and_a_replaced_execution_starts_nothing():
     ahead = RunAhead(pipeline_steps)
     first = run_through(ahead)
