@@ -47,7 +47,6 @@ class Outcome:
         self.ahead = ahead  # started by the worker, not by a task
         self.claimed = not ahead
         self.succeeded = False  # ended without an error (set by RunAhead.ended)
-        self.started = time.time()
         self._messages: list[dict[str, Any]] = []
         self._changed = threading.Condition()
 
