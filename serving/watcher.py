@@ -142,12 +142,12 @@ class ModelWatcher:
                 self.poll_once()
 
     def _marker(self) -> str | None:
-        """The store's change marker; on an error, a value that differs from every marker (the listing that it
-        causes reports the error)."""
+        """The store's change marker; while it cannot be read, one value for the whole outage, so an outage
+        brings one listing at its start (which reports it) and one when it ends, not one per read."""
         try:
             return self.store.changed(self.model_name)
         except Exception:  # noqa: BLE001 - the store is remote; _poll logs what is wrong with it
-            return f"error at {time.monotonic()}"
+            return "(the change marker cannot be read)"
 
     def poll_once(self) -> bool:
         """Swaps to the store's latest version if it is newer and loads cleanly; says whether it swapped."""

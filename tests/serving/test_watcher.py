@@ -240,3 +240,25 @@ def test_a_publish_or_a_retraction_is_followed_at_the_change_markers_pace_not_th
         wait_for(lambda: watcher.version == OLD_VERSION, timeout=10)
     with pytest.raises(ValueError, match="must be positive"):
         ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=1, watch_seconds=0)
+
+
+def test_a_change_marker_that_cannot_be_read_brings_one_listing_not_one_per_read(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    store.publish(MODEL_NAME, OLD_VERSION, exported[OLD_VERSION])
+
+    class Outage(CountingStore):
+        listings = 0
+
+        def latest(self, model_name: str) -> str | None:
+            self.listings += 1
+            return super().latest(model_name)
+
+        def changed(self, model_name: str) -> str | None:
+            raise ConnectionError("the store does not answer")
+
+    outage = Outage(store)
+    with ModelWatcher(outage, MODEL_NAME, tmp_path / "cache", poll_seconds=60, watch_seconds=0.01) as watcher:
+        time.sleep(0.5)  # about 50 reads of the marker, every one failing
+        assert watcher.version == OLD_VERSION
+    assert outage.listings == 1  # the start's listing only: the marker never answered, so nothing changed
