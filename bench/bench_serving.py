@@ -14,7 +14,9 @@ Phases, in one run:
 - in-process (this process pinned to the server's core, before the server starts): the SavedModel's signature
   called on tensors already built (`inprocess_*`), and `LoadedModel.predict` on the instances (the request's
   conversion included, `inprocess_convert_*`);
-- closed loop (one request in flight, keep-alive): p50 and p99 per size; then the same over gRPC with TF
+- closed loop (one request in flight, keep-alive, the standard library's http.client): p50 and p99 per size; at
+  100 candidates also with httpx as the client (`httpx_*`, the client of earlier runs), and GET /healthz (the
+  HTTP round trip with no model work, `healthz_*`); then the same over gRPC with TF
   Serving's stub (`grpc_*`), one float32 or string tensor per feature;
 - open loop at rising rates of 100-candidate requests until the server saturates: the highest rate held at
   p99 <= 10 ms, as candidates/s;
@@ -40,9 +42,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -223,25 +228,74 @@ def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, pr
     return out
 
 
-def closed_loop(url: str, bodies: dict[int, list[bytes]], repeats: int) -> dict[int, dict[str, Any]]:
-    import httpx
-
+def closed_loop(url: str, bodies: dict[int, list[bytes]], repeats: int, client: str = "http.client"
+                ) -> dict[int, dict[str, Any]]:
+    """One request in flight, on one keep-alive connection. `client`: "http.client" (the standard library's,
+    about 0.5 ms lighter per request than httpx on this machine, so the latency is more the server's) or
+    "httpx" (the client of the bench's earlier runs, for comparison)."""
     out = {}
-    with httpx.Client(timeout=30.0) as client:
+    with poster(url, client) as post:
         for size, payloads in bodies.items():
             count = max(20, repeats // max(1, size // 100))
             latencies, failed = [], 0
             for index in range(count + 10):
                 body = payloads[index % len(payloads)]
                 start = time.perf_counter()
-                response = client.post(url, content=body, headers={"Content-Type": "application/json"})
+                status = post(body)
                 elapsed = (time.perf_counter() - start) * 1000
-                if response.status_code != 200:
+                if status != 200:
                     failed += 1
                 elif index >= 10:  # the first requests warm the connection and the server's code paths
                     latencies.append(elapsed)
             out[size] = {**percentiles(latencies), "failed_requests": failed}
     return out
+
+
+@contextmanager
+def poster(url: str, client: str) -> Iterator[Callable[[bytes], int]]:
+    """A function POSTing a JSON body to `url` on one keep-alive connection of `client` and returning the
+    status once the response is read whole."""
+    if client == "httpx":
+        import httpx
+
+        with httpx.Client(timeout=30.0) as session:
+            yield lambda body: session.post(url, content=body, headers={"Content-Type": "application/json"}
+                                            ).status_code
+        return
+    import http.client
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30.0)
+
+    def post(body: bytes) -> int:
+        connection.request("POST", parts.path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        return response.status
+
+    try:
+        yield post
+    finally:
+        connection.close()
+
+
+def http_floor(url: str, repeats: int) -> dict[str, Any]:
+    """GET /healthz on one keep-alive connection: HTTP and the server's event loop, with no model work."""
+    import http.client
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30.0)
+    latencies = []
+    try:
+        for index in range(repeats + 10):
+            start = time.perf_counter()
+            connection.request("GET", "/healthz")
+            connection.getresponse().read()
+            if index >= 10:
+                latencies.append((time.perf_counter() - start) * 1000)
+    finally:
+        connection.close()
+    return percentiles(latencies)
 
 
 def predict_requests(instances: list[dict], size: int, count: int) -> list[Any]:
@@ -449,10 +503,15 @@ def main() -> int:
             print("closed loop ...", flush=True)
             served_call = f"packed_{args.precision}"
             closed = closed_loop(url, bodies, args.requests)
+            closed_httpx = closed_loop(url, {100: bodies[100]}, args.requests, client="httpx")[100]
+            floor = http_floor(url, args.requests)
             for size in SIZES:
                 print(f"  {size:5d} candidates: p50 {closed[size]['p50_ms']:.2f} ms, p99 {closed[size]['p99_ms']:.2f} "
                       f"ms (in-process: {served_call} p99 {inprocess[size][served_call]['p99_ms']:.2f} ms, signature "
                       f"p99 {inprocess[size]['signature']['p99_ms']:.2f} ms)", flush=True)
+            print(f"    100 candidates with httpx as the client: p50 {closed_httpx['p50_ms']:.2f} ms, p99 "
+                  f"{closed_httpx['p99_ms']:.2f} ms; GET /healthz: p50 {floor['p50_ms']:.2f} ms, p99 "
+                  f"{floor['p99_ms']:.2f} ms", flush=True)
             print("closed loop over gRPC ...", flush=True)
             closed_grpc = grpc_closed_loop(grpc_port, grpc_requests, args.requests)
             for size in SIZES:
@@ -487,6 +546,12 @@ def main() -> int:
         **{f"inprocess_convert_p99_ms_{size}": inprocess[size]["predict_with_conversion"]["p99_ms"]
            for size in SIZES},
         "overhead_ratio_100": overhead,
+        "client": "http.client, one keep-alive connection",
+        "httpx_p50_ms_100": closed_httpx["p50_ms"],
+        "httpx_p99_ms_100": closed_httpx["p99_ms"],
+        "httpx_overhead_ratio_100": closed_httpx["p99_ms"] / inprocess[100][served_call]["p99_ms"],
+        "healthz_p50_ms": floor["p50_ms"],
+        "healthz_p99_ms": floor["p99_ms"],
         "overhead_ratio_100_vs_signature": closed[100]["p99_ms"] / inprocess[100]["signature"]["p99_ms"],
         **{f"grpc_p50_ms_{size}": closed_grpc[size]["p50_ms"] for size in SIZES},
         **{f"grpc_p99_ms_{size}": closed_grpc[size]["p99_ms"] for size in SIZES},
@@ -494,6 +559,7 @@ def main() -> int:
         "max_candidates_per_s_at_p99_10ms": opened["max_candidates_per_s_at_p99_10ms"],
         "swap_p99_ratio": swap_p99 / steady_p99 if steady_p99 else None,
         "failed_requests": sum(closed[s]["failed_requests"] + closed_grpc[s]["failed_requests"] for s in SIZES)
+        + closed_httpx["failed_requests"]
         + opened["failed_requests"]
         + swapped["failed_requests"],
         "goals": {"p99_ms_100_at_most_5": closed[100]["p99_ms"] <= 5.0,
