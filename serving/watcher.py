@@ -22,6 +22,7 @@ up is logged and not tried again until a backoff has passed; serving stays on th
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -238,7 +239,33 @@ class ModelWatcher:
         return self._replica(chain[0][0], [self._fetch_delta(v) for v, _ in chain[1:]])
 
     def _replica(self, full_version: str, deltas: list[tuple[dict[str, Any], dict[str, np.ndarray]]]) -> LoadedModel:
-        """A fresh replica of a full model with `deltas` applied, warmed up."""
+        """A fresh replica of a full model with `deltas` applied, warmed up. While a version is serving, on a
+        thread of its own at LOADER_NICE: a load takes the core for about half a second, and the requests on the
+        same core come first (their threads, and TensorFlow's, keep the process's priority). The first load
+        runs on the calling thread: nothing is served yet, and TensorFlow's thread pools, which it may create,
+        must not inherit a lower priority."""
+        if self._model is None:
+            return self._load_replica(full_version, deltas)
+        outcome: dict[str, Any] = {}
+
+        def load() -> None:
+            _lower_this_threads_priority()
+            try:
+                outcome["model"] = self._load_replica(full_version, deltas)
+            except Exception as err:  # noqa: BLE001 - raised again on the watcher's thread
+                outcome["error"] = err
+
+        loader = threading.Thread(target=load, name=f"load-{self.model_name}-{full_version}", daemon=True)
+        loader.start()
+        loader.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        if "model" not in outcome:
+            raise RuntimeError(f"loading version {full_version} of {self.model_name!r} ended without a model")
+        return outcome["model"]
+
+    def _load_replica(self, full_version: str, deltas: list[tuple[dict[str, Any], dict[str, np.ndarray]]]
+                      ) -> LoadedModel:
         directory = self.store.fetch(self.model_name, full_version, self.cache_dir)
         model = LoadedModel.load(directory, full_version, verify=False, precision=self.precision)  # fetch() verified it
         if model.precision != self.precision:
@@ -317,3 +344,15 @@ class ModelWatcher:
         for path in cached.iterdir():
             if path.is_dir() and path.name.isdigit() and path.resolve() not in {k.resolve() for k in keep}:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+# The nice value of the threads that load full models while a version is serving (ModelWatcher._replica). Linux
+# gives each thread its own; a thread started by one inherits it.
+LOADER_NICE = 19
+
+
+def _lower_this_threads_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
+    except (AttributeError, OSError) as err:  # not Linux, or not allowed: it loads at the process's priority
+        logger.info("full models load at the process's priority (%s)", err)

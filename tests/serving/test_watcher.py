@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -16,7 +17,8 @@ from components.config import ServingConfig
 from components.model_store import LocalModelStore
 from serving import watcher as watcher_module
 from serving.app import create_app
-from serving.watcher import ModelWatcher
+from serving.model import LoadedModel
+from serving.watcher import LOADER_NICE, ModelWatcher
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt
 
 pytestmark = pytest.mark.unit
@@ -69,6 +71,53 @@ def test_start_loads_the_latest_version(
     assert watcher.version == model.version == NEW_VERSION
     assert before <= model.loaded_at <= datetime.now(UTC)
     assert model.predict([INSTANCE]).tolist() == pytest.approx([VALUES[NEW_VERSION]], rel=1e-6)
+
+
+def _thread_nices() -> dict[str, int]:
+    """name (comm) and nice value of every thread of this process, from /proc."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[f"{stat[stat.index('(') + 1:stat.rindex(')')]} {tid}"] = int(stat[stat.rindex(")") + 2:].split()[16])
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread priorities are read from Linux's /proc")
+def test_full_models_load_below_the_requests_priority_once_a_version_serves(
+    store: LocalModelStore, exported: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full-model load takes the core for about half a second: while a version serves, it runs on a thread at
+    nice 19, so the request threads of the process come first on a busy core. The first load runs on the
+    calling thread at the process's priority: TensorFlow may create its thread pools there, and threads inherit
+    the nice value of the thread that starts them; pools created at nice 19 would run every request's model
+    call at the loader's priority. No thread is left at the lower priority after the swap."""
+    loads: list[tuple[str, int]] = []
+    load = LoadedModel.load
+
+    def noting_priority(*args: Any, **kwargs: Any) -> LoadedModel:
+        loads.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "load", noting_priority)
+    store.publish(MODEL_NAME, OLD_VERSION, exported[OLD_VERSION])
+    process_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    assert LOADER_NICE > process_nice
+    with ModelWatcher(store, MODEL_NAME, tmp_path / "cache", poll_seconds=0.05) as watcher:
+        assert loads == [(threading.current_thread().name, process_nice)]  # the first load, on this thread
+        store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+        wait_for(lambda: watcher.version == NEW_VERSION)
+        thread = watcher._thread
+        assert thread is not None
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == process_nice  # it applies deltas
+        assert watcher.current().predict([INSTANCE]).tolist() == pytest.approx([VALUES[NEW_VERSION]], rel=1e-6)
+    later = loads[1:]
+    assert later and all(name.startswith(f"load-{MODEL_NAME}-{NEW_VERSION}") and nice == LOADER_NICE
+                         for name, nice in later), loads
+    lowered = {name: nice for name, nice in _thread_nices().items() if nice != process_nice}
+    assert lowered == {}
 
 
 def test_serves_503_until_a_first_version_is_published(exported: dict[str, Path], tmp_path: Path) -> None:
