@@ -68,9 +68,11 @@ class Processes:
         self.log_dir = log_dir
         self.children: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def start(self, name: str, command: list[str], env: dict[str, str], nice: int = 0) -> subprocess.Popen:
+        """`nice`: added to the process's nice value (its children inherit it)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=(lambda: os.nice(nice)) if nice else None)
         self.children.append((name, process))
         return process
 
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default="var/bench-freshness")
     parser.add_argument("--no-step-worker", action="store_true",
                         help="no step worker: every task runs its step in its own process (the baseline)")
+    parser.add_argument("--airflow-nice", type=int, default=0, metavar="N",
+                        help="run Airflow's processes (and so its task processes) at nice N, below the step worker")
     args = parser.parse_args(argv)
 
     root = Path(args.root).absolute()
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         airflow = [python, "-m", "airflow"]
         prepare_database(env, logs / "airflow-db.log")
         for component in (["api-server", "--port", str(api_port)], ["scheduler"], ["dag-processor"]):
-            processes.start(f"airflow-{component[0]}", [*airflow, *component], env)
+            processes.start(f"airflow-{component[0]}", [*airflow, *component], env, nice=args.airflow_nice)
         print(f"[bench-freshness] daily full model on {history[0]:%H:%M}-{first_live:%H:%M}", flush=True)
         daily = subprocess.run(
             [python, "-m", "pipelines.cli", "run", "daily", "--start", history[0].isoformat(), "--end",
@@ -319,8 +323,10 @@ def summarize(config, layout: Layout, load, load_started: float, load_ended: flo
     return {
         "benchmark": "freshness",
         "command": "make bench-freshness" + (f" BENCH_FRESHNESS_ARGS='--minutes {args.minutes} --rows-per-minute "
-                                             f"{args.rows_per_minute}{' --no-step-worker' * args.no_step_worker}'"),
+                                             f"{args.rows_per_minute}{' --no-step-worker' * args.no_step_worker}"
+                                             f"{f' --airflow-nice {args.airflow_nice}' * bool(args.airflow_nice)}'"),
         "machine": f"{platform.node()} ({os.cpu_count()} cores), no GPU",
+        "airflow_nice": args.airflow_nice,
         "minutes": len(closes),
         "p50_s": statistics.median(served) if served else None,
         "p95_s": percentile(served, 0.95) if served else None,
