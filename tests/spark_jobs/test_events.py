@@ -44,6 +44,7 @@ from spark_jobs.events import (
     join_events,
     minute_label,
     plan_join,
+    relevant_lookback,
     run,
     stream_watermark,
 )
@@ -285,6 +286,35 @@ def test_runs_over_consecutive_spans_count_every_record_once(spark, generated, j
                                               r"before 2026-01-01 00:10:00\+00:00 can be joined"):
         run(spark, layout, Interval(START, START + timedelta(minutes=11)), tmp_path / "c", window_s=window_s,
             sequence_length=4, lookback_s=0)
+
+
+def test_a_minute_run_reads_only_the_relevant_lookback_and_writes_the_whole_logs_rows(spark, generated, joined,
+                                                                                     tmp_path):
+    """A minute run classifies only the lookback impressions that can change its output (relevant_lookback):
+    its samples, labels and behaviour sequences are those of the whole log joined at once."""
+    layout, _, events, _, _ = generated
+    minute = Interval(START + timedelta(minutes=6), START + timedelta(minutes=7))
+    lookback = extract_events(spark, layout, IMPRESSIONS, [START + timedelta(minutes=i) for i in range(6)])
+    in_span = extract_events(spark, layout, IMPRESSIONS, [minute.start])
+    clicks = extract_events(spark, layout, CLICKS, [START + timedelta(minutes=i) for i in range(9)])
+    kept = relevant_lookback(lookback, in_span, clicks, minute)
+    clicked = {r[0] for r in clicks.select("request_id").distinct().collect()}
+    kept_ids = [r[0] for r in kept.select("request_id").collect()]
+    assert 0 < len(kept_ids) < lookback.count() / 3  # most of the lookback has no click: left out
+    assert set(kept_ids) <= clicked | {r[0] for r in in_span.select("request_id").collect()}
+    assert {r[0] for r in lookback.select("request_id").collect()} & clicked <= set(kept_ids)
+
+    metrics = run(spark, layout, minute, tmp_path / "minute", window_s=events.attribution_window_s,
+                  sequence_length=10, lookback_s=7200)
+    written = pq.read_table(tmp_path / "minute" / "samples").to_pylist()
+    start, end = (int(t.timestamp() * 1000) for t in (minute.start, minute.end))
+    whole = {r["request_id"]: r for r in joined[0] if start <= r["ts"] < end}
+    assert len(written) == len(whole) == metrics["impressions"] > 500
+    assert sum(r["label"] for r in written) > 10
+    fields = ("label", "ts", "user_id", "item_id", HISTORY)
+    assert ({r["request_id"]: tuple(r[f] for f in fields) for r in written}
+            == {k: tuple(r[f] for f in fields) for k, r in whole.items()})
+    assert sum(len(r[HISTORY]) > 0 for r in written) > len(written) / 2  # histories reach into the lookback
 
 
 def test_rerunning_a_join_gives_the_same_rows_in_the_same_order_and_identical_tfrecords(spark, generated, tmp_path):
