@@ -322,20 +322,47 @@ def _rows(ctx: RunContext, plan: Plan):
     return ctx.source.rows(ctx, minutes, directory, holdout_fraction=ctx.config.incremental.holdout_fraction)
 
 
-def samples(ctx: RunContext) -> dict:
-    """Spark, in one session: the minutes' values folded into the parent's feature state (admissions into the
-    room the daily run left, no eviction, the parent's dense transforms: build_feature_state with evict=False),
-    then block TFRecords of the training and held-out rows under that state, both in one Spark job.
+def fold_and_write(spark, rows, parent, features, spec, *, day: int, version: str, directory: Path,
+                   inputs: dict[str, Any], lap=lambda name: None) -> tuple[Any, dict[str, dict]]:
+    """The Spark work of a minute run once its rows are labelled, in one session: the rows (`rows()`: parsed,
+    with HELD_OUT) folded into `parent` (admissions into the room the daily run left, no eviction, the
+    parent's dense transforms: build_feature_state with evict=False), then block TFRecords of the training and
+    held-out rows under the new state, both in one Spark job, under `directory`/samples/{train,holdout}.
+    Returns (the new state, split -> manifest); `lap(name)` is called after each part.
 
-    The minutes' rows are read and parsed once, kept in Spark's memory for both jobs, and let go at the end:
-    a minute is small, and reading it a second time (and a third, for the held-out rows) cost more than
-    keeping it."""
-    from components.feature_state import load_feature_state
-    from components.interval import day_number
+    The rows are read and parsed once, kept in Spark's memory for both jobs, and let go at the end: a minute
+    is small, and reading it a second time (and a third, for the held-out rows) cost more than keeping it."""
     from pipelines.sources import split_rows
-    from spark_jobs.features import build_feature_state, write_feature_state
+    from spark_jobs.features import build_feature_state
     from spark_jobs.samples import write_splits
     from spark_jobs.session import MINUTE_CACHE_CONF, session_conf
+
+    with session_conf(spark, MINUTE_CACHE_CONF):  # kept uncompressed: spark_jobs.session
+        minute_rows = rows().persist()
+        lap("spark_session")
+        try:
+            train_frame, holdout_frame = split_rows(minute_rows)
+            state = build_feature_state(train_frame, parent, features, day=day, version=version, evict=False,
+                                        spec=spec)
+            if state.table_sizes() != parent.table_sizes():
+                raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
+            lap("fold_counts")
+            written = write_splits({split: (frame, directory / "samples" / split)
+                                    for split, frame in (("train", train_frame), ("holdout", holdout_frame))},
+                                   state, spec=spec, block_rows=features.block_rows, num_shards=1,
+                                   seed=features.seed, layout=features.samples_layout, inputs=inputs, in_memory=True)
+        finally:
+            minute_rows.unpersist()
+    lap("write_samples")
+    return state, written
+
+
+def samples(ctx: RunContext) -> dict:
+    """Spark, in one session: the planned minutes' rows (labelled first when the source needs it) through
+    fold_and_write, then the new feature state saved under incremental/<interval>/feature_state."""
+    from components.feature_state import load_feature_state
+    from components.interval import day_number
+    from spark_jobs.features import write_feature_state
 
     plan = read_plan(ctx)
     started = time.monotonic()
@@ -346,27 +373,12 @@ def samples(ctx: RunContext) -> dict:
 
     parent = load_feature_state(plan.parent_feature_state, spec=ctx.spec)
     lap("load_parent_state")
-    with session_conf(ctx.spark(), MINUTE_CACHE_CONF):  # kept uncompressed: spark_jobs.session
-        minute_rows = _rows(ctx, plan).persist()
-        lap("spark_session")
-        try:
-            train_frame, holdout_frame = split_rows(minute_rows)
-            state = build_feature_state(train_frame, parent, ctx.config.features, day=day_number(ctx.interval.start),
-                                        version=f"minute-{ctx.interval.tag}", evict=False, spec=ctx.spec)
-            if state.table_sizes() != parent.table_sizes():
-                raise RuntimeError(f"a minute run changed table sizes {parent.table_sizes()} -> {state.table_sizes()}")
-            lap("fold_counts")
-            features_s = time.monotonic() - started
-            written = write_splits({split: (frame, _dir(ctx) / "samples" / split)
-                                    for split, frame in (("train", train_frame), ("holdout", holdout_frame))},
-                                   state, spec=ctx.spec, block_rows=ctx.config.features.block_rows, num_shards=1,
-                                   seed=ctx.config.features.seed, layout=ctx.config.features.samples_layout,
-                                   inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)},
-                                   in_memory=True)
-        finally:
-            minute_rows.unpersist()
+    state, written = fold_and_write(
+        ctx.spark(), lambda: _rows(ctx, plan), parent, ctx.config.features, ctx.spec,
+        day=day_number(ctx.interval.start), version=f"minute-{ctx.interval.tag}", directory=_dir(ctx),
+        inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)}, lap=lap)
+    features_s = sum(seconds[name] for name in ("load_parent_state", "spark_session", "fold_counts"))
     rows = {split: manifest["row_counts"]["rows"] for split, manifest in written.items()}
-    lap("write_samples")
     if rows["train"] == 0 or rows["holdout"] == 0:
         raise RuntimeError(f"{ctx.interval.tag}: {rows['train']} training and {rows['holdout']} held-out rows; a "
                            "minute run needs both (incremental.holdout_fraction)")
@@ -383,8 +395,6 @@ def samples(ctx: RunContext) -> dict:
                  "held-out rows; %.1f s (%s)", manifest["num_new_rows"], manifest["num_candidates"], rows["train"],
                  rows["holdout"], time.monotonic() - started, ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     return {"feature_state": str(_dir(ctx) / "feature_state"), "new_rows": manifest["num_new_rows"], **rows}
-
-
 
 
 def train(ctx: RunContext) -> dict:

@@ -58,7 +58,7 @@ class Source(Protocol):
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None: ...
 
 
-def _hash_split(frame, columns: list[str], fraction: float | None):
+def hash_split(frame, columns: list[str], fraction: float | None):
     """`frame` with HELD_OUT (a stable hash of `columns` in the lowest `fraction` of HASH_BUCKETS), when
     `fraction` is given."""
     if fraction is None:
@@ -112,7 +112,7 @@ class ClickLogSource:
         raw = extract_raw(ctx.spark(), paths, ctx.spec)
         # Split on the raw text, before parsing: a hash over the parsed expressions, inlined into the
         # vocabulary count, made Spark's optimizer run out of memory.
-        return parse_raw(_hash_split(raw, raw_columns(ctx.spec), holdout_fraction), ctx.spec,
+        return parse_raw(hash_split(raw, raw_columns(ctx.spec), holdout_fraction), ctx.spec,
                          keep=[HELD_OUT] if holdout_fraction is not None else [])
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
@@ -166,7 +166,7 @@ class EventsSource:
 
         read_manifest(directory, kind=JOINED_KIND)
         return joined_rows(ctx.spark(), directory, minutes, ctx.spec,
-                           add=lambda frame: _hash_split(frame, [REQUEST_ID], holdout_fraction),
+                           add=lambda frame: hash_split(frame, [REQUEST_ID], holdout_fraction),
                            keep=[HELD_OUT] if holdout_fraction is not None else [])
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from components.config import SparkConfig
 from components.stopping import StopRequested, stop_on_signals, stop_process_group
+from spark_jobs.session import LISTING_THRESHOLD, LISTING_THRESHOLD_KEY
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def server_command(config: SparkConfig, port: int) -> list[str]:
         "--conf", f"spark.sql.shuffle.partitions={config.shuffle_partitions}",
         "--conf", "spark.sql.session.timeZone=UTC",
         "--conf", "spark.ui.enabled=false",
+        "--conf", f"{LISTING_THRESHOLD_KEY}={LISTING_THRESHOLD}",
     ]
 
 
