@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, IntegerType, LongType, StructField, StructType
@@ -19,6 +20,7 @@ from pyspark.sql.types import ArrayType, DoubleType, IntegerType, LongType, Stru
 from components.config import FeatureConfig
 from components.feature_spec import DenseFeature, FeatureSpec
 from components.feature_state import (
+    COUNTS_SCHEMA,
     FEATURE_STATE_KIND,
     DenseTransform,
     FeatureState,
@@ -30,6 +32,15 @@ from components.manifest import commit_dir, staging_dir, write_manifest
 from components.quantiles import merged_quantiles
 
 QUANTILE_RELATIVE_ERROR = 1e-4
+
+
+def _tagged(table: int):
+    """element -> (the table's index, element), for F.transform. A function of one parameter: F.transform
+    passes a function of two the element's position as its second argument (a default value does not stop it),
+    which once put each sequence element under the table numbered by its position."""
+    def tag(value):
+        return F.struct(F.lit(table).cast("tinyint").alias("feature"), value.alias("value"))
+    return tag
 
 
 def categorical_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> DataFrame:
@@ -48,9 +59,7 @@ def categorical_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> DataFra
             scalar.append(F.struct(F.lit(index[table]).cast("tinyint").alias("feature"),
                                    F.col(feature.name).alias("value")))
     for feature in spec.lists:
-        table = spec.table_of(feature.name)
-        lists.append(F.transform(F.col(feature.name), lambda v, t=index[table]: F.struct(
-            F.lit(t).cast("tinyint").alias("feature"), v.alias("value"))))
+        lists.append(F.transform(F.col(feature.name), _tagged(index[spec.table_of(feature.name)])))
     if not scalar and not lists:
         return frame.sparkSession.createDataFrame(
             [], "feature string, value string, count bigint, last_seen int")
@@ -67,6 +76,59 @@ def categorical_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> DataFra
         .select(F.element_at(names, F.col("feature").cast("int") + 1).alias("feature"), "value", "count",
                 F.lit(day).cast("int").alias("last_seen"))
     )
+
+
+COUNTS_SPARK_SCHEMA = "feature string, value string, count bigint, last_seen int"
+
+
+def counted_columns(spec: FeatureSpec) -> dict[str, tuple[list[str], list[str]]]:
+    """Counted table -> (its scalar categorical columns, its multi-valued and sequence columns), as
+    categorical_counts counts them."""
+    out: dict[str, tuple[list[str], list[str]]] = {
+        name: ([], []) for name, table in spec.tables().items() if not table.fixed_values}
+    for feature in spec.categorical:
+        if spec.table_of(feature.name) in out:
+            out[spec.table_of(feature.name)][0].append(feature.name)
+    for feature in spec.lists:
+        out[spec.table_of(feature.name)][1].append(feature.name)
+    return out
+
+
+def partition_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> pa.Table:
+    """What categorical_counts counts, counted in one stage with no shuffle: each partition's values counted
+    with Arrow in its Python worker, brought to the driver as they are. A value seen in several partitions
+    comes once per partition (advance_feature_state sums them). For a minute's rows (a partition or two) this
+    saves the shuffle and second stage of Spark's grouping; for a day's rows Spark's grouping sends far fewer
+    rows to the driver."""
+    columns = counted_columns(spec)
+    tables = [name for name, (scalar, lists) in columns.items() if scalar or lists]
+
+    def count_partition(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        parts: dict[str, list] = {name: [] for name in tables}
+        for batch in batches:
+            for name in tables:
+                scalar, lists = columns[name]
+                parts[name].extend(batch.column(c).cast(pa.string()) for c in scalar)
+                parts[name].extend(pc.list_flatten(batch.column(c)).cast(pa.string()) for c in lists)
+        for name in tables:
+            if not parts[name]:
+                continue
+            values = pa.chunked_array(parts[name], pa.string())
+            values = values.filter(pc.and_(pc.is_valid(values), pc.not_equal(values, "")))
+            counted = pc.value_counts(values)
+            parts[name] = []
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([name] * len(counted), pa.string()), counted.field("values"),
+                 counted.field("counts").cast(pa.int64()), pa.array([day] * len(counted), pa.int32())],
+                names=["feature", "value", "count", "last_seen"])
+
+    if not tables:
+        return COUNTS_SCHEMA.empty_table()
+    read = frame.select(*[c for scalar, lists in columns.values() for c in (*scalar, *lists)])
+    return read.mapInArrow(count_partition, COUNTS_SPARK_SCHEMA).toArrow().cast(COUNTS_SCHEMA)
 
 
 def signed_log1p(column):

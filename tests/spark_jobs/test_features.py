@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -69,6 +70,43 @@ def test_counts_skip_missing_values(spark, raw_dir):
               for r in categorical_counts(frame, 20454, CRITEO).collect()}
     assert counts == {("C1", "aaaa"): (4, 20454), ("C1", "bbbb"): (3, 20454), ("C1", "cccc"): (1, 20454),
                       ("C2", "zz"): (9, 20454)}
+
+
+def test_counts_by_partition_sum_to_sparks_grouped_counts_with_shared_tables_and_sequences(spark):
+    """partition_counts (the minute runs' one-stage count) gives, once a value's per-partition counts are summed,
+    what categorical_counts gives: missing and empty values skipped, a sequence's elements pooled with the
+    item column that shares its table (advance_feature_state sums a value's rows)."""
+    from components.feature_state import COUNTS_SCHEMA
+    from spark_jobs.features import counted_columns, partition_counts
+
+    spec = load_spec("events")
+    rng = np.random.default_rng(3)
+    names = [c for scalar, lists in counted_columns(spec).values() for c in (*scalar, *lists)]
+    rows = []
+    for _ in range(600):
+        row = {name: (None if rng.random() < 0.1 else "" if rng.random() < 0.05 else f"{name}-{rng.integers(40)}")
+               for name in names if name != "history"}
+        row["history"] = [f"item_id-{v}" for v in rng.integers(60, size=rng.integers(0, 6))] + [""]
+        rows.append(row)
+    schema = ", ".join(f"{n} string" for n in names if n != "history") + ", history array<string>"
+    frame = spark.createDataFrame(rows, schema).repartition(3)
+
+    def summed(table):
+        grouped = table.group_by(["feature", "value", "last_seen"]).aggregate([("count", "sum")])
+        return {(r["feature"], r["value"]): (r["count_sum"], r["last_seen"]) for r in grouped.to_pylist()}
+
+    by_partition = partition_counts(frame, 20454, spec)
+    assert by_partition.schema == COUNTS_SCHEMA
+    expected = summed(categorical_counts(frame, 20454, spec).toArrow().cast(COUNTS_SCHEMA))
+    assert summed(by_partition) == expected
+    assert by_partition.num_rows > len(expected)  # values seen in several partitions come once per partition
+    # The item table pools the item column and the sequence's elements, each element under that table (an
+    # earlier count put each under the table numbered by its position in the sequence).
+    items = Counter(v for r in rows for v in [r["item_id"], *r["history"]] if v)
+    assert {v: c for (f, v), (c, _) in expected.items() if f == "item_id"} == items
+    assert {f for (f, v) in expected if v.startswith("item_id-")} == {"item_id"}
+    assert sum(c for (f, _), (c, _) in expected.items() if f == "C1") == sum(
+        r["C1"] not in (None, "") for r in rows)
 
 
 def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_dir, tmp_path):
