@@ -244,7 +244,8 @@ def build_feature_state(
     spec = spec.with_defaults(dataclasses.replace(
         spec.defaults, min_count=config.min_count, evict_after_days=config.evict_after_days,
         max_rows=config.max_rows_per_feature))
-    counts = categorical_counts(frame, day, spec).toArrow()
+    minute = not evict and previous is not None  # a minute's rows: counted in one stage (partition_counts)
+    counts = partition_counts(frame, day, spec) if minute else categorical_counts(frame, day, spec).toArrow()
     dense = dense_statistics(frame, spec) if evict or previous is None else previous.dense
     return advance_feature_state(
         previous, counts, day=day, min_count=config.min_count, dense=dense, version=version,
