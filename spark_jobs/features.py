@@ -32,6 +32,7 @@ from components.manifest import commit_dir, staging_dir, write_manifest
 from components.quantiles import merged_quantiles
 
 QUANTILE_RELATIVE_ERROR = 1e-4
+COUNTS_SPARK_SCHEMA = "feature string, value string, count bigint, last_seen int"  # COUNTS_SCHEMA
 
 
 def _tagged(table: int):
@@ -61,8 +62,7 @@ def categorical_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> DataFra
     for feature in spec.lists:
         lists.append(F.transform(F.col(feature.name), _tagged(index[spec.table_of(feature.name)])))
     if not scalar and not lists:
-        return frame.sparkSession.createDataFrame(
-            [], "feature string, value string, count bigint, last_seen int")
+        return frame.sparkSession.createDataFrame([], COUNTS_SPARK_SCHEMA)
     pairs = F.array(*scalar) if scalar else None
     for column in lists:
         pairs = column if pairs is None else F.concat(pairs, column)
@@ -76,9 +76,6 @@ def categorical_counts(frame: DataFrame, day: int, spec: FeatureSpec) -> DataFra
         .select(F.element_at(names, F.col("feature").cast("int") + 1).alias("feature"), "value", "count",
                 F.lit(day).cast("int").alias("last_seen"))
     )
-
-
-COUNTS_SPARK_SCHEMA = "feature string, value string, count bigint, last_seen int"
 
 
 def counted_columns(spec: FeatureSpec) -> dict[str, tuple[list[str], list[str]]]:
