@@ -207,6 +207,10 @@ class IncrementalConfig:
     # In the step worker, a step starts as soon as its upstream steps ended well, and its task takes the outcome
     # when it comes (pipelines/run_ahead.py); false: every step waits for its task.
     run_ahead: bool = True
+    # The step worker validates each minute's raw partitions as soon as their completion markers land, before
+    # the run asks (pipelines/arrivals.py); the validate step then finds them validated. False: validation
+    # waits for the validate step.
+    validate_on_arrival: bool = True
     # The step worker starts over as a fresh process once a step leaves it above this resident memory (MiB).
     step_worker_max_rss_mib: float = 4096.0
 

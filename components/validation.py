@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +43,9 @@ NUM_FIELDS_COLUMN = "_num_fields"
 LINE_TERMINATED_COLUMN = "_line_terminated"
 VALIDATED_MARKER = "_VALIDATED.json"
 MAX_UNEXPECTED_SHOWN = 5
+# Results of the last partitions validated on arrival (validate_arrived) that passed, kept in this process for
+# the Data Docs page of the run that uses them.
+ARRIVED_RESULTS_KEPT = 8
 
 
 class DataValidationError(RuntimeError):
@@ -416,6 +421,60 @@ def quarantined(layout: Layout, dataset: PartitionedDataset, minute: datetime) -
     return target if target.exists() else None
 
 
+_SLICE_LOCKS: dict[str, threading.Lock] = {}
+_SLICE_LOCKS_GUARD = threading.Lock()
+_ARRIVED_RESULTS: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+
+def _slice_lock(path: Path) -> threading.Lock:
+    """The lock of one partition's validation in this process (validate_interval and validate_arrived)."""
+    with _SLICE_LOCKS_GUARD:
+        return _SLICE_LOCKS.setdefault(str(path), threading.Lock())
+
+
+def _validated_rows(directory: Path, checksum: str, dataset: PartitionedDataset) -> int | None:
+    """The row count of a partition that passed `dataset`'s suite with these bytes (its _VALIDATED marker), or
+    None."""
+    marker = directory / VALIDATED_MARKER
+    if not marker.exists():
+        return None
+    previous = json.loads(marker.read_text())
+    if previous.get("sha256") == checksum and previous.get("suite_version") == dataset.suite_version:
+        return int(previous["num_rows"])
+    return None
+
+
+def _mark_validated(directory: Path, checksum: str, dataset: PartitionedDataset, num_rows: int) -> None:
+    write_json_atomic(directory / VALIDATED_MARKER, {"sha256": checksum, "suite_version": dataset.suite_version,
+                                                      "num_rows": num_rows})
+
+
+def validate_arrived(layout: Layout, minute: datetime, dataset: PartitionedDataset,
+                     validator: SliceValidator | None = None) -> SliceResult | None:
+    """Validates one partition once it is complete, before any run asks (pipelines/arrivals.py calls it when
+    its completion marker lands), so the run's validate step finds it validated. One that passes gets its
+    _VALIDATED marker, and its result is kept in this process for the run's Data Docs page. One that fails is
+    left where it is, unmarked: the run's validate step validates it again, quarantines it and reports, as
+    for any slice. Returns the result, or None where there was nothing to do (no data file; validated
+    already)."""
+    directory = dataset.minute_dir(layout, minute)
+    path = directory / dataset.file_name
+    with _slice_lock(path):
+        if not path.exists():
+            return None
+        checksum = file_sha256(path)
+        if _validated_rows(directory, checksum, dataset) is not None:
+            return None
+        validator = validator or SliceValidator(dataset)
+        result, _ = validator.validate(minute, path)
+        if result.success:
+            _mark_validated(directory, checksum, dataset, result.num_rows)
+            _ARRIVED_RESULTS[(str(path), checksum)] = validator.last_result
+            while len(_ARRIVED_RESULTS) > ARRIVED_RESULTS_KEPT:
+                _ARRIVED_RESULTS.popitem(last=False)
+        return result
+
+
 def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path,
                       progress=None, dataset: PartitionedDataset | None = None,
                       docs_dir: Path | None = None) -> dict[str, Any]:
@@ -426,12 +485,12 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
 
     Returns the interval's report (also written to `report_path`). Raises DataValidationError, after
     quarantining, when any slice failed. A slice already validated with the same bytes and suite version
-    is not validated again, so a re-run is cheap.
+    (by an earlier run, or on arrival: validate_arrived) is not validated again, so a re-run is cheap.
     """
     dataset = dataset or click_log_dataset(_criteo())
     validator: SliceValidator | None = None
     passed, failed, missing, docs = [], [], [], []
-    last_passed = None
+    last_passed, validated_before = None, 0
     for index, minute in enumerate(minutes):
         directory = dataset.minute_dir(layout, minute)
         path = directory / dataset.file_name
@@ -440,27 +499,29 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
             (failed if moved else missing).append(
                 {"minute": minute.isoformat(), "quarantined": str(moved)} if moved else minute.isoformat())
             continue
-        marker = directory / VALIDATED_MARKER
-        checksum = file_sha256(path)
-        if marker.exists():
-            previous = json.loads(marker.read_text())
-            if previous.get("sha256") == checksum and previous.get("suite_version") == dataset.suite_version:
-                passed.append({"minute": minute.isoformat(), "rows": previous["num_rows"]})
+        with _slice_lock(path):  # a slice being validated on arrival is waited for, not validated twice
+            checksum = file_sha256(path)
+            rows = _validated_rows(directory, checksum, dataset)
+            if rows is not None:
+                passed.append({"minute": minute.isoformat(), "rows": rows})
+                validated_before += 1
+                arrived = _ARRIVED_RESULTS.get((str(path), checksum))
+                if arrived is not None:
+                    last_passed = (minute, arrived)
                 continue
-        validator = validator or SliceValidator(dataset)
-        result, full_report = validator.validate(minute, path)
-        if result.success:
-            write_json_atomic(marker, {"sha256": checksum, "suite_version": dataset.suite_version,
-                                       "num_rows": result.num_rows})
-            passed.append({"minute": minute.isoformat(), "rows": result.num_rows})
-            last_passed = (minute, validator.last_result)
-        else:
-            if docs_dir is not None and validator.last_result is not None:
-                docs.append(_write_data_docs(docs_dir, dataset.name, minute, validator.last_result))
-            target = quarantine(directory, dataset.quarantine_dir(layout, minute), result, full_report)
-            log.error("quarantined %s: %s", minute.isoformat(), result.summary())
-            failed.append({"minute": minute.isoformat(), "quarantined": str(target), "summary": result.summary(),
-                           "failures": result.failures, "newly_quarantined": True})
+            validator = validator or SliceValidator(dataset)
+            result, full_report = validator.validate(minute, path)
+            if result.success:
+                _mark_validated(directory, checksum, dataset, result.num_rows)
+                passed.append({"minute": minute.isoformat(), "rows": result.num_rows})
+                last_passed = (minute, validator.last_result)
+            else:
+                if docs_dir is not None and validator.last_result is not None:
+                    docs.append(_write_data_docs(docs_dir, dataset.name, minute, validator.last_result))
+                target = quarantine(directory, dataset.quarantine_dir(layout, minute), result, full_report)
+                log.error("quarantined %s: %s", minute.isoformat(), result.summary())
+                failed.append({"minute": minute.isoformat(), "quarantined": str(target), "summary": result.summary(),
+                               "failures": result.failures, "newly_quarantined": True})
         if progress:
             progress(index + 1, len(minutes))
     if docs_dir is not None and last_passed is not None:
@@ -470,6 +531,7 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
         "suite_version": dataset.suite_version,
         "num_slices": len(minutes),
         "num_passed": len(passed),
+        "num_validated_before": validated_before,  # passed with their bytes and suite validated already
         "num_rows": sum(p["rows"] for p in passed),
         "passed": passed,
         "failed": failed,

@@ -291,7 +291,8 @@ def validate(ctx: RunContext) -> dict:
                                   f"{ctx.layout.validation_report(ctx.interval, 'report')}); nothing trains on this "
                                   "plan. The next minute's run plans again")
     ctx.tracker.log_metrics({"validation.rows": report["num_rows"]})
-    ctx.progress("validate: %d minute(s) passed, %d rows", len(report["passed"]), report["num_rows"])
+    ctx.progress("validate: %d minute(s) passed (%d validated on arrival or by an earlier run), %d rows",
+                 len(report["passed"]), report["num_validated_before"], report["num_rows"])
     return {"minutes": list(plan.minutes), "rows": report["num_rows"]}
 
 

@@ -56,6 +56,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines import arrivals
 from pipelines.run_ahead import Outcome, RunAhead
 from pipelines.step_client import PIPELINES, address_file, error_types, send_message
 
@@ -259,6 +260,8 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
                               name="step-worker")
     thread.start()
+    watching = threading.Event()  # set when the worker stops: ends validation on arrival
+    arrivals.start(config, watching)
     if ready is not None:
         ready(address)
     def unannounce() -> None:
@@ -275,6 +278,7 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
                 unannounce()
                 break
     finally:
+        watching.set()
         unannounce()
         server.shutdown()
         server.server_close()  # waits for the running steps
