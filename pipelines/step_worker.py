@@ -246,7 +246,8 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     warm_up()
     server = _Server((host, port), config.incremental.step_worker_max_rss_mib)
     logging.getLogger().addHandler(server.thread_logs)
-    for logger in (logging.getLogger("ctr"), log):  # the steps' progress lines and the worker's go to the tasks
+    # The steps' progress lines and the worker's go to the tasks; validation on arrival to the worker's log.
+    for logger in (logging.getLogger("ctr"), log, arrivals.log):
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
     address = server.server_address[:2]
