@@ -12,7 +12,10 @@ Runs the real stack on loopback for `--minutes` wall-clock minutes and writes be
 For every minute that closed while the load ran, freshness is the time from the minute's close to the first
 request answered by a version whose data reaches the minute's end (the answering version comes back in the
 X-Model-Version header; each version's data end is in its manifest). p50_s / p95_s are over those minutes;
-minutes that no answered request covered by the end are counted in `minutes_not_served`.
+steady_p50_s / steady_p95_s over those that closed after the first delta was published (the first run after
+the DAG is unpaused is a cold start, and how many minutes wait for it depends on where in a minute it was
+unpaused; `first_publish_after_unpause_s` says how long it took); minutes that no answered request covered by
+the end are counted in `minutes_not_served`.
 
     make bench-freshness                                   # 12 minutes, 60 K rows a minute (1,000 per second)
     make bench-freshness BENCH_FRESHNESS_ARGS="--minutes 4 --rows-per-minute 5000"   # a quick look
@@ -112,6 +115,16 @@ def freshness_by_minute(versions: list[tuple[float, str | None]], data_ends: dic
                       if version is not None and data_ends.get(version, 0.0) >= close and sent >= close), None)
         out[close] = None if first is None else first - close
     return out
+
+
+def steady_minutes(by_minute: dict[float, float | None], published_at: list[float],
+                   unpaused: float) -> tuple[float | None, list[float]]:
+    """(when the first delta after `unpaused` was published, the freshness of the minutes that closed from
+    then on); (None, []) when none was published."""
+    first = min((t for t in published_at if t >= unpaused), default=None)
+    if first is None:
+        return None, []
+    return first, [v for close, v in by_minute.items() if v is not None and close >= first]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -315,11 +328,17 @@ def summarize(config, layout: Layout, load, load_started: float, load_ended: flo
     closes = [m.timestamp() + 60 for m, _ in written if load_started <= m.timestamp() + 60 <= load_ended - 90]
     by_minute = freshness_by_minute(load.versions, data_ends, closes)
     served = [v for v in by_minute.values() if v is not None]
+    publish_lags = [entry for entry in json.loads(layout.freshness_log.read_text()).values()] \
+        if layout.freshness_log.is_file() else []
+    # The first run after the DAG is unpaused learns every minute since the daily model in a worker that has run
+    # nothing yet (Spark's first jobs, TensorFlow's first trace): 20 s or more. The minutes that close while it
+    # runs wait for it, so how many do depends on where in a minute the DAG was unpaused. `steady_*` leave them
+    # out: the minutes that closed after the first delta was published.
+    first_publish, steady = steady_minutes(
+        by_minute, [datetime.fromisoformat(e["published_at"]).timestamp() for e in publish_lags], load_started)
     gates = sorted(layout.root.glob("incremental/*/gate.json"))
     failed_gates = [p.parent.name for p in gates if not json.loads(p.read_text())["passed"]]
     deltas = [v for v, kind in kinds.items() if kind == "delta"]
-    publish_lags = [entry for entry in json.loads(layout.freshness_log.read_text()).values()] \
-        if layout.freshness_log.is_file() else []
     return {
         "benchmark": "freshness",
         "command": "make bench-freshness" + (f" BENCH_FRESHNESS_ARGS='--minutes {args.minutes} --rows-per-minute "
@@ -330,6 +349,10 @@ def summarize(config, layout: Layout, load, load_started: float, load_ended: flo
         "minutes": len(closes),
         "p50_s": statistics.median(served) if served else None,
         "p95_s": percentile(served, 0.95) if served else None,
+        "steady_minutes": len(steady),
+        "steady_p50_s": statistics.median(steady) if steady else None,
+        "steady_p95_s": percentile(steady, 0.95) if steady else None,
+        "first_publish_after_unpause_s": None if first_publish is None else round(first_publish - load_started, 1),
         "minutes_not_served": sum(v is None for v in by_minute.values()),
         "failed_requests": load.failed_requests,
         "p99_ms": load.latency_p99_ms,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from bench.bench_freshness import airflow_timeline
+from bench.bench_freshness import airflow_timeline, steady_minutes
 
 
 def test_timeline_waits_follow_each_tasks_upstream(tmp_path):
@@ -34,3 +34,12 @@ def test_timeline_waits_follow_each_tasks_upstream(tmp_path):
     assert timeline["first_task_start_after_close_s"] == 2.0  # plan of r1; r2 has one successful task only
     assert timeline["last_task_end_after_close_s"] == 31.0
     assert timeline["runs"] == 2
+
+
+def test_steady_minutes_are_those_that_closed_after_the_first_publish_since_the_unpause():
+    by_minute = {60.0: 31.0, 120.0: 12.0, 180.0: 9.0, 240.0: None, 300.0: 8.5}
+    # 50: a daily model's publish before the unpause at 55; the first run's delta at 91
+    first, steady = steady_minutes(by_minute, [50.0, 91.0, 132.0, 189.0], unpaused=55.0)
+    assert first == 91.0
+    assert steady == [12.0, 9.0, 8.5]  # the minute that closed at 60 waited for the first run; 240 never served
+    assert steady_minutes(by_minute, [50.0], unpaused=55.0) == (None, [])
