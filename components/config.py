@@ -211,9 +211,6 @@ class IncrementalConfig:
     # the run asks (pipelines/arrivals.py); the validate step then finds them validated. False: validation
     # waits for the validate step.
     validate_on_arrival: bool = True
-    # The step worker also parses each arrived minute's rows into Spark's memory (a source whose raw rows carry
-    # their labels: the click log), where the samples step's fold and write find them.
-    cache_on_arrival: bool = True
     # The step worker starts over as a fresh process once a step leaves it above this resident memory (MiB).
     step_worker_max_rss_mib: float = 4096.0
 

@@ -13,9 +13,6 @@ Both pipelines ask their source the same questions and never branch on its name:
   typed columns and `minute`), or None when there are none; with `holdout_fraction`, each row also says in
   HELD_OUT whether a stable hash split holds it out (about that fraction of the rows);
 - `rows_come_shuffled`: whether `rows` are already in a pseudo-random order (the sample writer then keeps it);
-- `labels_in_rows`: whether the raw rows carry their labels, so a minute's `rows` can be built from its raw
-  partition alone, before any run (the step worker parses them into Spark's memory on arrival:
-  pipelines/arrivals.py);
 - `planted_auc(ctx, minutes, directory)`: the generator's own model on those minutes' labels, for generated
   data (None otherwise).
 """
@@ -44,7 +41,6 @@ HELD_OUT = "_held_out"
 class Source(Protocol):
     name: str
     rows_come_shuffled: bool
-    labels_in_rows: bool
 
     def datasets(self, spec: FeatureSpec) -> list[Any]: ...
 
@@ -85,7 +81,6 @@ class ClickLogSource:
 
     name = "click_log"
     rows_come_shuffled = False
-    labels_in_rows = True
 
     def datasets(self, spec: FeatureSpec) -> list[Any]:
         from components.validation import click_log_dataset
@@ -132,7 +127,6 @@ class EventsSource:
 
     name = "events"
     rows_come_shuffled = True  # spark_jobs.events.joined_rows: a fixed pseudo-random order
-    labels_in_rows = False  # labelled by the join of a run's span
 
     def datasets(self, spec: FeatureSpec) -> list[Any]:
         from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET

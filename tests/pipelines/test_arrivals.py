@@ -20,7 +20,7 @@ from components.validation import (
     DataValidationError,
     validate_interval,
 )
-from pipelines.arrivals import Arrivals
+from pipelines.arrivals import ArrivalValidator
 
 pytestmark = pytest.mark.unit
 
@@ -38,9 +38,7 @@ class Clock:
 
 
 def _config(tmp_path, **overrides):
-    """Validation on arrival only, unless overridden (keeping rows in Spark's memory: the test of its own)."""
-    return load_config(overrides={"paths.data_root": str(tmp_path), "incremental.cache_on_arrival": False,
-                                  **overrides}, environ={})
+    return load_config(overrides={"paths.data_root": str(tmp_path), **overrides}, environ={})
 
 
 def _write(layout: Layout, minute: datetime, index: int = 0) -> None:
@@ -49,11 +47,11 @@ def _write(layout: Layout, minute: datetime, index: int = 0) -> None:
 
 def test_the_minutes_watched_are_those_closed_within_the_wait_for_data(tmp_path):
     clock = Clock(CLOSE + 5)
-    watcher = Arrivals(_config(tmp_path, **{"incremental.wait_for_data_s": 30}), clock=clock)
+    watcher = ArrivalValidator(_config(tmp_path, **{"incremental.wait_for_data_s": 30}), clock=clock)
     assert watcher._watched(clock()) == [MINUTE]
     assert watcher._watched(CLOSE + 59) == [MINUTE]  # closed 59 s ago: still the newest closed minute
     assert watcher._watched(CLOSE + 65) == [MINUTE + timedelta(minutes=1)]
-    wide = Arrivals(_config(tmp_path, **{"incremental.wait_for_data_s": 90}), clock=clock)
+    wide = ArrivalValidator(_config(tmp_path, **{"incremental.wait_for_data_s": 90}), clock=clock)
     assert wide._watched(CLOSE + 5) == [MINUTE - timedelta(minutes=1), MINUTE]
 
 
@@ -61,19 +59,19 @@ def test_a_minute_is_validated_once_its_marker_lands_and_the_validate_step_takes
                                                                                               monkeypatch):
     config = _config(tmp_path)
     layout = Layout(config.paths.root)
-    watcher = Arrivals(config, clock=Clock(CLOSE + 1))
+    watcher = ArrivalValidator(config, clock=Clock(CLOSE + 1))
     directory = layout.raw_minute_dir(MINUTE)
     _write(layout, MINUTE)
     (directory / SUCCESS_MARKER).unlink()  # the writer is not done: nothing is validated yet
-    assert watcher.poll() == []
+    assert watcher.poll() == 0
     assert not (directory / VALIDATED_MARKER).exists()
 
     (directory / SUCCESS_MARKER).write_text("")
-    assert watcher.poll() == [MINUTE]
+    assert watcher.poll() == 1
     marker = json.loads((directory / VALIDATED_MARKER).read_text())
     assert marker["num_rows"] == ROWS
     assert [(name, minute, ok) for name, minute, ok, _ in watcher.validated] == [("raw_click_log", MINUTE, True)]
-    assert watcher.poll() == []  # once per minute
+    assert watcher.poll() == 0  # once per minute
 
     # The run's validate step: no second validation, and still the Data Docs page of the slice it passed.
     import components.validation as validation
@@ -99,8 +97,8 @@ def test_a_bad_minute_is_left_to_the_validate_step_which_quarantines_it(tmp_path
     lines[3] = "7" + lines[3][1:]  # a label of 7
     path.write_text("\n".join(lines))
 
-    watcher = Arrivals(config, clock=Clock(CLOSE + 1))
-    assert watcher.poll() == [MINUTE]
+    watcher = ArrivalValidator(config, clock=Clock(CLOSE + 1))
+    assert watcher.poll() == 1
     assert [ok for _, _, ok, _ in watcher.validated] == [False]
     assert path.exists() and not (path.parent / VALIDATED_MARKER).exists()  # not moved, not marked
 
@@ -126,7 +124,7 @@ def test_the_validate_step_waits_for_a_validation_under_way_instead_of_doing_it_
         return real(self, minute, path)
 
     monkeypatch.setattr(validation.SliceValidator, "validate", slow)
-    watcher = Arrivals(config, clock=Clock(CLOSE + 1))
+    watcher = ArrivalValidator(config, clock=Clock(CLOSE + 1))
     arrival = threading.Thread(target=watcher.poll)
     arrival.start()
     while not calls:
@@ -135,41 +133,3 @@ def test_the_validate_step_waits_for_a_validation_under_way_instead_of_doing_it_
     arrival.join()
     assert calls == [MINUTE]
     assert (report["num_passed"], report["num_validated_before"]) == (1, 1)
-
-
-def test_an_arrived_minutes_rows_are_kept_in_spark_where_the_samples_steps_frame_finds_them(tmp_path, spark):
-    from components.interval import Interval as Span
-    from pipelines.context import RunContext
-
-    config = _config(tmp_path, **{"incremental.cache_on_arrival": True, "incremental.validate_on_arrival": False})
-    layout = Layout(config.paths.root)
-    _write(layout, MINUTE)
-    clock = Clock(CLOSE + 1)
-    watcher = Arrivals(config, clock=clock)
-    assert watcher.poll(keep_rows_async=False) == [MINUTE]
-    assert [(minute, rows) for minute, rows, _ in watcher.rows_kept] == [(MINUTE, ROWS)]
-    assert not (layout.raw_minute_dir(MINUTE) / VALIDATED_MARKER).exists()  # validation on arrival is off here
-
-    # The frame the samples step builds for a run of this minute (pipelines.incremental._rows) is the copy.
-    ctx = RunContext(config=config, interval=Span(MINUTE, MINUTE + timedelta(minutes=1)), pipeline="incremental",
-                     run_id="scheduled__x")
-    step_rows = ctx.source.rows(ctx, [MINUTE], tmp_path, holdout_fraction=config.incremental.holdout_fraction)
-    assert step_rows.storageLevel.useMemory
-    other = ctx.source.rows(ctx, [MINUTE], tmp_path, holdout_fraction=0.5)  # another hold-out: its own rows
-    assert not other.storageLevel.useMemory
-    assert step_rows.count() == ROWS
-
-    # The samples step lets its copy go at its end (fold_and_write), which is this one.
-    step_rows.persist().unpersist()
-    assert not step_rows.storageLevel.useMemory
-
-    # A copy no run took is let go after KEEP_ROWS_S.
-    later = MINUTE + timedelta(minutes=1)
-    _write(layout, later, index=1)
-    clock.now += 60
-    assert watcher.poll(keep_rows_async=False) == [later]
-    kept = ctx.source.rows(ctx, [later], tmp_path, holdout_fraction=config.incremental.holdout_fraction)
-    assert kept.storageLevel.useMemory
-    clock.now += 121
-    watcher.poll(keep_rows_async=False)
-    assert not kept.storageLevel.useMemory
