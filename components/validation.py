@@ -426,9 +426,18 @@ _SLICE_LOCKS_GUARD = threading.Lock()
 _ARRIVED_RESULTS: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
 
+SLICE_LOCKS_KEPT = 4096
+
+
 def _slice_lock(path: Path) -> threading.Lock:
-    """The lock of one partition's validation in this process (validate_interval and validate_arrived)."""
+    """The lock of one partition's validation in this process (validate_interval and validate_arrived). The
+    worker validates a partition a minute for as long as it runs, so locks no one holds are dropped once there
+    are SLICE_LOCKS_KEPT of them (one dropped between its lookup and its use costs, at worst, one validation
+    done twice)."""
     with _SLICE_LOCKS_GUARD:
+        if len(_SLICE_LOCKS) >= SLICE_LOCKS_KEPT:
+            for key in [key for key, lock in _SLICE_LOCKS.items() if not lock.locked()]:
+                del _SLICE_LOCKS[key]
         return _SLICE_LOCKS.setdefault(str(path), threading.Lock())
 
 
@@ -480,8 +489,8 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
                       docs_dir: Path | None = None) -> dict[str, Any]:
     """Validates every minute partition of `dataset` (the click log by default) in an interval; quarantines
     the ones that fail. With `docs_dir`, great-expectations' Data Docs pages go there: one per slice that failed
-    and one for the last slice validated here (rendering every slice of a day would cost minutes); their names
-    are the report's `data_docs`.
+    and one for the last slice validated here or on arrival in this process (rendering every slice of a day
+    would cost minutes); their names are the report's `data_docs`.
 
     Returns the interval's report (also written to `report_path`). Raises DataValidationError, after
     quarantining, when any slice failed. A slice already validated with the same bytes and suite version

@@ -133,3 +133,16 @@ def test_the_validate_step_waits_for_a_validation_under_way_instead_of_doing_it_
     arrival.join()
     assert calls == [MINUTE]
     assert (report["num_passed"], report["num_validated_before"]) == (1, 1)
+
+
+def test_the_locks_of_partitions_no_one_validates_are_dropped_once_there_are_many(tmp_path, monkeypatch):
+    import components.validation as validation
+
+    monkeypatch.setattr(validation, "SLICE_LOCKS_KEPT", 10)
+    monkeypatch.setattr(validation, "_SLICE_LOCKS", {})
+    held = validation._slice_lock(tmp_path / "held")
+    with held:
+        for index in range(25):
+            validation._slice_lock(tmp_path / str(index))
+            assert len(validation._SLICE_LOCKS) <= 10
+        assert validation._slice_lock(tmp_path / "held") is held  # one in use is never dropped
