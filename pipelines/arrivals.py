@@ -43,7 +43,7 @@ class ArrivalValidator:
         self._source = source_for(config)
         self._datasets = self._source.datasets(config.feature_spec)
         self._validators: dict[str, Any] = {}
-        self._done: dict[datetime, float] = {}  # minute -> when it was validated here (clock seconds)
+        self._done: dict[datetime, float] = {}  # minute -> when its arrival was seen (clock seconds)
         self.validated: list[tuple[str, datetime, bool, float]] = []  # (dataset, minute, passed, seconds), last few
 
     def _watched(self, now: float) -> list[datetime]:
@@ -99,10 +99,20 @@ class ArrivalValidator:
 
 
 def start(config, stop: threading.Event) -> threading.Thread | None:
-    """Starts validating on arrival in a daemon thread, when `incremental.validate_on_arrival` is on."""
+    """Starts validating on arrival in a daemon thread, when `incremental.validate_on_arrival` is on. The watch
+    is set up in that thread: a spec or source that cannot be read there is logged, and the worker still serves
+    steps (whose own config may differ)."""
     if not config.incremental.validate_on_arrival:
         return None
-    watcher = ArrivalValidator(config)
-    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True, name="arrivals")
+
+    def watch() -> None:
+        try:
+            watcher = ArrivalValidator(config)
+        except Exception:  # noqa: BLE001 - a head start, never a dependency
+            log.exception("validation on arrival could not start; the runs' validate steps validate their minutes")
+            return
+        watcher.run(stop)
+
+    thread = threading.Thread(target=watch, daemon=True, name="arrivals")
     thread.start()
     return thread

@@ -146,3 +146,20 @@ def test_the_locks_of_partitions_no_one_validates_are_dropped_once_there_are_man
             validation._slice_lock(tmp_path / str(index))
             assert len(validation._SLICE_LOCKS) <= 10
         assert validation._slice_lock(tmp_path / "held") is held  # one in use is never dropped
+
+
+def test_a_watch_that_cannot_start_is_logged_and_the_worker_goes_on(tmp_path, caplog, monkeypatch):
+    import pipelines.sources
+    from pipelines import arrivals
+
+    def unreadable(config):
+        raise OSError("the spec's file went away")
+
+    monkeypatch.setattr(pipelines.sources, "source_for", unreadable)
+    config = _config(tmp_path)
+    stop = threading.Event()
+    thread = arrivals.start(config, stop)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert "validation on arrival could not start" in caplog.text
+    assert arrivals.start(_config(tmp_path, **{"incremental.validate_on_arrival": False}), stop) is None
