@@ -189,6 +189,10 @@ class IncrementalConfig:
 
     # The validate step waits this long for the minute's partition to be complete (_SUCCESS) before failing.
     wait_for_data_s: float = 30.0
+    # Airflow creates each scheduled minute run this long before its minute closes (pipelines/timetables.py),
+    # so that its sensor task is already waiting when the minute's completion marker lands; 0 to 30 s, 0
+    # creates it at the close.
+    run_lead_s: float = 5.0
     # Share of the minute's rows held out (by row position) to score the delta against its parent.
     holdout_fraction: float = 0.1
     # Passes over the minute's training rows.

@@ -12,6 +12,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DAGS_FOLDER = REPO_ROOT / "dags"
 # airflow_local_settings.py: warm task processes (the scheduler preloads the steps' libraries before forking).
 SETTINGS_FOLDER = REPO_ROOT / "pipelines" / "airflow_settings"
+# The plugin that registers the DAGs' custom timetable (pipelines/timetables.py).
+PLUGINS_FOLDER = REPO_ROOT / "pipelines" / "airflow_plugins"
 
 
 SCHEDULER_IDLE_SLEEP_S = 0.2
@@ -24,6 +26,7 @@ def airflow_environment(config: PipelineConfig, base: dict[str, str] | None = No
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": env.get("AIRFLOW__CORE__EXECUTOR", "LocalExecutor"),
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -74,6 +74,26 @@ def _poll(ctx: RunContext, step: Step) -> bool:
     return True
 
 
+# An Airflow sensor task's poke asks its step every SENSOR_HOLD_POLL_S for up to SENSOR_HOLD_S before it answers
+# no (and Airflow reschedules the task). A minute run is created before its minute closes
+# (pipelines/timetables.py), so its sensor is already asking when the completion marker lands, rather than
+# seeing it at its next poke, up to a poke interval and a task start later.
+SENSOR_HOLD_S = 10.0
+SENSOR_HOLD_POLL_S = 0.05
+
+
+def hold_sensor(ctx: RunContext, step: Step, hold_s: float = SENSOR_HOLD_S,
+                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """One poke of an Airflow sensor task: True as soon as the step answers yes, False if it has not within
+    `hold_s` (the step's own errors, such as data that is late, are raised)."""
+    deadline = clock() + hold_s
+    while not step.run(ctx):
+        if clock() >= deadline:
+            return False
+        sleep(SENSOR_HOLD_POLL_S)
+    return True
+
+
 def _task_config_inputs(pipeline: str, context: Mapping[str, Any],
                         environ: Mapping[str, str] | None) -> tuple[dict[str, Any], dict[str, str]]:
     """What an Airflow task's config is built from: its params' overrides and the environment's config keys."""
@@ -104,8 +124,8 @@ def airflow_run_context(pipeline: str, context: Mapping[str, Any],
 
 def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
                      environ: Mapping[str, str] | None = None) -> Any:
-    """Entry point of an Airflow task. A sensor step is asked once (one poke) and its answer returned; its yes
-    is told to the step worker, which then starts the steps after it (pipelines/run_ahead.py)."""
+    """Entry point of an Airflow task. A sensor step is asked for up to SENSOR_HOLD_S (one poke) and its answer
+    returned; its yes is told to the step worker, which then starts the steps after it (pipelines/run_ahead.py)."""
     ctx = airflow_run_context(pipeline, context, environ)
     (step,) = select_steps(pipeline, [step_name])
     on_worker = pipeline in step_client.PIPELINES and ctx.config.incremental.step_worker
@@ -116,7 +136,7 @@ def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
                    "start": ctx.interval.start.isoformat(), "end": ctx.interval.end.isoformat(),
                    "overrides": overrides, "environ": env, "run_ahead": ctx.config.incremental.run_ahead}
     if step.sensor:
-        answer = bool(step.run(ctx))
+        answer = hold_sensor(ctx, step)
         if answer and on_worker and ctx.config.incremental.run_ahead:
             try:
                 step_client.notify_done(ctx.config.paths.root, request)

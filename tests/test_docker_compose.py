@@ -323,3 +323,13 @@ def test_production_requirements_do_not_move_any_locked_pin():
             f"{PRODUCTION_REQUIREMENTS.name} pins {name}=={version}, "
             f"requirements.lock pins {name}=={locked[name]}: re-resolve it (command in its header)"
         )
+
+
+def test_every_airflow_service_loads_the_plugin_that_registers_the_minute_dags_timetable(services):
+    airflow = {name for name, service in services.items()
+               if "AIRFLOW__CORE__DAGS_FOLDER" in (service.get("environment") or {})}
+    assert TASK_RUNNERS <= airflow
+    for name in airflow:  # the scheduler and the API server deserialize the DAG's LeadingCronTimetable
+        folder = services[name]["environment"]["AIRFLOW__CORE__PLUGINS_FOLDER"]
+        assert folder == "/opt/ctr/pipelines/airflow_plugins", name
+        assert (ROOT / folder.removeprefix("/opt/ctr/") / "ctr_timetables.py").exists()

@@ -90,7 +90,8 @@ def test_incremental_dag_runs_every_minute_one_at_a_time_over_the_minute_pipelin
     assert dag["tasks"][:2] == ["wait_for_data", "plan"] and dag["tasks"][-3:] == ["export_delta", "gate", "publish"]
     # The wait for the minute's data is a sensor that frees its worker slot between pokes.
     assert dag["modes"]["wait_for_data"] == "reschedule"
-    assert dag["timetable"] == "CronDataIntervalTimetable"
+    # Created before the minute closes (pipelines/timetables.py), with the cron timetable's intervals.
+    assert dag["timetable"] == "LeadingCronTimetable"
     assert dag["max_active_runs"] == 1
     assert "config" in dag["params"]
     assert "incremental" in dag["tags"]

@@ -1,5 +1,6 @@
 """The minute DAG's sensor: a minute is ready once its partition's completion marker is there; the wait ends
-incremental.wait_for_data_s after the minute closed. Outside Airflow the runner polls a sensor step."""
+incremental.wait_for_data_s after the minute closed. Outside Airflow the runner polls a sensor step; in Airflow
+each poke holds for up to SENSOR_HOLD_S, since the run is created before its minute closes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from components.layout import Layout
 from components.synthetic import SUCCESS_MARKER, generate
 from pipelines.context import RunContext, Step
 from pipelines.incremental import STEPS, data_ready
-from pipelines.runner import run_steps
+from pipelines.runner import SENSOR_HOLD_POLL_S, hold_sensor, run_steps
 
 
 def context(root, minute: str, **overrides) -> RunContext:
@@ -57,3 +58,41 @@ def test_the_runner_polls_a_sensor_until_it_answers(tmp_path):
 def test_the_minute_pipeline_starts_with_its_sensor():
     assert STEPS[0].name == "wait_for_data" and STEPS[0].sensor
     assert not any(step.sensor for step in STEPS[1:])
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_an_airflow_poke_holds_until_the_marker_lands_within_its_hold(tmp_path):
+    # Minute 00:01 closed long ago by the real clock, which data_ready's lateness check reads: wait as long.
+    ctx = context(tmp_path, "2026-01-01T00:01", **{"incremental.wait_for_data_s": 1e12})
+    generate(ctx.config.generate, Layout(tmp_path))
+    marker = ctx.layout.raw_minute_dir(ctx.interval.start) / SUCCESS_MARKER
+    marker.unlink()  # the run was created before the minute closed: its writer is not done yet
+    clock = FakeClock()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 7:  # the writer finishes
+            marker.write_text("")
+
+    assert hold_sensor(ctx, STEPS[0], hold_s=10, clock=clock, sleep=sleep) is True
+    assert len(clock.sleeps) == 7 and clock.sleeps[0] == SENSOR_HOLD_POLL_S
+
+
+def test_an_airflow_poke_answers_no_once_its_hold_is_over():
+    clock = FakeClock()
+    calls = []
+    step = Step("wait", "test sensor", lambda ctx: calls.append(clock()) or False, sensor=True)
+    assert hold_sensor(None, step, hold_s=1.0, clock=clock, sleep=clock.sleep) is False
+    assert calls[0] == 0.0 and calls[-1] >= 1.0 and len(calls) == round(1.0 / SENSOR_HOLD_POLL_S) + 1
