@@ -301,7 +301,9 @@ def airflow_timeline(db: Path) -> dict[str, Any]:
 
 def worker_steps(log_path: Path) -> dict[str, Any]:
     """From the step worker's log: per step, the median of its time in the worker (what its Airflow task's run
-    time adds hand-offs to), and how many steps started ahead of their tasks (pipelines/run_ahead.py)."""
+    time adds hand-offs to), how many steps started ahead of their tasks (pipelines/run_ahead.py), and per step
+    the median of when it started after its minute closed (`start_after_close_s`: scheduled runs, whose id
+    names the close, except the first one, which starts when the DAG is unpaused)."""
     import re
 
     seconds: dict[str, list[float]] = {}
@@ -312,8 +314,21 @@ def worker_steps(log_path: Path) -> dict[str, Any]:
             ahead += 1
         else:
             seconds.setdefault(match.group(1), []).append(float(match.group(2)))
+    starts: dict[str, dict[str, float]] = {}
+    for step, run, at in re.findall(
+            r"incremental/(\w+) of scheduled__(\S+): started ahead of its task, at (\d\d:\d\d:\d\d\.\d+)", text):
+        close = datetime.fromisoformat(run)
+        started = datetime.combine(close.date(), datetime.strptime(at, "%H:%M:%S.%f").time(), close.tzinfo)
+        if started < close - timedelta(hours=12):  # the run's steps began past midnight
+            started += timedelta(days=1)
+        starts.setdefault(run, {}).setdefault(step, (started - close).total_seconds())
+    after_close: dict[str, list[float]] = {}
+    for run in sorted(starts)[1:]:
+        for step, delay in starts[run].items():
+            after_close.setdefault(step, []).append(delay)
     return {"step_s": {step: round(statistics.median(v), 1) for step, v in seconds.items()},
-            "steps_done": sum(len(v) for v in seconds.values()), "steps_started_ahead": ahead}
+            "steps_done": sum(len(v) for v in seconds.values()), "steps_started_ahead": ahead,
+            "start_after_close_s": {step: round(statistics.median(v), 2) for step, v in after_close.items()}}
 
 
 def summarize(config, layout: Layout, load, load_started: float, load_ended: float,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from bench.bench_freshness import airflow_timeline, steady_minutes
+from bench.bench_freshness import airflow_timeline, steady_minutes, worker_steps
 
 
 def test_timeline_waits_follow_each_tasks_upstream(tmp_path):
@@ -43,3 +43,25 @@ def test_steady_minutes_are_those_that_closed_after_the_first_publish_since_the_
     assert first == 91.0
     assert steady == [12.0, 9.0, 8.5]  # the minute that closed at 60 waited for the first run; 240 never served
     assert steady_minutes(by_minute, [50.0], unpaused=55.0) == (None, [])
+
+
+def test_worker_steps_say_when_each_step_started_after_its_minute_closed(tmp_path):
+    log = tmp_path / "step-worker.log"
+    lines = []
+    for run, plan, train in (("2026-11-25T12:21:00+00:00", "12:21:44.566", "12:21:51.820"),  # after the unpause
+                             ("2026-11-25T12:22:00+00:00", "12:22:00.550", "12:22:04.640"),
+                             ("2026-11-25T23:59:00+00:00", "23:59:00.750", "00:00:04.900")):  # past midnight
+        lines += [f"12:00:00 INFO pipelines.step_worker: incremental/plan of scheduled__{run}: started ahead of its "
+                  f"task, at {plan}",
+                  f"12:00:00 INFO pipelines.step_worker: incremental/plan of scheduled__{run}: done in 0.2 s",
+                  f"12:00:00 INFO pipelines.step_worker: incremental/train of scheduled__{run}: started ahead of its "
+                  f"task, at {train}",
+                  f"12:00:00 INFO pipelines.step_worker: incremental/train of scheduled__{run}: done in 4.0 s"]
+    lines.append("12:00:00 INFO pipelines.step_worker: incremental/plan of manual__2026-11-25T12:30:11+00:00: "
+                 "started ahead of its task, at 12:30:12.000")
+    log.write_text("\n".join(lines) + "\n")
+    steps = worker_steps(log)
+    assert steps["step_s"] == {"plan": 0.2, "train": 4.0}
+    assert steps["steps_started_ahead"] == 7 and steps["steps_done"] == 6
+    # The medians of the two runs after the first: plan 0.55 and 0.75 s, train 4.64 and 64.9 s after the close.
+    assert steps["start_after_close_s"] == {"plan": 0.65, "train": 34.77}
