@@ -44,6 +44,7 @@ the worker's Spark session, so a restarted Spark Connect server costs one retry,
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -56,7 +57,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines import arrivals
+from pipelines import arrivals, idle_gc
+from pipelines.idle_gc import IdleCollector
 from pipelines.run_ahead import Outcome, RunAhead
 from pipelines.step_client import PIPELINES, address_file, error_types, send_message
 
@@ -162,7 +164,8 @@ class _Server(socketserver.ThreadingTCPServer):
     block_on_close = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], max_rss_mib: float | None) -> None:
+    def __init__(self, address: tuple[str, int], max_rss_mib: float | None,
+                 collector: IdleCollector | None = None) -> None:
         from pipelines.runner import pipeline_steps
 
         super().__init__(address, _Handler)
@@ -171,6 +174,9 @@ class _Server(socketserver.ThreadingTCPServer):
         self.recycling = threading.Event()
         self.ahead = RunAhead(pipeline_steps)
         self.steps: list[threading.Thread] = []
+        self.collector = collector
+        self.closed = threading.Event()  # set when the worker stops: a collection still waiting is dropped
+        self._pipeline_steps = pipeline_steps
 
     def start(self, outcomes: list[Outcome]) -> None:
         """Runs each execution in a thread of its own (a step the worker started ahead of its task, or one a
@@ -222,11 +228,33 @@ class _Server(socketserver.ThreadingTCPServer):
         finally:
             outcome.add(final)
         self.start(next_steps)
+        if self.collector is not None and not next_steps and (not final["ok"] or self._ends_run(request)):
+            threading.Thread(target=self._collect_when_idle, args=(name,), name="idle-gc", daemon=True).start()
+
+    def _ends_run(self, request: Mapping[str, Any]) -> bool:
+        try:
+            return self._pipeline_steps(str(request["pipeline"]))[-1].name == request.get("step")
+        except (KeyError, ValueError):
+            return False
+
+    def _collect_when_idle(self, name: str, delay_s: float | None = None) -> None:
+        """After a run's end, once IDLE_GC_DELAY_S passed (the model server loads the version just published)
+        with no step running: a full collection, its survivors frozen (pipelines/idle_gc.py)."""
+        if self.closed.wait(IDLE_GC_DELAY_S if delay_s is None else delay_s):
+            return
+        if any(t.is_alive() for t in self.steps) or self.recycling.is_set():
+            return
+        self.collector.collect_idle(f"{name} ended")
 
     def join_steps(self) -> None:
         """Waits for the steps still running, those started ahead of their tasks too."""
         for thread in list(self.steps):
             thread.join()
+
+
+# A full garbage collection waits this long after a run's last step, so that it does not compete with the model
+# server loading what was just published.
+IDLE_GC_DELAY_S = 3.0
 
 
 def warm_up() -> None:
@@ -244,10 +272,16 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     (`advertise`, or the host it listens on, and the port). Returns True when it stopped to start over (its
     memory went over incremental.step_worker_max_rss_mib), False when stopped."""
     warm_up()
-    server = _Server((host, port), config.incremental.step_worker_max_rss_mib)
+    collector = IdleCollector()
+    collector.install()
+    if config.incremental.worker_idle_gc:
+        collector.collect_idle("warmed up")
+    server = _Server((host, port), config.incremental.step_worker_max_rss_mib,
+                     collector if config.incremental.worker_idle_gc else None)
     logging.getLogger().addHandler(server.thread_logs)
-    # The steps' progress lines and the worker's go to the tasks; validation on arrival to the worker's log.
-    for logger in (logging.getLogger("ctr"), log, arrivals.log):
+    # The steps' progress lines and the worker's go to the tasks; validation on arrival and the garbage
+    # collections to the worker's log.
+    for logger in (logging.getLogger("ctr"), log, arrivals.log, idle_gc.log):
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
     address = server.server_address[:2]
@@ -280,10 +314,13 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
                 break
     finally:
         watching.set()
+        server.closed.set()
         unannounce()
         server.shutdown()
         server.server_close()  # waits for the running steps
         server.join_steps()
+        collector.uninstall()
+        gc.unfreeze()
         logging.getLogger().removeHandler(server.thread_logs)
         log.info("step worker %s", "starting over" if server.recycling.is_set() else "stopped")
     return server.recycling.is_set()

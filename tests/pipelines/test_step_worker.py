@@ -3,10 +3,13 @@ starting over when its memory grows. tests/pipelines/test_incremental_pipeline.p
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -105,3 +108,39 @@ def test_a_worker_over_its_memory_limit_stops_taking_steps_and_starts_over(tmp_p
     assert not step_client.address_file(tmp_path).exists()
     with pytest.raises(OSError):
         socket.create_connection(address, timeout=1).close()
+
+
+@pytest.mark.parametrize("idle_gc", [True, False])
+def test_the_worker_collects_garbage_after_warming_up_and_after_a_failed_step_when_idle(tmp_path, monkeypatch,
+                                                                                        caplog, idle_gc):
+    monkeypatch.setattr(step_worker, "IDLE_GC_DELAY_S", 0.2)  # the failed step's thread has ended by then
+    config = load_config(overrides={"paths.data_root": str(tmp_path), "incremental.worker_idle_gc": idle_gc},
+                         environ={})
+    with caplog.at_level(logging.INFO, logger="pipelines.idle_gc"):
+        stop, thread, _ = start_worker(config)
+        try:
+            with pytest.raises(step_client.StepWorkerError):  # a step that fails ends its run: nothing follows it
+                step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+            deadline = time.monotonic() + 30
+            while idle_gc and "train of r ended" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            thread.join(30)
+    idle = [r.getMessage() for r in caplog.records if r.getMessage().startswith("idle (")]
+    if idle_gc:
+        assert idle[0].startswith("idle (warmed up): full garbage collection in")
+        assert any("idle (daily/train of r ended)" in line for line in idle), idle
+    else:
+        assert idle == []
+    assert gc.get_freeze_count() == 0  # a stopped worker leaves nothing frozen
+
+
+def test_a_run_ends_with_its_pipelines_last_step():
+    server = step_worker._Server(("127.0.0.1", 0), None)
+    try:
+        assert server._ends_run({"pipeline": "incremental", "step": "publish"})
+        assert not server._ends_run({"pipeline": "incremental", "step": "train"})
+        assert not server._ends_run({"pipeline": "nope", "step": "publish"})
+    finally:
+        server.server_close()
