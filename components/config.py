@@ -215,9 +215,9 @@ class IncrementalConfig:
     # the run asks (pipelines/arrivals.py); the validate step then finds them validated. False: validation
     # waits for the validate step.
     validate_on_arrival: bool = True
-    # The step worker runs Python's full garbage collections while it is idle (after a run's last step), and
-    # freezes what survives so the collections during a run only scan what the run allocated
-    # (pipelines/idle_gc.py); false: CPython collects whenever a step allocates enough, pausing it.
+    # The step worker turns CPython's automatic garbage collections off and collects while it is idle (after a
+    # run's last step, and at least every 2 minutes with no step running), so that no collection stops a
+    # minute's steps (pipelines/idle_gc.py); false: CPython collects whenever a step allocates enough.
     worker_idle_gc: bool = True
     # The step worker starts over as a fresh process once a step leaves it above this resident memory (MiB).
     step_worker_max_rss_mib: float = 4096.0

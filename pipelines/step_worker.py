@@ -44,7 +44,6 @@ the worker's Spark session, so a restarted Spark Connect server costs one retry,
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -175,7 +174,6 @@ class _Server(socketserver.ThreadingTCPServer):
         self.ahead = RunAhead(pipeline_steps)
         self.steps: list[threading.Thread] = []
         self.collector = collector
-        self.closed = threading.Event()  # set when the worker stops: a collection still waiting is dropped
         self._pipeline_steps = pipeline_steps
 
     def start(self, outcomes: list[Outcome]) -> None:
@@ -229,7 +227,7 @@ class _Server(socketserver.ThreadingTCPServer):
             outcome.add(final)
         self.start(next_steps)
         if self.collector is not None and not next_steps and (not final["ok"] or self._ends_run(request)):
-            threading.Thread(target=self._collect_when_idle, args=(name,), name="idle-gc", daemon=True).start()
+            self.collector.run_ended()
 
     def _ends_run(self, request: Mapping[str, Any]) -> bool:
         try:
@@ -237,24 +235,17 @@ class _Server(socketserver.ThreadingTCPServer):
         except (KeyError, ValueError):
             return False
 
-    def _collect_when_idle(self, name: str, delay_s: float | None = None) -> None:
-        """After a run's end, once IDLE_GC_DELAY_S passed (the model server loads the version just published)
-        with no step running: a full collection, its survivors frozen (pipelines/idle_gc.py)."""
-        if self.closed.wait(IDLE_GC_DELAY_S if delay_s is None else delay_s):
-            return
-        if any(t.is_alive() for t in self.steps) or self.recycling.is_set():
-            return
-        self.collector.collect_idle(f"{name} ended")
+    def collect_when_idle(self, stop: threading.Event, poll_s: float = 0.5) -> None:
+        """Until `stop`: a full garbage collection whenever one is due and no step runs (pipelines/idle_gc.py)."""
+        while not stop.wait(poll_s):
+            why = self.collector.due() if self.collector is not None else None
+            if why and not any(t.is_alive() for t in self.steps) and not self.recycling.is_set():
+                self.collector.collect_idle(why)
 
     def join_steps(self) -> None:
         """Waits for the steps still running, those started ahead of their tasks too."""
         for thread in list(self.steps):
             thread.join()
-
-
-# A full garbage collection waits this long after a run's last step, so that it does not compete with the model
-# server loading what was just published.
-IDLE_GC_DELAY_S = 3.0
 
 
 def warm_up() -> None:
@@ -272,12 +263,11 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     (`advertise`, or the host it listens on, and the port). Returns True when it stopped to start over (its
     memory went over incremental.step_worker_max_rss_mib), False when stopped."""
     warm_up()
-    collector = IdleCollector()
+    collector = IdleCollector(automatic=not config.incremental.worker_idle_gc)
     collector.install()
-    if config.incremental.worker_idle_gc:
+    if not collector.automatic:
         collector.collect_idle("warmed up")
-    server = _Server((host, port), config.incremental.step_worker_max_rss_mib,
-                     collector if config.incremental.worker_idle_gc else None)
+    server = _Server((host, port), config.incremental.step_worker_max_rss_mib, collector)
     logging.getLogger().addHandler(server.thread_logs)
     # The steps' progress lines and the worker's go to the tasks; validation on arrival and the garbage
     # collections to the worker's log.
@@ -295,8 +285,9 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
                               name="step-worker")
     thread.start()
-    watching = threading.Event()  # set when the worker stops: ends validation on arrival
+    watching = threading.Event()  # set when the worker stops: ends validation on arrival and idle collections
     arrivals.start(config, watching)
+    threading.Thread(target=server.collect_when_idle, args=(watching,), name="idle-gc", daemon=True).start()
     if ready is not None:
         ready(address)
     def unannounce() -> None:
@@ -314,13 +305,11 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
                 break
     finally:
         watching.set()
-        server.closed.set()
         unannounce()
         server.shutdown()
         server.server_close()  # waits for the running steps
         server.join_steps()
         collector.uninstall()
-        gc.unfreeze()
         logging.getLogger().removeHandler(server.thread_logs)
         log.info("step worker %s", "starting over" if server.recycling.is_set() else "stopped")
     return server.recycling.is_set()
