@@ -266,7 +266,15 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> tuple[str, np.ndarray]:
     """Parses and checks a predict request body and runs the model on it (in a worker thread). Returns the
     response's key with the probabilities: TF Serving answers the row form ("instances") with "predictions"
-    and the columnar form ("inputs") with "outputs" (a list, the signature having one output)."""
+    and the columnar form ("inputs") with "outputs" (a list, the signature having one output).
+
+    A row-form request of values that fit is decoded straight into typed records first
+    (LoadedModel.decode_rows); any other request, or one over `max_instances`, is parsed and checked here."""
+    records = model.decode_rows(body)
+    if records and len(records) <= max_instances:
+        probabilities = model.predict_records(records)
+        if probabilities is not None:
+            return "predictions", probabilities
     payload = parse_body(body)
     key = "instances" if "instances" in payload else "inputs"
     data = payload[key]

@@ -28,6 +28,7 @@ import functools
 import itertools
 import json
 import math
+import operator
 import re
 import threading
 import time
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import tensorflow as tf
 
@@ -284,6 +286,30 @@ class LoadedModel:
                     raise InvalidInput(f"instance {index}: feature {name!r} {err}") from None
         return self._run(columns, len(instances))
 
+    def decode_rows(self, body: bytes) -> list[Any] | None:
+        """A row-form request body ({"instances": [...]}) decoded in one pass into typed records (RowDecoder),
+        or None when the model has no packed endpoint or the body is anything but such a request of values that
+        fit: then the caller parses it as JSON and `predict` checks it value by value, saying what is wrong."""
+        return None if self.row_decoder is None else self.row_decoder.decode(body)
+
+    def predict_records(self, records: Sequence[Any]) -> np.ndarray | None:
+        """`decode_rows`'s records predicted as `predict` predicts the same instances, or None (nothing run) when
+        a value does not fit its input (a number outside float32, a bad timestamp, ...): the caller then goes the
+        way of `predict`, which names it."""
+        assert self.packed is not None and self.row_decoder is not None
+        try:
+            arguments = self.packed.record_arguments(records, self.row_decoder, self.column_converters,
+                                                     self.input_specs)
+        except InvalidInput:
+            return None
+        if arguments is None:
+            return None
+        return self._run_packed(arguments, len(records))
+
+    @functools.cached_property
+    def row_decoder(self) -> RowDecoder | None:
+        return None if self.packed is None else RowDecoder.build(self.packed, self.input_specs)
+
     def predict_columns(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """Predicts the columnar form {feature: [value per instance]}; absent features are missing.
 
@@ -469,6 +495,31 @@ class PackedCall:
             out.append(tensor)
         return out
 
+    def record_arguments(self, records: Sequence[Any], decoder: RowDecoder,
+                         converters: Mapping[str, Callable[[list[Any]], Any]], specs: Mapping[str, tf.TensorSpec]
+                         ) -> list[tf.Tensor] | None:
+        """The arguments from RowDecoder's records, whose stacked floats and strings are typed already: one
+        C-level pass per argument reads them. None when a number is outside float32; the other arguments are
+        built by their column converters (InvalidInput on a bad value)."""
+        out = []
+        for (stacked, names), reader, read in zip(self.layout, self.row_readers, decoder.readers, strict=True):
+            rows = list(map(read, records))
+            if reader == "floats":
+                array = np.array(rows, dtype=np.float64).reshape(len(records), len(names))  # None -> NaN
+                if np.any(np.abs(array) > _FLOAT32_MAX):  # NaN compares False
+                    return None
+                out.append(tf.constant(array.astype(np.float32)))
+            elif reader == "strings":
+                if any(None in row for row in rows):
+                    rows = [tuple("" if value is None else value for value in row) for row in rows]
+                out.append(tf.constant(np.array(rows, dtype=object).reshape(len(records), len(names)),
+                                       dtype=tf.string))
+            else:
+                columns = list(zip(*rows, strict=True))
+                out.append(self._argument({name: converters[name](list(values)) for name, values in
+                                           zip(names, columns, strict=True)}, stacked, names, len(records), specs))
+        return out
+
     @staticmethod
     def _argument(columns: Mapping[str, Any], stacked: bool, names: tuple[str, ...], num_instances: int,
                   specs: Mapping[str, tf.TensorSpec]) -> tf.Tensor:
@@ -480,6 +531,44 @@ class PackedCall:
         for index, name in enumerate(names):
             matrix[:, index] = columns[name]
         return tf.constant(matrix, dtype=spec.dtype)
+
+
+@dataclass(frozen=True)
+class RowDecoder:
+    """Decodes a row-form predict body straight into typed records with msgspec, instead of JSON into dicts
+    and then a Python pass per value: inputs of a stacked float argument are typed `float | null`, of a stacked
+    string one `string | null`, the others any JSON value (their column converters check them). Unknown keys,
+    a value of another type, non-strict JSON (NaN) or any other shape make `decode` answer None, and the
+    request goes the general way, which says what is wrong. A missing key reads as null, as `dict.get` does."""
+
+    decoder: msgspec.json.Decoder
+    # Per packed argument, record -> its inputs' values, a tuple.
+    readers: tuple[Callable[[Any], Any], ...]
+
+    @classmethod
+    def build(cls, packed: PackedCall, specs: Mapping[str, tf.TensorSpec]) -> RowDecoder:
+        fields, attributes, readers = [], {}, []
+        for (_, names), reader in zip(packed.layout, packed.row_readers, strict=True):
+            kind = {"floats": float | None, "strings": str | None}.get(reader, Any)
+            for name in names:
+                attributes[name] = f"f{len(attributes)}"  # any feature name, Python identifier or not
+                fields.append((attributes[name], kind, None))
+            named = [attributes[name] for name in names]
+            readers.append(operator.attrgetter(*named) if len(named) > 1 else
+                           lambda record, attribute=named[0]: (getattr(record, attribute),))
+        instance = msgspec.defstruct("Instance", fields, rename={a: n for n, a in attributes.items()},
+                                     forbid_unknown_fields=True)
+        body = msgspec.defstruct("PredictBody", [("instances", list[instance]),
+                                                 ("signature_name", str, SIGNATURE_NAME)],
+                                 forbid_unknown_fields=True)
+        return cls(decoder=msgspec.json.Decoder(body), readers=tuple(readers))
+
+    def decode(self, body: bytes) -> list[Any] | None:
+        try:
+            decoded = self.decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        return decoded.instances if decoded.signature_name == SIGNATURE_NAME else None
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

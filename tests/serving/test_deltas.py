@@ -7,13 +7,18 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
+from starlette.testclient import TestClient
 
+from components.config import ServingConfig
 from components.delta import DELTA_FILE
 from components.model_store import LocalModelStore, rollback
-from serving.model import LoadedModel, StaleModel
+from serving.app import create_app
+from serving.model import InvalidInput, LoadedModel, StaleModel
 from serving.watcher import ModelWatcher
 from tests.serving.delta_chain import MODEL_NAME, build_chain, load_weights, predictions, raw_rows
+from tests.serving.fixture_model import FixedSource
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +104,69 @@ def test_row_form_requests_follow_the_chain_in_either_precision(chain, tmp_path,
         error = np.abs(got - last)
         assert error.max() < 5e-3 and 0 < error.mean() < np.abs(last - first).mean() / 50, (
             error.max(), error.mean(), np.abs(last - first).mean())
+
+
+def test_typed_row_decoding_answers_as_the_general_path_does(chain, tmp_path):
+    """decode_rows + predict_records (msgspec's typed records) give the very predictions of `predict` on the
+    same instances: numbers left out, null or sent as integers; ids left out, null or ""."""
+    steps, columns, _ = chain
+    model = LoadedModel.load(steps[0].directory)
+    instances = row_form(columns)
+    dense = next(name for name in instances[0] if name.startswith("I"))
+    for index in range(0, len(instances), 4):  # JSON integers in float inputs
+        if isinstance(instances[index].get(dense), float):
+            instances[index][dense] = round(instances[index][dense])
+    records = model.decode_rows(orjson.dumps({"instances": instances}))
+    assert records is not None and len(records) == len(instances)
+    typed = model.predict_records(records)
+    np.testing.assert_array_equal(typed, model.predict(instances))
+    assert len(set(typed.round(6).tolist())) > len(instances) // 2  # the rows really differ
+
+
+@pytest.mark.parametrize("body", [
+    b'{"instances": [{"I1": true}]}',  # a bool is not a number
+    b'{"instances": [{"I1": "1.5"}]}',
+    b'{"instances": [{"C1": 7}]}',  # a number is not a string id
+    b'{"instances": [{"I1": NaN}]}',  # not strict JSON: the general path reads it
+    b'{"instances": [{"I1": 1e999}]}',
+    b'{"instances": [{"not_a_feature": 1}]}',
+    b'{"instances": [[1, 2]]}',
+    b'{"instances": {"I1": 1}}',
+    b'{"inputs": {"I1": [1]}}',
+    b'{"instances": [{"I1": 1}], "signature_name": "other"}',
+    b'{"instances": [{"I1": 1}], "extra": 1}',
+    b'{"instances": [{"C1": "\\ud800"}]}',  # a lone surrogate
+    b'[]',
+])
+def test_typed_row_decoding_leaves_every_other_body_to_the_general_path(chain, body):
+    steps, _, _ = chain
+    model = LoadedModel.load(steps[0].directory)
+    assert model.decode_rows(body) is None
+
+
+def test_typed_records_with_a_number_outside_float32_are_left_to_the_general_path(chain):
+    steps, _, _ = chain
+    model = LoadedModel.load(steps[0].directory)
+    records = model.decode_rows(b'{"instances": [{"I1": 1.0}, {"I1": 1e39}]}')
+    assert records is not None and len(records) == 2
+    assert model.predict_records(records) is None
+    with pytest.raises(InvalidInput, match=r"instance 1: feature 'I1' is 1e\+39, outside the range of float32"):
+        model.predict([{"I1": 1.0}, {"I1": 1e39}])
+
+
+def test_the_rest_api_answers_row_form_requests_through_typed_records(chain):
+    """Over HTTP, a packed model answers well-formed requests from typed records, with `predict`'s values, and
+    a bad value with the general path's message."""
+    steps, columns, _ = chain
+    model = LoadedModel.load(steps[0].directory)
+    client = TestClient(create_app(FixedSource(model), ServingConfig(model_name=MODEL_NAME)))
+    instances = row_form(columns)[:50]
+    answered = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": instances})
+    assert answered.status_code == 200
+    np.testing.assert_allclose(answered.json()["predictions"], model.predict(instances), rtol=0, atol=0)
+    bad = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [{"I1": True}]})
+    assert bad.status_code == 400
+    assert bad.json()["error"] == "instance 0: feature 'I1' must be a number or null (missing), got True"
 
 
 def test_several_new_deltas_are_applied_in_one_poll_and_the_standby_catches_up(chain, tmp_path):

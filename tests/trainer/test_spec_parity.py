@@ -6,6 +6,7 @@ JSON conversion, give the same model inputs and so the same predictions. Also se
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -150,8 +151,15 @@ def test_every_serving_path_gives_the_same_predictions(exported):
                                     (False, ("ts",)), (False, ("tags",)), (False, ("history",)))
     # Floats are read a row at a time; the categorical argument holds integer ids, which the converters read.
     assert served.packed.row_readers == ("floats", "", "", "", "")
+    # A request body decoded into typed records (the server's first try): ids, timestamps and lists through
+    # the same converters.
+    records = served.decode_rows(json.dumps({"instances": INSTANCES}).encode())
+    assert records is not None
+    np.testing.assert_array_equal(served.predict_records(records), served.predict(INSTANCES))
+    np.testing.assert_allclose(served.predict_records(records), expected, rtol=1e-6, atol=1e-7)
     signature_only = dataclasses.replace(served, packed=None)
     assert signature_only.precision == "float32"
+    assert signature_only.decode_rows(json.dumps({"instances": INSTANCES}).encode()) is None
     np.testing.assert_allclose(signature_only.predict(INSTANCES), expected, rtol=1e-6, atol=1e-7)
     bfloat16 = LoadedModel.load(served.directory, precision="bfloat16")
     assert bfloat16.precision == "bfloat16"
@@ -183,6 +191,9 @@ def test_an_instance_that_does_not_fit_the_spec_is_refused_naming_the_feature(ex
     _, _, served = exported
     with pytest.raises(InvalidInput, match=message):
         served.predict([instance])
+    # The typed records decline it, and the server goes the way that names it.
+    records = served.decode_rows(json.dumps({"instances": [instance]}).encode())
+    assert records is None or served.predict_records(records) is None
 
 
 def test_metadata_lists_the_signature_in_tf_serving_form(exported):
