@@ -123,6 +123,9 @@ class TrainConfig:
     model: Literal["dcnv2", "deepfm", "dien", "din", "dlrm", "wide_deep"] = "dcnv2"
     embedding_dim: int = 16
     num_cross_layers: int = 3
+    # DCNv2's cross layers: 0 gives each a full [width, width] matrix; r > 0 a low-rank one, [width, r] then
+    # [r, width] (the paper's cost-efficient form).
+    cross_projection_dim: int = 0
     mlp_units: tuple[int, ...] = (512, 256, 128)
     batch_size: int = 2048
     epochs: int = 3

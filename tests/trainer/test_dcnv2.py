@@ -1,3 +1,4 @@
+import dataclasses
 import re
 
 import keras
@@ -30,6 +31,17 @@ def test_builds_the_blocks_from_the_config():
     assert [tuple(c.kernel.shape) for c in model.cross_layers] == [(width, width)] * 2
     assert [tuple(d.kernel.shape) for d in model.deep_network.layers] == [(width, 8), (8, 4)]
     assert tuple(model.head.kernel.shape) == (4, 1)
+
+
+def test_cross_projection_dim_makes_the_cross_layers_low_rank():
+    width = NUM_CATEGORICAL * 4 + DENSE_INPUT_DIM
+    model = build_model(dataclasses.replace(SMALL, cross_projection_dim=3), TABLE_SIZES)
+    assert [(tuple(c.down_kernel.shape), tuple(c.up_kernel.shape)) for c in model.cross_layers] == [
+        ((width, 3), (3, width))] * 2
+    assert not any(hasattr(c, "kernel") for c in model.cross_layers)
+    assert to_numpy(model(inputs(5))).shape == (5, 1)
+    with pytest.raises(ValueError, match=r"train.cross_projection_dim must be 0 .* got -1"):
+        build_model(dataclasses.replace(SMALL, cross_projection_dim=-1), TABLE_SIZES)
 
 
 def test_output_is_a_probability_per_row():

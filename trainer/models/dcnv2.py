@@ -78,5 +78,9 @@ class DCNv2(CTRModel):
 
 def build_dcnv2(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
                 spec_options: Mapping[str, Any] | None = None) -> DCNv2:
-    return DCNv2(table_sizes, num_cross_layers=config.num_cross_layers, mlp_units=config.mlp_units,
+    if not isinstance(config.cross_projection_dim, int) or config.cross_projection_dim < 0:
+        raise ValueError(f"train.cross_projection_dim must be 0 (full-rank cross layers) or a positive rank, got "
+                         f"{config.cross_projection_dim!r}")
+    return DCNv2(table_sizes, num_cross_layers=config.num_cross_layers,
+                 projection_dim=config.cross_projection_dim or None, mlp_units=config.mlp_units,
                  **model_arguments(config, inputs, spec_options, attended=False), name="dcnv2")
