@@ -12,8 +12,9 @@ values are out of vocabulary, some missing), sent as TF-Serving `instances`.
 
 Phases, in one run:
 - in-process (this process pinned to the server's core, before the server starts): the SavedModel's signature
-  called on tensors already built (`inprocess_*`), and `LoadedModel.predict` on the instances (the request's
-  conversion included, `inprocess_convert_*`);
+  called on tensors already built (`inprocess_*`), `LoadedModel.predict` on the instances (the request's
+  conversion included, `inprocess_convert_*`), and the server's own way from a request body's bytes to its
+  probabilities (typed records, `inprocess_body_*`);
 - closed loop (one request in flight, keep-alive, the standard library's http.client): p50 and p99 per size; at
   100 candidates also with httpx as the client (`httpx_*`, the client of earlier runs), and GET /healthz (the
   HTTP round trip with no model work, `healthz_*`); then the same over gRPC with TF
@@ -194,9 +195,11 @@ def build_models(work: Path, rows: int, swap_rounds: int = SWAP_ROUNDS) -> dict[
 def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, precision: str) -> dict[str, Any]:
     """On the server's core, per size: the SavedModel's TF-Serving signature on tensors already built
     (`signature`); the packed endpoint the server calls, in each precision, on its arguments already built
-    (`packed_float32`, `packed_bfloat16`); and LoadedModel.predict on the instances at `precision`, conversion
-    included (`predict_with_conversion`). The calls take turns in blocks of IN_PROCESS_BLOCK, so the machine's
-    drift falls on all alike while each is timed warm, as a server repeating it runs it."""
+    (`packed_float32`, `packed_bfloat16`); LoadedModel.predict on the instances at `precision`, conversion
+    included (`predict_with_conversion`); and the server's way from a request body's bytes to the
+    probabilities (`body_to_prediction`: typed records, parsing included). The calls take turns in blocks of
+    IN_PROCESS_BLOCK, so the machine's drift falls on all alike while each is timed warm, as a server repeating
+    it runs it."""
     import tensorflow as tf
 
     from serving.model import LoadedModel
@@ -208,8 +211,11 @@ def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, pr
         converters = model._converters()
         tensors = {name: tf.constant([converters[name](row.get(name)) for row in instances], dtype=spec.dtype)
                    for name, spec in model.input_specs.items()}
+        body = json.dumps({"instances": instances}).encode()
         calls = {"signature": functools.partial(model.function, **tensors),
                  "predict_with_conversion": functools.partial(model.predict, instances)}
+        if model.row_decoder is not None:  # what the server does with a request's body
+            calls["body_to_prediction"] = lambda body=body: model.predict_records(model.decode_rows(body))
         for name, one in loaded.items():
             if one.packed is not None:
                 columns = {k: convert([row.get(k) for row in instances]) for k, convert in
@@ -545,6 +551,8 @@ def main() -> int:
            for p in ("float32", "bfloat16") for size in SIZES},
         **{f"inprocess_convert_p99_ms_{size}": inprocess[size]["predict_with_conversion"]["p99_ms"]
            for size in SIZES},
+        **{f"inprocess_body_p99_ms_{size}": inprocess[size]["body_to_prediction"]["p99_ms"]
+           for size in SIZES if "body_to_prediction" in inprocess[size]},
         "overhead_ratio_100": overhead,
         "client": "http.client, one keep-alive connection",
         "httpx_p50_ms_100": closed_httpx["p50_ms"],
