@@ -566,7 +566,7 @@ class RowDecoder:
     def decode(self, body: bytes) -> list[Any] | None:
         try:
             decoded = self.decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.MsgspecError, ValueError, RecursionError):  # ValueError: UnicodeDecodeError on bad UTF-8
             return None
         return decoded.instances if decoded.signature_name == SIGNATURE_NAME else None
 

@@ -137,6 +137,8 @@ def test_typed_row_decoding_answers_as_the_general_path_does(chain, tmp_path):
     b'{"instances": [{"I1": 1}], "extra": 1}',
     b'{"instances": [{"C1": "\\ud800"}]}',  # a lone surrogate
     b'[]',
+    b'\xff{"instances": [{"I1": 1}]}',  # not UTF-8
+    b'{"instances": [{"I1": ' + b'[' * 100_000 + b']' * 100_000 + b'}]}',  # nested too deeply
 ])
 def test_typed_row_decoding_leaves_every_other_body_to_the_general_path(chain, body):
     steps, _, _ = chain
