@@ -101,6 +101,7 @@ def train_throughput(file_rows: dict[str, int], sizes: dict, args: argparse.Name
 
     config = TrainConfig(
         embedding_dim=16, num_cross_layers=3, mlp_units=(512, 256, 128), batch_size=args.batch_size,
+        cross_projection_dim=0,  # full-rank cross layers, as in this bench's earlier results
         jit_compile=True, mixed_precision=args.mixed_precision,
     )
     files = list(file_rows)

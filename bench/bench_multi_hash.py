@@ -35,6 +35,7 @@ SMALL_FEATURE_VALUES = 50
 ZIPF_EXPONENT = 1.05
 CONFIG = TrainConfig(
     model="dcnv2", embedding_dim=16, num_cross_layers=2, mlp_units=(256, 128), batch_size=2048, epochs=2,
+    cross_projection_dim=0,  # full-rank cross layers, as in this bench's earlier results
     jit_compile=False, seed=7,
 )
 MULTI_HASH = {

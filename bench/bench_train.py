@@ -30,6 +30,7 @@ SMALL_VOCAB = 10_000  # values per feature: 26 x 10,002 x 16 = 4.2 M embedding p
 LARGE_VOCAB = 100_000  # 26 x 100,002 x 16 = 41.6 M embedding parameters
 DCNV2_SMALL = TrainConfig(
     embedding_dim=16, num_cross_layers=3, mlp_units=(512, 256, 128), batch_size=2048, epochs=1,
+    cross_projection_dim=0,  # full-rank cross layers, as in this bench's earlier results
     jit_compile=False, mixed_precision=True, micro_batches=1, row_sparse_updates=True,
 )
 # name -> (config, values per feature). XLA on and off under the best other flags, float32 beside bfloat16,

@@ -28,8 +28,12 @@ def test_builds_the_blocks_from_the_config():
     width = NUM_CATEGORICAL * 4 + DENSE_INPUT_DIM
     assert isinstance(model, DCNv2) and model.built
     assert tuple(model.embedding.embeddings.shape) == (sum(TABLE_SIZES.values()), 4)
-    assert [tuple(c.kernel.shape) for c in model.cross_layers] == [(width, width)] * 2
+    rank = TrainConfig().cross_projection_dim  # low-rank by default
+    assert [(tuple(c.down_kernel.shape), tuple(c.up_kernel.shape)) for c in model.cross_layers] == [
+        ((width, rank), (rank, width))] * 2
     assert [tuple(d.kernel.shape) for d in model.deep_network.layers] == [(width, 8), (8, 4)]
+    full = build_model(dataclasses.replace(SMALL, cross_projection_dim=0), TABLE_SIZES)
+    assert [tuple(c.kernel.shape) for c in full.cross_layers] == [(width, width)] * 2
     assert tuple(model.head.kernel.shape) == (4, 1)
 
 
