@@ -428,6 +428,18 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
     return out
 
 
+def cpu_description() -> dict[str, Any]:
+    """The CPU's model name and the vector extensions the model's speed depends on (/proc/cpuinfo): without
+    AVX-512 float32 products have half the vector width, and without AVX512_BF16 or AMX bfloat16 is emulated."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    return {"model": model, **{flag: flag in flags for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}}
+
+
 def start_server(work: Path, store_root: Path, port: int, grpc_port: int, precision: str = "float32"
                  ) -> subprocess.Popen:
     command = [sys.executable, "-m", "serving.server", "--set", f"paths.data_root={work / 'data'}",
@@ -583,6 +595,7 @@ def main() -> int:
                    else None},
         "seconds": round(time.perf_counter() - started, 1),
         "machine": platform.machine(),
+        "cpu": cpu_description(),
         "cpu_count": cores,
         "python": platform.python_version(),
         "command": "make bench-serving" + ("" if args.precision == "float32" else
