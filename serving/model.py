@@ -308,7 +308,7 @@ class LoadedModel:
 
     @functools.cached_property
     def row_decoder(self) -> RowDecoder | None:
-        return None if self.packed is None else RowDecoder.build(self.packed, self.input_specs)
+        return None if self.packed is None else RowDecoder.build(self.packed)
 
     def predict_columns(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """Predicts the columnar form {feature: [value per instance]}; absent features are missing.
@@ -546,7 +546,7 @@ class RowDecoder:
     readers: tuple[Callable[[Any], Any], ...]
 
     @classmethod
-    def build(cls, packed: PackedCall, specs: Mapping[str, tf.TensorSpec]) -> RowDecoder:
+    def build(cls, packed: PackedCall) -> RowDecoder:
         fields, attributes, readers = [], {}, []
         for (_, names), reader in zip(packed.layout, packed.row_readers, strict=True):
             kind = {"floats": float | None, "strings": str | None}.get(reader, Any)
