@@ -194,12 +194,12 @@ def build_models(work: Path, rows: int, swap_rounds: int = SWAP_ROUNDS) -> dict[
 
 def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, precision: str) -> dict[str, Any]:
     """On the server's core, per size: the SavedModel's TF-Serving signature on tensors already built
-    (`signature`); the packed endpoint the server calls, in each precision, on its arguments already built
-    (`packed_float32`, `packed_bfloat16`); LoadedModel.predict on the instances at `precision`, conversion
-    included (`predict_with_conversion`); and the server's way from a request body's bytes to the
-    probabilities (`body_to_prediction`: typed records, parsing included). The calls take turns in blocks of
-    IN_PROCESS_BLOCK, so the machine's drift falls on all alike while each is timed warm, as a server repeating
-    it runs it."""
+    (`signature`); the packed endpoint the server calls, in each precision, as it calls it (PackedCall.call),
+    on its arguments already built (`packed_float32`, `packed_bfloat16`); LoadedModel.predict on the instances
+    at `precision`, conversion included (`predict_with_conversion`); and the server's way from a request body's
+    bytes to the probabilities (`body_to_prediction`: typed records, parsing included). The calls take turns in
+    blocks of IN_PROCESS_BLOCK, so the machine's drift falls on all alike while each is timed warm, as a server
+    repeating it runs it."""
     import tensorflow as tf
 
     from serving.model import LoadedModel
@@ -221,7 +221,7 @@ def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, pr
                 columns = {k: convert([row.get(k) for row in instances]) for k, convert in
                            one.column_converters.items()}
                 arguments = one.packed.arguments(columns, size, one.input_specs)
-                calls[f"packed_{name}"] = functools.partial(one.packed.function, *arguments)
+                calls[f"packed_{name}"] = functools.partial(one.packed.call, *arguments)
         times: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(max(1, repeats // max(1, size // 100) // IN_PROCESS_BLOCK)):
             for name, call in calls.items():

@@ -106,6 +106,29 @@ def test_row_form_requests_follow_the_chain_in_either_precision(chain, tmp_path,
             error.max(), error.mean(), np.abs(last - first).mean())
 
 
+def test_the_packed_endpoint_runs_its_graph_function_directly_and_answers_as_the_endpoint(chain, tmp_path):
+    """PackedCall.call runs the endpoint's graph function on the arguments and the captured variables, past the
+    ConcreteFunction's binding of arguments to its signature; its answer is the endpoint's own, to the bit, on
+    the full model and after a delta has rewritten the variables."""
+    steps, columns, expected = chain
+    store = store_with(tmp_path, steps[:1])
+    watcher = watcher_for(store, tmp_path)
+    assert watcher.poll_once()
+    for step, following in ((steps[0], steps[1]), (steps[1], None)):
+        model = watcher.current()
+        assert model.version == step.version and model.packed is not None
+        assert model.packed.call is not model.packed.function  # the direct call, not the fallback
+        arguments = model.packed.arguments({name: convert(list(columns[name])) for name, convert in
+                                            model.column_converters.items()}, len(columns["I1"]),
+                                            model.input_specs)
+        direct = model.packed.call(*arguments).numpy()
+        np.testing.assert_array_equal(direct, model.packed.function(*arguments).numpy())
+        np.testing.assert_allclose(direct, expected[step.version], rtol=0, atol=1e-6)
+        if following is not None:
+            store.publish(MODEL_NAME, following.version, following.directory)
+            assert watcher.poll_once()
+
+
 def test_typed_row_decoding_answers_as_the_general_path_does(chain, tmp_path):
     """decode_rows + predict_records (msgspec's typed records) give the very predictions of `predict` on the
     same instances: numbers left out, null or sent as integers; ids left out, null or ""."""
