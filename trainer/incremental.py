@@ -7,6 +7,7 @@ to newly admitted values start from a fresh draw of the table's initializer, as 
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import warnings
@@ -43,6 +44,24 @@ warnings.filterwarnings("ignore", message="Your input ran out of data", category
 
 _warm: _WarmModel | None = None
 _warm_lock = threading.Lock()
+_MAX_TF_SEED = 2**31 - 1  # TensorFlow keeps a global seed modulo this
+
+
+def seed_random(seed: int) -> None:
+    """keras.utils.set_random_seed(seed), except that TensorFlow's global seed is left alone when it is `seed`
+    already: setting it clears TensorFlow's kernel caches (TFE_ContextClearCaches), after which the kept
+    model's compiled test and train steps are instantiated and their graphs optimized again, in every minute.
+    Python's and numpy's generators are reset either way. What is not reset then, TensorFlow's sequence of op
+    seeds and Keras' global seed generator, a minute does not draw from: its shuffles take explicit seeds, its
+    initializers stateless ones, and the models have no dropout."""
+    import tensorflow as tf
+
+    global_seed, _ = tf.compat.v1.random.get_seed(0)  # (the global seed or a default, the op seed given)
+    if tf.executing_eagerly() and global_seed == seed % _MAX_TF_SEED:
+        random.seed(seed)
+        np.random.seed(seed)
+        return
+    keras.utils.set_random_seed(seed)
 
 
 def _parent_model(parent_checkpoint: Path) -> tuple[keras.Model, bool]:
@@ -115,7 +134,7 @@ def train_increment(
     def lap(name: str) -> None:  # where the step's time goes, returned with its numbers
         seconds[name] = round(time.monotonic() - started - sum(seconds.values()), 3)
 
-    keras.utils.set_random_seed(seed)
+    seed_random(seed)
     train_batch_size = even_batch_size(num_rows, batch_size) if num_rows else batch_size
     model, from_memory = _parent_model(parent_checkpoint)
     if model.optimizer is None:
