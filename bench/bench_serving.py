@@ -23,7 +23,8 @@ Phases, in one run:
   p99 <= 10 ms, as candidates/s;
 - swaps: an open loop at half that rate while three full models, each followed by a delta on it, are
   published 6 s apart; the p99 of the requests sent in the 3 s after a publish (pooled by kind) over the p99
-  of the others.
+  of the others; and the server's garbage collections over 0.1 s, during the swaps and in the whole run
+  (`swaps.server_gc_pauses`, from its /metrics), each of which stopped every request in flight.
 
 The server runs in its own process (`python -m serving.server`) under `taskset -c 0`; this process (the client)
 pins itself to the other core. Latency is wall time at the client, HTTP included.
@@ -36,6 +37,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -60,6 +62,7 @@ from components.feature_state import DenseTransform, FeatureState, Vocabulary, s
 from components.manifest import write_manifest
 from components.model_store import LocalModelStore
 from components.synthetic import generate_minute
+from serving.metrics import SLOW_GC_S
 
 MODEL_NAME = "ctr"
 SIZES = (1, 100, 1000)
@@ -428,6 +431,26 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
     return out
 
 
+def server_gc_pauses(port: int) -> dict[str, dict[str, float]]:
+    """The server's garbage collections so far (/metrics' ctr_gc_pause_seconds), per generation: how many, their
+    seconds, and how many took SLOW_GC_S or more (each stopped every request in flight that long)."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
+
+    def value(suffix: str, labels: str) -> float:
+        found = re.search(rf"^ctr_gc_pause_seconds_{suffix}\{{{labels}\}} (\S+)$", text, re.MULTILINE)
+        return float(found[1]) if found else 0.0
+
+    out = {}
+    for generation in ("0", "1", "2"):
+        count = value("count", f'generation="{generation}"')
+        fast = value("bucket", f'generation="{generation}",le="{SLOW_GC_S!r}"')
+        out[generation] = {"count": count, "seconds": value("sum", f'generation="{generation}"'),
+                           "slow": count - fast}
+    return out
+
+
 def cpu_description() -> dict[str, Any]:
     """The CPU's model name and the vector extensions the model's speed depends on (/proc/cpuinfo): without
     AVX-512 float32 products have half the vector width, and without AVX512_BF16 or AMX bfloat16 is emulated."""
@@ -540,7 +563,15 @@ def main() -> int:
             opened = open_loop(url, instances, start_rate, args.step_seconds)
             swap_rate = max(2.0, 0.5 * (opened["max_rate_per_s_at_p99_10ms"] or start_rate))
             print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
+            collections_before = server_gc_pauses(port)
             swapped = swaps(url, instances, store, models, swap_rate)
+            collections = server_gc_pauses(port)
+            swapped["server_gc_pauses"] = {
+                generation: {key: value - collections_before[generation][key] for key, value in counts.items()}
+                for generation, counts in collections.items()}
+            print(f"  the server's garbage collections of {SLOW_GC_S} s or more, during the swaps / in the whole run: "
+                  + ", ".join(f"generation {g} {swapped['server_gc_pauses'][g]['slow']} / {c['slow']}"
+                              for g, c in collections.items()), flush=True)
         finally:
             stop_server(server)
     finally:

@@ -11,6 +11,9 @@
     ctr_model_version                         gauge: the loaded version as a number (absent if not numeric)
     ctr_model_freshness_seconds               gauge: now - data_end (absent without data_end)
     ctr_model_info{version, parent, chain_root}  gauge: always 1; a missing parent or chain_root is ""
+    ctr_gc_pause_seconds{generation}          histogram: CPython's garbage collections in the server process,
+                                              each of which stops every request in flight (`GcPauses`; only
+                                              where the process installs it, as serving.server does)
 
 Counters live in one `ServerMetrics` per app; the model gauges are computed at scrape time from the model
 serving then (`ModelInfo`), so they cannot go stale.
@@ -18,9 +21,11 @@ serving then (`ModelInfo`), so they cannot go stale.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +36,8 @@ logger = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Upper bounds in seconds; the +Inf bucket is implied.
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+SLOW_GC_S = 0.1  # collections at least this long are logged
 
 Sample = tuple[Mapping[str, str], float]  # (labels, value) of one line
 
@@ -91,9 +98,11 @@ class ServerMetrics:
     The histograms exist from the start, so a scrape before the first request reads zeros, not nothing.
     """
 
-    def __init__(self, timed_endpoints: Iterable[str], buckets: Iterable[float] = DURATION_BUCKETS) -> None:
+    def __init__(self, timed_endpoints: Iterable[str], buckets: Iterable[float] = DURATION_BUCKETS,
+                 gc_pauses: GcPauses | None = None) -> None:
         bounds = tuple(sorted(buckets))
         self.timed_endpoints = frozenset(timed_endpoints)
+        self.gc_pauses = gc_pauses
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, int], int] = {}
         self._durations = {endpoint: _Histogram(bounds) for endpoint in self.timed_endpoints}
@@ -123,6 +132,8 @@ class ServerMetrics:
                 *_family("ctr_predictions_total", "counter", "Instances predicted.", [({}, self._predictions)]),
             ]
         lines += _model_lines(model)
+        if self.gc_pauses is not None:
+            lines += self.gc_pauses.lines()
         return "\n".join(lines) + "\n"
 
     def _request_lines(self) -> list[str]:
@@ -138,6 +149,50 @@ class ServerMetrics:
         )
         for endpoint in sorted(self._durations):
             lines += self._durations[endpoint].lines("ctr_request_duration_seconds", {"endpoint": endpoint})
+        return lines
+
+
+class GcPauses:
+    """CPython's garbage collections in this process, timed through gc.callbacks: a collection stops every
+    thread, so every request in flight waits for it. A full collection over the objects of a few loaded models
+    took 0.3-0.35 s under bench-serving (docs/serving.md). Kept as a histogram per generation for /metrics;
+    those of SLOW_GC_S or more are also logged.
+
+    The callback takes no lock: a collection can start inside any allocation, also one made while a lock is
+    held. CPython runs one collection at a time and holds the GIL through it and its callbacks, so the
+    histograms are never updated by two threads at once; a scrape copies them."""
+
+    def __init__(self, buckets: Iterable[float] = GC_PAUSE_BUCKETS) -> None:
+        bounds = tuple(sorted(buckets))
+        self._histograms = {generation: _Histogram(bounds) for generation in range(3)}
+        self._started: float | None = None
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        if self._started is None:  # installed during a collection
+            return
+        seconds, self._started = time.perf_counter() - self._started, None
+        generation = min(max(int(info.get("generation", 2)), 0), 2)
+        self._histograms[generation].observe(seconds)
+        if seconds >= SLOW_GC_S:
+            logger.warning("garbage collection of generation %d stopped every request for %.2f s (%d objects "
+                           "collected)", generation, seconds, info.get("collected", 0))
+
+    def lines(self) -> list[str]:
+        lines = _family("ctr_gc_pause_seconds", "histogram",
+                        "CPython's garbage collections, each stopping every request in flight.", [])
+        for generation, histogram in self._histograms.items():
+            lines += histogram.copy().lines("ctr_gc_pause_seconds", {"generation": str(generation)})
         return lines
 
 
@@ -157,6 +212,11 @@ class _Histogram:
                 break
         self.sum += value
         self.count += 1
+
+    def copy(self) -> _Histogram:
+        copied = _Histogram(self.buckets)
+        copied.counts, copied.sum, copied.count = list(self.counts), self.sum, self.count
+        return copied
 
     def lines(self, name: str, labels: Mapping[str, str]) -> list[str]:
         cumulative = 0

@@ -24,7 +24,7 @@ from components.model_store import open_model_store
 from components.stopping import StopRequested, stop_on_signals
 from serving.app import TIMED_ENDPOINTS, create_app
 from serving.grpc_server import GRPC_TIMED_ENDPOINTS, build_grpc_server
-from serving.metrics import ServerMetrics
+from serving.metrics import GcPauses, ServerMetrics
 from serving.model import bfloat16_native
 from serving.watcher import ModelWatcher
 
@@ -41,6 +41,7 @@ class Servers:
     watcher: ModelWatcher
     grpc: grpc.Server | None  # None when serving.grpc_port is -1
     grpc_port: int | None  # the port gRPC bound (serving.grpc_port, or a free one for 0)
+    gc_pauses: GcPauses  # installed while serve() runs: /metrics' ctr_gc_pause_seconds
 
 
 def build_server(config: PipelineConfig) -> Servers:
@@ -53,14 +54,15 @@ def build_server(config: PipelineConfig) -> Servers:
     if serving.precision == "bfloat16" and not bfloat16_native():
         logger.warning("serving.precision is bfloat16 but this CPU has neither AVX512_BF16 nor AMX: its bfloat16 "
                        "matrix products are emulated and slower than float32; set serving.precision=float32")
-    metrics = ServerMetrics(timed_endpoints=[*TIMED_ENDPOINTS, *GRPC_TIMED_ENDPOINTS])
+    gc_pauses = GcPauses()
+    metrics = ServerMetrics(timed_endpoints=[*TIMED_ENDPOINTS, *GRPC_TIMED_ENDPOINTS], gc_pauses=gc_pauses)
     app = create_app(watcher, serving, metrics=metrics)
     http = uvicorn.Server(uvicorn.Config(app, host=serving.host, port=serving.port, log_level="info",
                                          timeout_graceful_shutdown=HTTP_GRACE_SECONDS))
     grpc_server, grpc_port = None, None
     if serving.grpc_port != -1:
         grpc_server, grpc_port = build_grpc_server(watcher, serving, metrics, serving.grpc_port)
-    return Servers(http=http, watcher=watcher, grpc=grpc_server, grpc_port=grpc_port)
+    return Servers(http=http, watcher=watcher, grpc=grpc_server, grpc_port=grpc_port, gc_pauses=gc_pauses)
 
 
 def serve(config: PipelineConfig) -> None:
@@ -72,6 +74,7 @@ def serve(config: PipelineConfig) -> None:
     # for the handler it found: this one, which makes that (or a signal before uvicorn runs) a StopRequested.
     # Python's default for SIGTERM would end the process there, skipping the gRPC and watcher stops below.
     with stop_on_signals((signal.SIGTERM, signal.SIGINT)):
+        servers.gc_pauses.install()
         try:
             model = servers.watcher.start()
             if model is None:
@@ -91,6 +94,7 @@ def serve(config: PipelineConfig) -> None:
             logger.info("%s: REST is down; stopping gRPC and the model watcher", stop)
         finally:
             _stop_grpc_and_watcher(servers)
+            servers.gc_pauses.uninstall()
 
 
 def _stop_grpc_and_watcher(servers: Servers) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import re
 from datetime import UTC, datetime
@@ -14,8 +15,9 @@ import tensorflow as tf
 from starlette.testclient import TestClient
 
 from components.config import ServingConfig
+from serving import metrics as metrics_module
 from serving.app import create_app
-from serving.metrics import ServerMetrics, describe_model
+from serving.metrics import SLOW_GC_S, GcPauses, ServerMetrics, describe_model
 from serving.model import LoadedModel
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, FixedSource
 
@@ -449,6 +451,44 @@ def test_histogram_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
     assert sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict") == pytest.approx(5.313)
     with pytest.raises(ValueError, match=r"^endpoint 'status' is not timed; the timed ones are \['predict'\]$"):
         metrics.observe_duration("status", 0.1)
+
+
+def test_garbage_collections_are_timed_per_generation_while_installed() -> None:
+    pauses = GcPauses()
+    pauses.install()
+    try:
+        gc.collect()
+        gc.collect(0)
+    finally:
+        pauses.uninstall()
+    samples = parse_metrics(ServerMetrics(timed_endpoints=[], gc_pauses=pauses).render(None))
+    counts = {generation: sample(samples, "ctr_gc_pause_seconds_count", generation=generation)
+              for generation in ("0", "1", "2")}
+    assert counts["2"] >= 1 and counts["0"] >= 1  # CPython may have collected by itself meanwhile as well
+    assert sample(samples, "ctr_gc_pause_seconds_sum", generation="2") > 0
+    assert sample(samples, "ctr_gc_pause_seconds_bucket", generation="2", le="+Inf") == counts["2"]
+    gc.collect()  # uninstalled: not timed
+    after = parse_metrics(ServerMetrics(timed_endpoints=[], gc_pauses=pauses).render(None))
+    assert sample(after, "ctr_gc_pause_seconds_count", generation="2") == counts["2"]
+    # Without GcPauses (a test app, not the server process) there is no such family.
+    assert "ctr_gc_pause_seconds" not in ServerMetrics(timed_endpoints=[]).render(None)
+
+
+def test_a_slow_garbage_collection_is_logged_with_its_generation(monkeypatch, caplog) -> None:
+    ticks = iter([0.0, 0.05, 1.0, 1.0 + SLOW_GC_S + 0.4])
+    monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: next(ticks))
+    pauses = GcPauses()
+    with caplog.at_level(logging.WARNING, logger="serving.metrics"):
+        pauses._callback("start", {"generation": 0})
+        pauses._callback("stop", {"generation": 0, "collected": 3})  # 0.05 s: counted, not logged
+        pauses._callback("start", {"generation": 2})
+        pauses._callback("stop", {"generation": 2, "collected": 27771})
+    assert caplog.text.count("garbage collection of generation") == 1
+    assert "generation 2 stopped every request for 0.50 s (27771 objects collected)" in caplog.text
+    samples = parse_metrics(ServerMetrics(timed_endpoints=[], gc_pauses=pauses).render(None))
+    assert sample(samples, "ctr_gc_pause_seconds_bucket", generation="2", le="0.25") == 0
+    assert sample(samples, "ctr_gc_pause_seconds_bucket", generation="2", le="0.5") == 1
+    assert sample(samples, "ctr_gc_pause_seconds_bucket", generation="0", le="0.05") == 1
 
 
 def test_metrics_model_gauges_at_the_pinned_clock(old_model: LoadedModel) -> None:
