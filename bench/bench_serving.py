@@ -446,8 +446,8 @@ def server_gc_pauses(port: int) -> dict[str, dict[str, float]]:
     for generation in ("0", "1", "2"):
         count = value("count", f'generation="{generation}"')
         fast = value("bucket", f'generation="{generation}",le="{SLOW_GC_S!r}"')
-        out[generation] = {"count": count, "seconds": value("sum", f'generation="{generation}"'),
-                           "slow": count - fast}
+        out[generation] = {"count": int(count), "seconds": value("sum", f'generation="{generation}"'),
+                           "slow": int(count - fast)}
     return out
 
 

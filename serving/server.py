@@ -12,6 +12,7 @@ child process.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 from dataclasses import dataclass
@@ -65,6 +66,17 @@ def build_server(config: PipelineConfig) -> Servers:
     return Servers(http=http, watcher=watcher, grpc=grpc_server, grpc_port=grpc_port, gc_pauses=gc_pauses)
 
 
+def freeze_imports() -> int:
+    """Moves every object alive now into CPython's permanent generation, which collections skip, and returns
+    how many. Called once the server's modules are imported and before any model loads: TensorFlow's modules
+    hold about 420 K objects, which every full collection walked, 0.2-0.25 s with every thread stopped
+    (docs/serving.md). After it, a full collection walks the loaded models and what requests leave: 0.003-0.02
+    s with one to four replicas. Models load after it, so a dropped replica's cycles are still collected."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def serve(config: PipelineConfig) -> None:
     """Loads the latest model version, then serves until SIGTERM or SIGINT, swapping in newer versions; returns
     once REST, gRPC and the watcher have stopped (module docstring: how long that takes at most)."""
@@ -74,6 +86,7 @@ def serve(config: PipelineConfig) -> None:
     # for the handler it found: this one, which makes that (or a signal before uvicorn runs) a StopRequested.
     # Python's default for SIGTERM would end the process there, skipping the gRPC and watcher stops below.
     with stop_on_signals((signal.SIGTERM, signal.SIGINT)):
+        logger.info("%d objects of the imports frozen out of garbage collections", freeze_imports())
         servers.gc_pauses.install()
         try:
             model = servers.watcher.start()
