@@ -119,7 +119,9 @@ class _Cycle:
 def test_freezing_the_imports_takes_them_out_of_collections_and_later_cycles_are_still_freed() -> None:
     try:
         frozen = freeze_imports()
-        assert frozen == gc.get_freeze_count() > 100_000  # TensorFlow's modules alone hold more
+        assert frozen > 100_000  # TensorFlow's modules alone hold more
+        # Frozen objects are still freed when their last reference goes, so the count may have moved since.
+        assert gc.get_freeze_count() > frozen - 1000
         assert len(gc.get_objects()) < frozen // 10  # what a collection walks now
         cycles = [_Cycle() for _ in range(1000)]  # made after the freeze, as a loaded model is
         del cycles
