@@ -154,9 +154,9 @@ class ServerMetrics:
 
 class GcPauses:
     """CPython's garbage collections in this process, timed through gc.callbacks: a collection stops every
-    thread, so every request in flight waits for it. A full collection over the objects of a few loaded models
-    took 0.3-0.35 s under bench-serving (docs/serving.md). Kept as a histogram per generation for /metrics;
-    those of SLOW_GC_S or more are also logged.
+    thread, so every request in flight waits for it. A full collection took 0.3-0.35 s under bench-serving,
+    most of it walking TensorFlow's modules (serving.server.freeze_imports takes those out; docs/serving.md).
+    Kept as a histogram per generation for /metrics; those of SLOW_GC_S or more are also logged.
 
     The callback takes no lock: a collection can start inside any allocation, also one made while a lock is
     held. CPython runs one collection at a time and holds the GIL through it and its callbacks, so the

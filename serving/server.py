@@ -70,8 +70,9 @@ def freeze_imports() -> int:
     """Moves every object alive now into CPython's permanent generation, which collections skip, and returns
     how many. Called once the server's modules are imported and before any model loads: TensorFlow's modules
     hold about 420 K objects, which every full collection walked, 0.2-0.25 s with every thread stopped
-    (docs/serving.md). After it, a full collection walks the loaded models and what requests leave: 0.003-0.02
-    s with one to four replicas. Models load after it, so a dropped replica's cycles are still collected."""
+    (docs/serving.md). After it, a full collection walks the loaded models and what the server made since:
+    0.003-0.02 s with one to four replicas in-process, 0.03-0.14 s near a full load under bench-serving. Models
+    load after it, so a dropped replica's cycles are still collected."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
