@@ -146,7 +146,8 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
         parts[name] = time.perf_counter() - started - sum(parts.values())
 
     run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
-        sequence_length=events.sequence_length, lookback_s=events.history_lookback_s)
+        sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
+        previous=Layout(root).joined_dir_ending_at(minute.start))
     lap("join")
     fraction = IncrementalConfig().holdout_fraction
     fold_and_write(spark, lambda: joined_rows(spark, joined, [minute.start], CRITEO,

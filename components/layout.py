@@ -34,6 +34,19 @@ class Layout:
         """Impressions joined with their clicks (labels, behaviour sequences) as Parquet, with a manifest."""
         return self.root / "joined" / interval.tag
 
+    def joined_dir_ending_at(self, end: datetime) -> Path | None:
+        """The committed joined output of a span that ends exactly at `end` (the shortest, when a minute run and
+        a longer run both end there), or None: the run whose behaviour-sequence state a run starting at `end`
+        continues (spark_jobs.events.run)."""
+        found = []
+        for manifest in (self.root / "joined").glob(f"*-{end:%Y%m%dT%H%M}/manifest.json"):
+            try:
+                start = datetime.strptime(manifest.parent.name.split("-")[0], "%Y%m%dT%H%M").replace(tzinfo=UTC)
+            except ValueError:
+                continue  # not an interval directory
+            found.append((start, manifest.parent))
+        return max(found)[1] if found else None
+
     def validation_report(self, interval: Interval, dataset: str = "report") -> Path:
         return self.root / "validation" / interval.tag / f"{dataset}.json"
 

@@ -154,7 +154,8 @@ class EventsSource:
         ctx.progress("join: impressions x clicks for %s with Spark (window %d s, sequences of %d)", span.tag,
                      events.attribution_window_s, events.sequence_length)
         metrics = run(ctx.spark(), ctx.layout, span, directory, window_s=events.attribution_window_s,
-                      sequence_length=events.sequence_length, lookback_s=events.history_lookback_s)
+                      sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
+                      previous=ctx.layout.joined_dir_ending_at(span.start))
         validate_joined(ctx.layout, directory, events.sequence_length,
                         ctx.layout.validation_report(span, "joined_samples"), span.start)
         return metrics

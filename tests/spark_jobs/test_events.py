@@ -317,6 +317,85 @@ def test_a_minute_run_reads_only_the_relevant_lookback_and_writes_the_whole_logs
     assert sum(len(r[HISTORY]) > 0 for r in written) > len(written) / 2  # histories reach into the lookback
 
 
+def test_minute_runs_that_continue_the_history_state_write_the_whole_logs_rows_beyond_their_lookback(
+        spark, generated, joined, tmp_path):
+    """A minute run continues the history state of the run before it: its behaviour sequences reach back past
+    its lookback (2 minutes here) to the start of the chain, and its labels and metrics are the whole log's.
+    Its lookback is read only for the clicks in the minute: a late click on an impression older than the
+    lookback counts as an orphan there, as in any run."""
+    _, _, events, _, _ = generated
+    layout = Layout(tmp_path / "data")  # the generated streams, and joined outputs of its own
+    layout.root.mkdir()
+    (layout.root / "raw").symlink_to(generated[0].root / "raw")
+    window_s, k = events.attribution_window_s, 10
+    spans = [Interval(START, START + timedelta(minutes=3))] + [
+        Interval(START + timedelta(minutes=i), START + timedelta(minutes=i + 1)) for i in range(3, 10)]
+    whole_rows = {r["request_id"]: r for r in joined[0]}
+    whole_metrics = {r[MINUTE]: r for r in joined[1]["per_minute"]}
+    fields = ("label", "ts", "user_id", "item_id", HISTORY)
+    for span in spans:
+        previous = layout.joined_dir_ending_at(span.start)
+        metrics = run(spark, layout, span, layout.joined_dir(span), window_s=window_s, sequence_length=k,
+                      lookback_s=120, previous=previous)
+        manifest = read_manifest(layout.joined_dir(span), kind="joined_samples")
+        assert manifest["history_state"] == {"as_of": span.end.isoformat(),
+                                             "from": previous.name if previous else "lookback"}
+        assert (previous is None) == (span is spans[0])
+        written = pq.read_table(layout.joined_dir(span) / "samples").to_pylist()
+        assert len(written) == metrics["impressions"] > 500
+        assert ({r["request_id"]: tuple(r[f] for f in fields) for r in written}
+                == {r["request_id"]: tuple(whole_rows[r["request_id"]][f] for f in fields) for r in written})
+        for row in metrics["per_minute"]:
+            same = [n for n in METRIC_COLUMNS if n not in ("late_clicks", "orphan_clicks")]
+            assert {n: row[n] for n in same} == {n: whole_metrics[row[MINUTE]][n] for n in same}
+            assert (row["late_clicks"] + row["orphan_clicks"]
+                    == whole_metrics[row[MINUTE]]["late_clicks"] + whole_metrics[row[MINUTE]]["orphan_clicks"])
+    # The last minute again, from its lookback alone: its sequences stop 2 minutes back.
+    run(spark, layout, spans[-1], tmp_path / "alone", window_s=window_s, sequence_length=k, lookback_s=120)
+    alone = {r["request_id"]: r[HISTORY] for r in pq.read_table(tmp_path / "alone" / "samples").to_pylist()}
+    shorter = [key for key, history in alone.items() if len(history) < len(whole_rows[key][HISTORY])]
+    assert len(shorter) > len(alone) / 2
+
+    # The state at the chain's end: each user's last k attributed clicks before it, from the whole log.
+    end = int(spans[-1].end.timestamp() * 1000)
+    clicks = sorted((r["click_ts"], r["request_id"], r["user_id"], r["item_id"]) for r in joined[0]
+                    if r["label"] == 1 and r["click_ts"] < end)
+    expected = defaultdict(list)
+    for _, _, user, item in clicks:
+        expected[user] = (expected[user] + [item])[-k:]
+    state = pq.read_table(layout.joined_dir(spans[-1]) / "history_state").to_pylist()
+    assert {r["user_id"]: r[HISTORY] for r in state} == dict(expected)
+
+
+def test_a_run_reads_the_lookback_when_the_state_before_it_is_missing_or_made_otherwise(spark, generated, tmp_path):
+    layout, _, events, _, _ = generated
+    before, minute = (Interval(START + timedelta(minutes=i), START + timedelta(minutes=i + 1)) for i in (4, 5))
+    run(spark, layout, before, tmp_path / "before", window_s=events.attribution_window_s, sequence_length=4,
+        lookback_s=600)
+    assert read_manifest(tmp_path / "before")["history_state"]["from"] == "lookback"
+    for name, previous, k in (("continued", tmp_path / "before", 4), ("other-length", tmp_path / "before", 5),
+                              ("none", None, 4), ("not-adjacent", tmp_path / "continued", 4)):
+        run(spark, layout, minute, tmp_path / name, window_s=events.attribution_window_s, sequence_length=k,
+            lookback_s=600, previous=previous)
+        expected = before.tag if name == "continued" else "lookback"
+        assert read_manifest(tmp_path / name)["history_state"]["from"] == expected, name
+    rows = {name: sorted(pq.read_table(tmp_path / name / "samples").to_pylist(), key=lambda r: r["request_id"])
+            for name in ("continued", "none")}
+    assert rows["continued"] == rows["none"]  # a 10-minute lookback covers the whole log: the same sequences
+
+
+def test_local_relations_keep_the_rows_after_an_empty_chunk(spark):
+    """pyspark's createDataFrame drops the rows after an empty record batch; _local hands it one chunk."""
+    from spark_jobs.events import _local
+
+    part = pa.table({"request_id": ["a", "b"], "ts": [1, 2]})
+    table = pa.concat_tables([part.slice(0, 0), part, part.slice(0, 0), part.slice(1)])
+    assert [len(chunk) for chunk in table["ts"].chunks] == [0, 2, 0, 1]
+    frame = _local(spark, table, pa.schema([("request_id", pa.string()), ("ts", pa.int64())]), ["request_id", "ts"])
+    assert sorted(tuple(r) for r in frame.collect()) == [("a", 1), ("b", 2), ("b", 2)]
+    assert frame.schema.simpleString() == "struct<request_id:string,ts:bigint>"
+
+
 def test_rerunning_a_join_gives_the_same_rows_in_the_same_order_and_identical_tfrecords(spark, generated, tmp_path):
     """The join's samples are written in a hash order that the sample writer keeps instead of shuffling: a
     re-run must reproduce it exactly, and the TFRecords written from either copy must be byte-identical."""
