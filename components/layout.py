@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from components.interval import Interval
+from components.manifest import MANIFEST_NAME
 
 RAW_DATASET = "click_log"
 
@@ -35,17 +37,27 @@ class Layout:
         return self.root / "joined" / interval.tag
 
     def joined_dir_ending_at(self, end: datetime) -> Path | None:
-        """The committed joined output of a span that ends exactly at `end` (the shortest, when a minute run and
-        a longer run both end there), or None: the run whose behaviour-sequence state a run starting at `end`
-        continues (spark_jobs.events.run)."""
-        found = []
-        for manifest in (self.root / "joined").glob(f"*-{end:%Y%m%dT%H%M}/manifest.json"):
+        """The committed joined output of a span that ends exactly at `end`, or None: the run whose
+        behaviour-sequence state a run starting at `end` continues (spark_jobs.events.run). A minute run's
+        (incremental/<run>/joined: its run's minute less the label delay, so the run ends within a day after
+        `end`; its manifest names the span) before a daily run's (joined/<span>)."""
+        later = []
+        for directory in (self.root / "incremental").glob("*/joined"):
             try:
-                start = datetime.strptime(manifest.parent.name.split("-")[0], "%Y%m%dT%H%M").replace(tzinfo=UTC)
-            except ValueError:
+                run_end = datetime.strptime(directory.parent.name.split("-")[1], "%Y%m%dT%H%M").replace(tzinfo=UTC)
+            except (IndexError, ValueError):
                 continue  # not an interval directory
-            found.append((start, manifest.parent))
-        return max(found)[1] if found else None
+            if end < run_end <= end + timedelta(days=1):
+                later.append((run_end, directory))
+        for _, directory in sorted(later):
+            try:
+                inputs = json.loads((directory / MANIFEST_NAME).read_text()).get("inputs", {})
+            except (OSError, ValueError):
+                continue  # not committed
+            if inputs.get("end") == end.isoformat():
+                return directory
+        daily = sorted((self.root / "joined").glob(f"*-{end:%Y%m%dT%H%M}/{MANIFEST_NAME}"))
+        return daily[-1].parent if daily else None
 
     def validation_report(self, interval: Interval, dataset: str = "report") -> Path:
         return self.root / "validation" / interval.tag / f"{dataset}.json"

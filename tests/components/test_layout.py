@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from components.interval import Interval, day_number
@@ -36,3 +38,30 @@ def test_previous_feature_state_is_the_latest_committed_one_before_the_interval(
 def test_day_number_counts_utc_days():
     assert day_number(Interval.day("1970-01-02").start) == 1
     assert day_number(Interval.day("2026-01-01").start) == 20454
+
+
+def test_the_joined_output_ending_at_a_time_is_a_minute_runs_before_a_daily_runs(tmp_path):
+    import json
+
+    layout = Layout(tmp_path)
+    end = datetime(2026, 1, 2, 0, 0, tzinfo=UTC)
+
+    def commit(directory, span_end):
+        directory.mkdir(parents=True)
+        (directory / "manifest.json").write_text(json.dumps({"inputs": {"end": span_end.isoformat()}}))
+        return directory
+
+    assert layout.joined_dir_ending_at(end) is None
+    daily = commit(layout.joined_dir(Interval.day("2026-01-01")), end)
+    assert layout.joined_dir_ending_at(end) == daily
+    # Minute runs join up to their minute less the label delay (10 minutes here): the run of 00:10-00:11
+    # joined 23:59-00:00; the one of 00:11-00:12 joined the minute after. One without a manifest is skipped.
+    minute = timedelta(minutes=1)
+    run = Interval(end + 10 * minute, end + 11 * minute)
+    (layout.incremental_dir(Interval(end + 9 * minute, end + 10 * minute)) / "joined").mkdir(parents=True)
+    commit(layout.incremental_dir(Interval(run.start + minute, run.end + minute)) / "joined", end + minute)
+    joined = commit(layout.incremental_dir(run) / "joined", end)
+    assert layout.joined_dir_ending_at(end) == joined
+    assert layout.joined_dir_ending_at(end + minute) == layout.incremental_dir(
+        Interval(run.start + minute, run.end + minute)) / "joined"
+    assert layout.joined_dir_ending_at(end - minute) is None

@@ -153,6 +153,12 @@ def test_minute_runs_on_the_event_streams_learn_final_minutes_and_serve_like_the
     assert (second["parent"], second["chain_root"]) == ("202601010036", "202601010030")
     assert outputs[minutes[0]]["validate"]["minutes"] == ["2026-01-01T00:30:00+00:00"]
     assert 400 < second["num_rows"] < 600  # the minute's ~600 impressions less the ~10 % held out
+    # Each minute's join continues the behaviour sequences of the join that ended where its minute starts:
+    # the daily run's, then the first minute run's.
+    joins = [read_manifest(layout.incremental_dir(Interval.minute(m)) / "joined") for m in minutes]
+    assert [j["history_state"] for j in joins] == [
+        {"as_of": "2026-01-01T00:31:00+00:00", "from": SPAN.tag},
+        {"as_of": "2026-01-01T00:32:00+00:00", "from": "20260101T0030-20260101T0031"}]
 
     last = layout.incremental_dir(Interval.minute(minutes[-1]))
     child = tmp_path / "child"
