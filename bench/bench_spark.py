@@ -16,7 +16,9 @@ minute joined with its clicks and an hour of history before it (events.history_l
 folded into the daily feature state (no eviction) and written as block TFRecords (training and held-out), through
 Spark Connect with the pipeline's own code (spark_jobs.events.run, pipelines.incremental.fold_and_write). The
 median of the minute runs after MINUTE_WARM_UP on one server (the JVM compiles its hot paths over the first
-few, as a server that runs all day has); the server's first minute is `minute_spark_cold_s`.
+few, as a server that runs all day has); the server's first minute is `minute_spark_cold_s`. The first minute
+reads the hour; each later one continues the history state of the minute before, as a chain of minute runs
+does in steady state.
 rows_per_s: impressions / seconds of join + features + samples (generation, a numpy stand-in for the log
 shippers, is timed apart).
 """

@@ -57,8 +57,10 @@ class EventsConfig:
     attribution_window_s: int = 600
     # Clicked item ids kept in each impression's behaviour sequence, the most recent last.
     sequence_length: int = 20
-    # How far before a run's first minute it reads events: clicks older than this (and their impressions)
-    # are not in behaviour sequences, and a click whose impression is older counts as an orphan, not late.
+    # How far before a run's first minute it reads events: a click whose impression is older counts as an
+    # orphan, not late. A run that reads the lookback (a daily run, the first minute run of a chain) builds
+    # behaviour sequences from the clicks in it; a minute run that continues the run before it
+    # (spark_jobs.events.run) carries them on from that run's history state, however old.
     history_lookback_s: int = 3600
     # Generator (the impression count, start, minutes and seed come from `generate`). Click delays are
     # lognormal with this median and log-space sigma; `late_click_rate` of the clicks are drawn from its tail
