@@ -171,7 +171,11 @@ def spark_schema(stream: str) -> str:
 
 
 def extract_events(spark: SparkSession, layout: Layout, stream: str, minutes: Iterable[datetime]) -> DataFrame:
-    files = event_files(layout, stream, minutes)
+    return read_events(spark, stream, event_files(layout, stream, minutes))
+
+
+def read_events(spark: SparkSession, stream: str, files: list[str]) -> DataFrame:
+    """`files` (event_files' checked list) of `stream` as a DataFrame in the stream's schema."""
     if not files:
         return spark.createDataFrame([], spark_schema(stream))
     return spark.read.schema(spark_schema(stream)).parquet(*files)
@@ -535,9 +539,10 @@ def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookba
     import pyarrow.dataset as ds
 
     start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
-    in_span = extract_events(spark, layout, IMPRESSIONS, list(span.minutes()))
-    span_ids = ds.dataset(event_files(layout, IMPRESSIONS, span.minutes()), format="parquet",
-                          schema=IMPRESSION_SCHEMA).to_table(columns=[REQUEST_ID])[REQUEST_ID]
+    span_files = event_files(layout, IMPRESSIONS, span.minutes())
+    in_span = read_events(spark, IMPRESSIONS, span_files)
+    span_ids = ds.dataset(span_files, format="parquet", schema=IMPRESSION_SCHEMA).to_table(
+        columns=[REQUEST_ID])[REQUEST_ID]
     clicks = ds.dataset(event_files(layout, CLICKS, click_minutes), format="parquet",
                         schema=STREAM_SCHEMAS[CLICKS]).to_table()
     clicked = clicks.filter((pa.compute.field(TS) >= start) & (pa.compute.field(TS) < end))[REQUEST_ID]
