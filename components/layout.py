@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,15 +42,15 @@ class Layout:
         behaviour-sequence state a run starting at `end` continues (spark_jobs.events.run). A minute run's
         (incremental/<run>/joined: its run's minute less the label delay, so the run ends within a day after
         `end`; its manifest names the span) before a daily run's (joined/<span>)."""
-        later = []
-        for directory in (self.root / "incremental").glob("*/joined"):
-            try:
-                run_end = datetime.strptime(directory.parent.name.split("-")[1], "%Y%m%dT%H%M").replace(tzinfo=UTC)
-            except (IndexError, ValueError):
-                continue  # not an interval directory
-            if end < run_end <= end + timedelta(days=1):
-                later.append((run_end, directory))
-        for _, directory in sorted(later):
+        # Names only, compared as text (tags sort as times): the folder holds every minute run ever made.
+        low, high = (f"{t:%Y%m%dT%H%M}" for t in (end, end + timedelta(days=1)))
+        try:
+            names = os.listdir(self.root / "incremental")
+        except FileNotFoundError:
+            names = []
+        later = sorted((name.partition("-")[2], self.root / "incremental" / name / "joined") for name in names
+                       if low < name.partition("-")[2] <= high)
+        for _, directory in later:
             try:
                 inputs = json.loads((directory / MANIFEST_NAME).read_text()).get("inputs", {})
             except (OSError, ValueError):
