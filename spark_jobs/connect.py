@@ -24,7 +24,7 @@ from pathlib import Path
 
 from components.config import SparkConfig
 from components.stopping import StopRequested, stop_on_signals, stop_process_group
-from spark_jobs.session import LISTING_THRESHOLD, LISTING_THRESHOLD_KEY
+from spark_jobs.session import CODEGEN_CACHE_ENTRIES, CODEGEN_CACHE_KEY, LISTING_THRESHOLD, LISTING_THRESHOLD_KEY
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ def server_command(config: SparkConfig, port: int) -> list[str]:
         "--conf", "spark.sql.session.timeZone=UTC",
         "--conf", "spark.ui.enabled=false",
         "--conf", f"{LISTING_THRESHOLD_KEY}={LISTING_THRESHOLD}",
+        "--conf", f"{CODEGEN_CACHE_KEY}={CODEGEN_CACHE_ENTRIES}",
     ]
 
 

@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -407,9 +408,26 @@ def advance_history(seed: DataFrame | None, clicks: DataFrame, k: int) -> DataFr
                                      F.coalesce(F.col("_added"), _empty_history())), k).alias(HISTORY))
 
 
+def ms_at_least(column: str, bound_ms: int) -> Column:
+    """`column` (epoch milliseconds) >= bound_ms, with the bound out of Spark's generated code.
+
+    Spark compiles a long literal into the Java code of the stage that compares with it, and keeps compiled
+    classes by their code: with a long bound, every minute run compiled its own classes (17 a minute, 0.3-0.5 s,
+    counted in the Connect server's log) where a re-run of the same minute compiled one. A decimal literal is
+    passed to the code as a reference instead, so the code is the same for every minute. decimal(18, 0) holds
+    every epoch millisecond before the year 31 million, and is narrower than a long, so Spark's optimizer does
+    not turn the comparison back into one of longs."""
+    return F.col(column).cast("decimal(18,0)") >= F.lit(Decimal(bound_ms))
+
+
+def ms_in(column: str, start_ms: int, end_ms: int) -> Column:
+    """start_ms <= `column` < end_ms (epoch milliseconds), the bounds out of the generated code (ms_at_least)."""
+    return ms_at_least(column, start_ms) & ~ms_at_least(column, end_ms)
+
+
 def _in_span(frame: DataFrame, column: str, span: Interval) -> DataFrame:
     start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
-    return frame.where((F.col(column) >= start) & (F.col(column) < end))
+    return frame.where(ms_in(column, start, end))
 
 
 def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, sequence_length: int,
@@ -440,7 +458,7 @@ def history_state(classified: DataFrame, *, sequence_length: int, span: Interval
     the span's end (the lookback's and the span's)."""
     clicks = attributed_clicks(joined_samples(classified))
     end = int(span.end.timestamp() * 1000)
-    added = clicks.where(F.col(TS) < end) if seed is None else _in_span(clicks, TS, span)
+    added = clicks.where(~ms_at_least(TS, end)) if seed is None else _in_span(clicks, TS, span)
     return advance_history(seed, added, sequence_length)
 
 
@@ -519,7 +537,7 @@ def relevant_lookback(lookback: DataFrame, in_span: DataFrame, clicks: DataFrame
     the join's cost grew by about 0.09 s per minute of lookback at 60 K impressions a minute)."""
     wanted = in_span.select(REQUEST_ID).unionByName(clicks.select(REQUEST_ID))  # the broadcast hash dedups
     start = int(span.start.timestamp() * 1000)
-    earlier = F.col(TS) < start
+    earlier = ~ms_at_least(TS, start)
     return (lookback.where(earlier).join(F.broadcast(wanted), REQUEST_ID, "left_semi")
             .unionByName(lookback.where(~earlier)))
 
@@ -640,7 +658,7 @@ def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], s
     if missing:
         raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples do not "
                               f"have; they have {frame.columns}: use --spec events (or criteo) with the events source")
-    frame = frame.where((F.col(TS) >= start) & (F.col(TS) < end))
+    frame = frame.where(ms_in(TS, start, end))
     raw = (add(frame) if add is not None else frame).select(
         *spec.input_columns,
         F.date_format(F.timestamp_millis(F.col(TS)), "yyyy-MM-dd HH:mm").alias(MINUTE_COLUMN), *keep,

@@ -396,6 +396,30 @@ def test_local_relations_keep_the_rows_after_an_empty_chunk(spark):
     assert frame.schema.simpleString() == "struct<request_id:string,ts:bigint>"
 
 
+def test_span_bounds_select_the_span_and_stay_out_of_the_compiled_code(spark):
+    """ms_in keeps start <= ts < end (nulls out) and a second span's bounds compile no new classes: a minute run
+    recompiled its stages for every minute while its bounds were long literals."""
+    from spark_jobs.events import ms_in
+
+    start = 1_767_225_600_000  # 2026-01-01 00:00 UTC, in milliseconds
+    rows = spark.createDataFrame([(start - 1,), (start,), (start + 59_999,), (start + 60_000,), (None,)], "ts bigint")
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def selected(first: int) -> tuple[list[int], int]:
+        before = compiled.getCount()
+        kept = sorted(row.ts for row in rows.where(ms_in("ts", first, first + 60_000)).collect())
+        return kept, compiled.getCount() - before
+
+    assert selected(start)[0] == [start, start + 59_999]
+    kept, classes = selected(start - 60_000)
+    assert kept == [start - 1]
+    assert classes == 0
+    # A long literal in the same place is compiled into the code: the count above can see a recompile.
+    before = compiled.getCount()
+    rows.where((F.col("ts") >= start + 7) & (F.col("ts") < start + 60_007)).collect()
+    assert compiled.getCount() > before
+
+
 def test_rerunning_a_join_gives_the_same_rows_in_the_same_order_and_identical_tfrecords(spark, generated, tmp_path):
     """The join's samples are written in a hash order that the sample writer keeps instead of shuffling: a
     re-run must reproduce it exactly, and the TFRecords written from either copy must be byte-identical."""
