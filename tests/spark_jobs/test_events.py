@@ -396,6 +396,24 @@ def test_local_relations_keep_the_rows_after_an_empty_chunk(spark):
     assert frame.schema.simpleString() == "struct<request_id:string,ts:bigint>"
 
 
+def test_advancing_a_history_state_on_the_client():
+    from spark_jobs.events import HISTORY_STATE_SCHEMA, advance_history
+
+    seed = pa.table({"user_id": ["u1", "u2", "u3"], HISTORY: [["a", "b"], ["c"], ["d", "e", "f"]]},
+                    schema=HISTORY_STATE_SCHEMA)
+    clicks = pa.table({"user_id": ["u3", "u4", "u1", "u3", None, "u3"],
+                       "item_id": ["y", "n", "x", "z", "lost", "w"],
+                       "ts": [20, 5, 10, 20, 1, 7],
+                       "request_id": ["r9", "r1", "r2", "r3", "r4", "r5"]})
+    state = advance_history(seed, clicks, 3).to_pylist()
+    assert [(row["user_id"], row[HISTORY]) for row in state] == [
+        ("u2", ["c"]),  # no new click: kept, in its place
+        ("u1", ["a", "b", "x"]),
+        ("u3", ["w", "z", "y"]),  # by click time, then request id (r3 before r9); the last 3 kept
+        ("u4", ["n"]),  # a new user
+    ]
+
+
 def test_span_bounds_select_the_span_and_stay_out_of_the_compiled_code(spark):
     """ms_in keeps start <= ts < end (nulls out) and a second span's bounds compile no new classes: a minute run
     recompiled its stages for every minute while its bounds were long literals."""
