@@ -333,3 +333,17 @@ def test_every_airflow_service_loads_the_plugin_that_registers_the_minute_dags_t
         folder = services[name]["environment"]["AIRFLOW__CORE__PLUGINS_FOLDER"]
         assert folder == "/opt/ctr/pipelines/airflow_plugins", name
         assert (ROOT / folder.removeprefix("/opt/ctr/") / "ctr_timetables.py").exists()
+
+
+def test_the_compose_spark_connect_server_has_the_settings_the_project_sessions_get():
+    """Static settings (the driver's listing, the compiled-class cache) are given when a server starts: the
+    compose stack's server gets those that the servers the project starts get (spark_jobs.session)."""
+    from components.config import SparkConfig
+    from spark_jobs.connect import server_command
+    from spark_jobs.session import CODEGEN_CACHE_ENTRIES, CODEGEN_CACHE_KEY, LISTING_THRESHOLD, LISTING_THRESHOLD_KEY
+
+    script = (ROOT / "docker" / "spark-connect.sh").read_text()
+    started = server_command(SparkConfig(), 15002)
+    for setting in (f"{LISTING_THRESHOLD_KEY}={LISTING_THRESHOLD}", f"{CODEGEN_CACHE_KEY}={CODEGEN_CACHE_ENTRIES}"):
+        assert setting in started
+        assert f"--conf {setting} " in script, setting
