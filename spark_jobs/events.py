@@ -372,24 +372,20 @@ def behaviour_sequences(samples: DataFrame, clicks: DataFrame, k: int, seed: Dat
     """
     if k < 1:
         raise ValueError(f"sequence length must be at least 1, got {k!r}")
-    # Samples and clicks are shuffled by user once, together. Both windows below share that partitioning, so
-    # the second one only sorts: each user's clicks first (by click time, then request id), which gives every
-    # click its sequence from the clicks alone, then the user's timeline.
-    is_click = F.col("_kind") == 1
-    clicks_first = Window.partitionBy(USER_ID).orderBy(F.col("_kind").desc(), TS, REQUEST_ID)
+    by_click_time = Window.partitionBy(USER_ID).orderBy(TS, REQUEST_ID)
+    recent = clicks.select(
+        USER_ID, TS, F.lit(1).alias("_kind"), F.row_number().over(by_click_time).alias("_order"),
+        F.collect_list(ITEM_ID).over(by_click_time.rowsBetween(-(k - 1), Window.currentRow)).alias("_recent"),
+    )
     timeline = (
         Window.partitionBy(USER_ID).orderBy(TS, "_kind", "_order")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    events = samples.withColumn("_kind", F.lit(0)).unionByName(
-        clicks.select(USER_ID, ITEM_ID, TS, REQUEST_ID, F.lit(1).alias("_kind")), allowMissingColumns=True)
+    events = samples.withColumn("_kind", F.lit(0)).withColumn("_order", F.lit(0))
     sequences = (
-        events.select(
-            "*", F.when(is_click, F.row_number().over(clicks_first)).alias("_order"),
-            F.when(is_click, F.collect_list(ITEM_ID).over(clicks_first.rowsBetween(-(k - 1), Window.currentRow)))
-            .alias("_recent"))
+        events.unionByName(recent, allowMissingColumns=True)
         .withColumn(HISTORY, F.coalesce(F.last("_recent", ignorenulls=True).over(timeline), _empty_history()))
-        .where(~is_click)
+        .where(F.col("_kind") == 0)
         .drop("_kind", "_order", "_recent")
     )
     if seed is None:
