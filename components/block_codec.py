@@ -78,22 +78,31 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+# The smallest value that takes k + 2 bytes, k = 0..8 (a varint carries 7 bits a byte).
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
 def _packed_varints(values: np.ndarray) -> bytes:
-    """Protobuf varint encoding of non-negative int64 values, vectorized (no loop over values)."""
-    v = values.astype(np.uint64).ravel()
+    """Protobuf varint encoding of non-negative int64 values, vectorized (no loop over values): a [values,
+    width] byte matrix, width the largest value's varint length, of which each value keeps its own length's
+    first bytes. Row ids fit 32 bits and take 1-3 bytes, so it is computed in uint32 with a loop of 1-3."""
+    v = np.asarray(values).astype(np.uint64).ravel()
     if v.size == 0:
         return b""
-    num_bytes = np.ones(v.shape, dtype=np.int64)
-    for k in range(1, 10):
-        num_bytes += v >= np.uint64(1 << (7 * k))
-    starts = np.concatenate([[0], np.cumsum(num_bytes)[:-1]])
-    out = np.empty(int(num_bytes.sum()), dtype=np.uint8)
-    for k in range(int(num_bytes.max())):
-        mask = num_bytes > k
-        byte = (v[mask] >> np.uint64(7 * k)) & np.uint64(0x7F)
-        byte |= np.where(num_bytes[mask] > k + 1, np.uint64(0x80), np.uint64(0))
-        out[starts[mask] + k] = byte.astype(np.uint8)
-    return out.tobytes()
+    top = int(v.max())
+    width = max(1, (top.bit_length() + 6) // 7)
+    if top < 1 << 32:
+        v = v.astype(np.uint32)
+    if width == 1:
+        return v.astype(np.uint8).tobytes()
+    num_bytes = np.searchsorted(_VARINT_LIMITS[:width - 1], v, side="right") + 1
+    out = np.empty((v.size, width), dtype=np.uint8)
+    for k in range(width):
+        group = (v >> (7 * k)) & 0x7F
+        if k < width - 1:  # the continuation bit on every byte but a value's last
+            group |= (num_bytes > k + 1).astype(v.dtype) << 7
+        out[:, k] = group
+    return out[np.arange(width) < num_bytes[:, None]].tobytes()
 
 
 def _field(number: int, payload: bytes) -> bytes:

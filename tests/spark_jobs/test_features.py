@@ -22,9 +22,10 @@ from components.layout import Layout
 from components.manifest import ManifestError, read_manifest
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
 from components.synthetic import generate
+from spark_jobs import samples
 from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
-from spark_jobs.samples import write_samples, write_splits
+from spark_jobs.samples import make_shard_writer, write_samples, write_splits
 
 CRITEO = load_spec("criteo")
 
@@ -283,6 +284,37 @@ def test_rebuilding_a_feature_state_writes_identical_bytes(spark, raw_dir, tmp_p
 
 def test_dense_feature_names_cover_schema():
     assert len(DENSE_FEATURES) == 13 and len(CATEGORICAL_FEATURES) == 26
+
+
+def test_blocks_are_the_same_bytes_whatever_the_batches_and_how_many_rows_wait_to_be_encoded(
+        spark, tmp_path, monkeypatch):
+    # The writer cuts blocks every block_rows rows from its shard's start, however Spark's batches come and
+    # however many rows it gathers before encoding them (samples.ENCODE_ROWS, flushed in whole blocks).
+    import pyspark
+
+    generate(GenerateConfig(minutes=1, rows_per_minute=3000), Layout(tmp_path / "data"))
+    paths = sorted(str(p) for p in (tmp_path / "data" / "raw").rglob("*.tsv"))
+    frame = parse_raw(extract_raw(spark, paths, CRITEO), CRITEO)
+    state = build_state(frame)
+    table = frame.toArrow()
+
+    class OnePartition:
+        def partitionId(self) -> int:
+            return 0
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(OnePartition))
+    files = []
+    for encode_rows, batch_rows in ((samples.ENCODE_ROWS, 1000), (1, 7), (100, 333), (2048, 1)):
+        monkeypatch.setattr(samples, "ENCODE_ROWS", encode_rows)
+        directory = tmp_path / f"encode-{encode_rows}"
+        directory.mkdir()
+        writer = make_shard_writer(state, CRITEO, [str(directory)], block_rows=64)
+        (summary,) = writer(iter(table.to_batches(max_chunksize=batch_rows)))
+        assert summary.to_pylist()[0]["rows"] == 3000 and summary.to_pylist()[0]["blocks"] == math.ceil(3000 / 64)
+        files.append((directory / "part-00000.tfrecord").read_bytes())
+    assert files[1:] == files[:1] * 3
+    blocks = list(read_framed_records(files[0]))
+    assert len(blocks) == math.ceil(3000 / 64)
 
 
 def test_a_writer_killed_half_way_leaves_nothing_a_reader_accepts(spark, tmp_path):
