@@ -9,6 +9,7 @@ extract (raw minute partitions) -> pure transforms (counts, vocabulary, dense st
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -236,9 +237,15 @@ def build_feature_state(
     spec = spec.with_defaults(dataclasses.replace(
         spec.defaults, min_count=config.min_count, evict_after_days=config.evict_after_days,
         max_rows=config.max_rows_per_feature))
-    minute = not evict and previous is not None  # a minute's rows: counted in one stage (partition_counts)
-    counts = partition_counts(frame, day, spec) if minute else categorical_counts(frame, day, spec).toArrow()
-    dense = dense_statistics(frame, spec) if evict or previous is None else previous.dense
+    if not evict and previous is not None:  # a minute's rows: counted in one stage (partition_counts)
+        counts, dense = partition_counts(frame, day, spec), previous.dense
+    else:
+        # The dense statistics' two jobs run beside the counting job: Spark fills the cores one job leaves
+        # idle (its last tasks, the driver's collect). 0.56-0.85x the time of one after the other (400 K rows).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense-statistics") as pool:
+            pending = pool.submit(dense_statistics, frame, spec)
+            counts = categorical_counts(frame, day, spec).toArrow()
+            dense = pending.result()
     return advance_feature_state(
         previous, counts, day=day, min_count=config.min_count, dense=dense, version=version,
         tables=table_settings(spec.tables(), evict=evict),

@@ -39,6 +39,21 @@ def rows(directory) -> list[tuple]:
     return sorted(zip(*(table.column(n).to_pylist() for n in table.column_names), strict=True))
 
 
+def daily_state(spark, joined: Path, span: Interval) -> dict:
+    """The daily feature state (evict=True: counts and dense statistics) of the join's rows, as plain values."""
+    from components.config import FeatureConfig
+    from components.feature_spec import load_spec
+    from spark_jobs.events import joined_rows
+    from spark_jobs.features import build_feature_state
+
+    criteo = load_spec("criteo")
+    state = build_feature_state(joined_rows(spark, joined, list(span.minutes()), criteo), None,
+                                FeatureConfig(min_count=2), day=0, version="connect", evict=True, spec=criteo)
+    return {"vocabularies": {name: sorted(zip(v.values, v.counts, strict=True))
+                             for name, v in state.vocabularies.items()},
+            "dense": [[d.name, d.low, d.high, d.mean, d.std] for d in state.dense]}
+
+
 def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
     layout = Layout(tmp_path / "data")
     events = EventsConfig(attribution_window_s=120)
@@ -56,12 +71,15 @@ def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
         from components.interval import Interval
         from components.layout import Layout
         from spark_jobs.events import run
+        from tests.spark_jobs.test_connect import daily_state
 
         remote = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
         span = Interval.parse({span.start.isoformat()!r}, {span.end.isoformat()!r})
         metrics = run(remote, Layout(Path({str(layout.root)!r})), span, Path({str(tmp_path / "remote")!r}),
                       **{arguments!r})
-        print(json.dumps({{name: value for name, value in metrics.items() if name != "per_minute"}}))
+        state = daily_state(remote, Path({str(tmp_path / "remote")!r}), span)
+        print(json.dumps({{"metrics": {{name: value for name, value in metrics.items() if name != "per_minute"}},
+                          "state": state}}))
         """)
     with start_connect_server(config, free_port(), log_dir=tmp_path / "logs") as server:
         done = subprocess.run([sys.executable, "-c", client, server.url], capture_output=True, text=True,
@@ -70,6 +88,9 @@ def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
                                   filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr[-3000:]
     through_connect = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {n: through_connect[n] for n in METRIC_COLUMNS} == {n: local[n] for n in METRIC_COLUMNS}
+    assert {n: through_connect["metrics"][n] for n in METRIC_COLUMNS} == {n: local[n] for n in METRIC_COLUMNS}
+    # A daily feature state (its counting and dense-statistics jobs run side by side) is the same through both.
+    assert through_connect["state"] == json.loads(json.dumps(daily_state(spark, tmp_path / "local", span)))
+    assert sum(map(len, through_connect["state"]["vocabularies"].values())) > 100
     assert local["impressions"] > 500 and local["positives"] > 0
     assert rows(tmp_path / "remote") == rows(tmp_path / "local")
