@@ -94,6 +94,13 @@ def check_row_layout_spec(spec: FeatureSpec) -> None:
 ENCODE_ROWS = 65_536
 
 
+def writer_columns(spec: FeatureSpec) -> list[str]:
+    """The columns make_shard_writer's function reads (besides SPLIT_COLUMN): the label, the dense values, the
+    categorical values that are not buckets of a dense one, and the lists."""
+    return [LABEL, *spec.dense_names,
+            *(f.name for f in spec.categorical if f.derivation != BUCKET_DERIVATION), *(f.name for f in spec.lists)]
+
+
 def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[str], block_rows: int,
                       layout: str = "block"):
     """The mapInArrow function: Arrow batches of parsed rows (spark_jobs.raw.parse_raw) -> one shard file per
@@ -293,7 +300,10 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
                                           in_memory=in_memory) if shuffle else combined.coalesce(num_shards))
     staging = {name: staging_dir(directory) for name, (_, directory) in splits.items()}
     writer = make_shard_writer(state, spec, [str(staging[name]) for name in names], block_rows, layout)
-    shards = sorted((r.asDict() for r in shuffled.mapInArrow(writer, SHARD_SCHEMA).collect()),
+    # Only what the writer reads goes to its Python worker: Spark then neither computes nor sends the rest (the
+    # parsed rows' minute, a formatted string a row, and the columns a caller kept, such as the held-out flag).
+    read = shuffled.select(*writer_columns(spec), *([SPLIT_COLUMN] if len(frames) > 1 else []))
+    shards = sorted((r.asDict() for r in read.mapInArrow(writer, SHARD_SCHEMA).collect()),
                     key=lambda r: (r["split"], r["file"]))
     manifests = {}
     for index, name in enumerate(names):
