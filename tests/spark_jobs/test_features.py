@@ -22,7 +22,6 @@ from components.layout import Layout
 from components.manifest import ManifestError, read_manifest
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
 from components.synthetic import generate
-from spark_jobs import samples
 from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
 from spark_jobs.samples import make_shard_writer, write_samples, write_splits
@@ -286,10 +285,8 @@ def test_dense_feature_names_cover_schema():
     assert len(DENSE_FEATURES) == 13 and len(CATEGORICAL_FEATURES) == 26
 
 
-def test_blocks_are_the_same_bytes_whatever_the_batches_and_how_many_rows_wait_to_be_encoded(
-        spark, tmp_path, monkeypatch):
-    # The writer cuts blocks every block_rows rows from its shard's start, however Spark's batches come and
-    # however many rows it gathers before encoding them (samples.ENCODE_ROWS, flushed in whole blocks).
+def test_blocks_are_the_same_bytes_whatever_the_batches(spark, tmp_path, monkeypatch):
+    # The writer cuts blocks every block_rows rows from its shard's start, however Spark's batches come.
     import pyspark
 
     generate(GenerateConfig(minutes=1, rows_per_minute=3000), Layout(tmp_path / "data"))
@@ -304,15 +301,14 @@ def test_blocks_are_the_same_bytes_whatever_the_batches_and_how_many_rows_wait_t
 
     monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(OnePartition))
     files = []
-    for encode_rows, batch_rows in ((samples.ENCODE_ROWS, 1000), (1, 7), (100, 333), (2048, 1)):
-        monkeypatch.setattr(samples, "ENCODE_ROWS", encode_rows)
-        directory = tmp_path / f"encode-{encode_rows}"
+    for batch_rows in (1000, 7, 333, 64, 1):
+        directory = tmp_path / f"batches-{batch_rows}"
         directory.mkdir()
         writer = make_shard_writer(state, CRITEO, [str(directory)], block_rows=64)
         (summary,) = writer(iter(table.to_batches(max_chunksize=batch_rows)))
         assert summary.to_pylist()[0]["rows"] == 3000 and summary.to_pylist()[0]["blocks"] == math.ceil(3000 / 64)
         files.append((directory / "part-00000.tfrecord").read_bytes())
-    assert files[1:] == files[:1] * 3
+    assert files[1:] == files[:1] * 4
     blocks = list(read_framed_records(files[0]))
     assert len(blocks) == math.ceil(3000 / 64)
 
