@@ -40,6 +40,27 @@ def test_gradient_is_row_sparse():
     assert sorted(gradient.indices.numpy().tolist()) == [1, 4]
 
 
+def lookup_ops(layer, width: int) -> list[str]:
+    function = tf.function(layer).get_concrete_function(tf.TensorSpec([None, width], tf.int64))
+    return [op.type for op in function.graph.get_operations()]
+
+
+def test_the_lookup_gathers_rows_from_the_variable_without_reading_the_whole_table():
+    """Once the row-sparse optimizer has written the table (a sparse op), TensorFlow copies the whole variable
+    on every read of it (copy-on-read mode): a lookup through such a read made a step of a 41.6 M-parameter
+    table 3.5x slower. ResourceGather reads the rows alone (trainer.layers.embedding_rows)."""
+    layer = hand_layer()
+    layer.embeddings.value.scatter_update(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([4])))  # as a step does
+    ops = lookup_ops(layer, 2)
+    assert "ResourceGather" in ops and "ReadVariableOp" not in ops, ops
+    out = keras.ops.convert_to_numpy(layer(np.array([[1, 2]], dtype="int64")))
+    np.testing.assert_array_equal(out, [[[2, 3], [1, 1]]])
+    hashed = CategoricalEmbedding([2, 3], embedding_dim=2, hashed_features=[1], num_hash_buckets=4)
+    hashed.build((None, 2))
+    ops = lookup_ops(hashed, 2)
+    assert ops.count("ResourceGather") == 2 and "ReadVariableOp" not in ops, ops
+
+
 def test_mixed_precision_keeps_the_table_float32():
     layer = CategoricalEmbedding([2, 3], embedding_dim=2, dtype="mixed_bfloat16")
     out = layer(np.array([[1, 0]], dtype="int64"))

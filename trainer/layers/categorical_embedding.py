@@ -10,6 +10,7 @@ import numpy as np
 from keras import ops
 
 from trainer.arguments import is_integer, require_integer, require_integer_list
+from trainer.layers.embedding_rows import take_rows
 from trainer.layers.multi_hash_embedding import MultiHashEmbedding
 
 
@@ -126,12 +127,12 @@ class CategoricalEmbedding(keras.layers.Layer):
             inputs = ops.cast(inputs, "int64")
         if not self._hashed_columns:
             rows = ops.add(inputs, ops.convert_to_tensor(self._column_offsets, dtype=inputs.dtype))
-            return ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)
+            return ops.cast(take_rows(self.embeddings, rows), self.compute_dtype)
         parts = []
         if self._tabled_columns:
             ids = ops.take(inputs, self._tabled_columns, axis=-1)
             offsets = ops.convert_to_tensor(self._column_offsets[self._tabled_columns], dtype=inputs.dtype)
-            parts.append(ops.cast(ops.take(self.embeddings, ops.add(ids, offsets), axis=0), self.compute_dtype))
+            parts.append(ops.cast(take_rows(self.embeddings, ops.add(ids, offsets)), self.compute_dtype))
         for column in self._hashed_columns:
             hashed = self.hashed_embeddings[self.hashed_features.index(self.feature_tables[column])]
             parts.append(ops.expand_dims(hashed(ops.take(inputs, column, axis=-1)), -2))
@@ -155,7 +156,7 @@ class CategoricalEmbedding(keras.layers.Layer):
         if table in self.hashed_features:
             return self.hashed_embeddings[self.hashed_features.index(table)](ids)
         rows = ops.add(ids, int(self.offsets[table]))
-        return ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)
+        return ops.cast(take_rows(self.embeddings, rows), self.compute_dtype)
 
     def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return (*input_shape, self.embedding_dim)

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from trainer.arguments import is_integer, require_integer
+from trainer.layers.embedding_rows import take_rows
 
 HASH_PRIME = 2**31 - 1
 # Per hash function: two multipliers and an offset. Hash k maps a row id x to ((A x + b) mod P) mod buckets
@@ -94,7 +95,7 @@ class MultiHashEmbedding(keras.layers.Layer):
             [ops.add(self.bucket(inputs, k), k * self.num_buckets) for k in range(self.num_hash_functions)],
             axis=-1,
         )
-        vectors = ops.cast(ops.take(self.embeddings, rows, axis=0), self.compute_dtype)  # [..., hashes, dim]
+        vectors = ops.cast(take_rows(self.embeddings, rows), self.compute_dtype)  # [..., hashes, dim]
         if self.combiner == "sum":
             return ops.sum(vectors, axis=-2)
         return ops.concatenate(ops.unstack(vectors, self.num_hash_functions, axis=-2), axis=-1)
