@@ -332,11 +332,11 @@ class LoadedModel:
         num_instances = next(iter(lengths.values()), 0)
         columns: dict[str, Any] = {}
         converters = self._converters()
-        spec = self.manifest.get("feature_spec") or {}
+        declared = self.declared_inputs
         for name, convert_column in self.column_converters.items():
             values = inputs.get(name, [None] * num_instances)
             if isinstance(values, np.ndarray):
-                ready = _ready_array(values, self.input_specs[name], _declared(spec, name))
+                ready = _ready_array(values, self.input_specs[name], declared[name])
                 if ready is not None:
                     columns[name] = ready
                     continue
@@ -353,8 +353,19 @@ class LoadedModel:
         return self._run(columns, num_instances)
 
     def _converters(self) -> dict[str, Callable[[Any], Any]]:
+        """Per input, a function from one value to the tensor's value (InvalidInput says what is wrong)."""
+        return self._value_converters
+
+    @functools.cached_property
+    def _value_converters(self) -> dict[str, Callable[[Any], Any]]:
+        return {name: _converter(tensor, self.declared_inputs[name]) for name, tensor in self.input_specs.items()}
+
+    @functools.cached_property
+    def declared_inputs(self) -> dict[str, dict[str, Any]]:
+        """Per input, the feature spec's entry of it (its kind, dtype, format; {} when the manifest has no spec),
+        read once: a request reads it for every input."""
         spec = self.manifest.get("feature_spec") or {}
-        return {name: _converter(tensor, _declared(spec, name)) for name, tensor in self.input_specs.items()}
+        return {name: _declared(spec, name) for name in self.input_specs}
 
     def signature_metadata(self) -> dict[str, Any]:
         """The serving signature in TF-Serving's GetModelMetadata form (signature_def), plus the feature spec
@@ -629,7 +640,7 @@ def _ready_array(array: np.ndarray, spec: tf.TensorSpec, declared: Mapping[str, 
             return None
         return array.astype(spec.dtype.as_numpy_dtype, copy=False)
     if spec.dtype == tf.string and spec.shape.rank == 1 and array.dtype == object and declared.get("dtype") != "int":
-        return array if all(type(value) is bytes for value in array) else None
+        return array if set(map(type, array.tolist())) <= {bytes} else None
     return None
 
 

@@ -24,7 +24,7 @@ from tensorflow_serving.apis import (
 
 from components.config import ServingConfig
 from serving.app import create_app
-from serving.grpc_server import GRPC_TIMED_ENDPOINTS, build_grpc_server
+from serving.grpc_server import GRPC_TIMED_ENDPOINTS, build_grpc_server, tensor_array
 from serving.metrics import ServerMetrics
 from serving.model import LoadedModel
 from tests.serving.fixture_model import MODEL_NAME, OLD_VERSION, FixedSource
@@ -217,6 +217,33 @@ def test_predict_checks_tensors_with_the_rest_apis_messages(
     assert got_code == code
     assert details.startswith(message), details
     assert "ctr_requests_total{endpoint=\"grpc_predict\",code=\"" in metrics.render(None)
+
+
+def float_proto(values: list[float], shape: list[int]) -> TensorProto:
+    proto = TensorProto(dtype=tf.float32.as_datatype_enum, float_val=values)
+    proto.tensor_shape.dim.extend([TensorProto().tensor_shape.Dim(size=size) for size in shape])
+    return proto
+
+
+@pytest.mark.parametrize("proto", [
+    tf.make_tensor_proto(np.array([1.5, np.nan, -2.0], dtype=np.float32)),  # tensor_content, as clients send
+    float_proto([1.5, 2.5], [2]),  # float_val, one value per element
+    float_proto([7.0], [3]),  # one value for the whole shape: make_ndarray repeats it
+    tf.make_tensor_proto(["68fd1e64", "", "05db9164"]),
+    tf.make_tensor_proto(np.array([b"\xff", b"a"], dtype=object)),  # not UTF-8: left to the checks after
+    tf.make_tensor_proto([["a", "b"], ["", "c"]]),  # a list per instance
+    tf.make_tensor_proto(np.array([1, 2], dtype=np.int64)),
+    tf.make_tensor_proto(np.array([], dtype=np.float32)),
+])
+def test_tensors_are_read_as_make_ndarray_reads_them(proto: TensorProto) -> None:
+    """tensor_array reads 1-D float32 and string tensors straight from their fields, and the rest with
+    tf.make_ndarray: the same values, dtype and shape either way."""
+    got, expected = tensor_array("I1", proto), tf.make_ndarray(proto)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if got.dtype.kind == "f":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        assert got.tolist() == expected.tolist()
 
 
 def test_a_message_over_the_body_limit_is_refused_by_grpc(client: Client) -> None:
