@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -34,6 +35,11 @@ MODEL_FILE = "model.keras"
 PROGRESS_DIR = "progress"
 CHECKPOINT_KIND = "checkpoint"
 MIXED_PRECISION_POLICY = "mixed_bfloat16"
+# From this many embedding rows on, train_model warns that micro-batching reads and writes every row each
+# micro-batch (dense_accumulation_warning).
+DENSE_ACCUMULATION_WARN_ROWS = 100_000
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,9 @@ def train_model(
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
 
     micro_batch_size = _micro_batch_size(config)
+    warning = dense_accumulation_warning(config, table_sizes)
+    if warning:
+        logger.warning(warning)
     if num_rows and config.micro_batches == 1:
         # Equal batches: an epoch's last step is not taken on a handful of rows.
         micro_batch_size = even_batch_size(num_rows, micro_batch_size)
@@ -315,6 +324,24 @@ def load_checkpoint(checkpoint_dir: Path, verify: bool = True) -> keras.Model:
     """The model a `train_model` run saved, after checking the checkpoint's manifest."""
     read_manifest(checkpoint_dir, kind=CHECKPOINT_KIND, verify=verify)
     return keras.saving.load_model(Path(checkpoint_dir) / MODEL_FILE)
+
+
+def dense_accumulation_warning(config: TrainConfig, table_sizes: Mapping[str, int]) -> str | None:
+    """What micro-batching costs on these tables, when they are large enough for it to matter; else None.
+
+    Keras accumulates micro-batch gradients in dense variables the shape of the weights, so with
+    `micro_batches` > 1 each micro-batch reads and writes every embedding row and its accumulator, and
+    row-sparse updates are off. A scratch timing of micro-batches of 1,024 rows (one dense layer over 26
+    features, 2 cores): 6.9 ms a step without micro-batching and 88.8 ms a micro-batch with 2, on 2.6 M rows
+    (41.6 M parameters); 6.2 and 11.6 ms on 260 K rows."""
+    rows = sum(table_sizes.values())
+    if config.micro_batches <= 1 or rows < DENSE_ACCUMULATION_WARN_ROWS:
+        return None
+    return (f"train.micro_batches={config.micro_batches} accumulates gradients densely: every micro-batch reads "
+            f"and writes all {rows:,} embedding rows ({rows * config.embedding_dim:,} parameters) and their "
+            "accumulator, not only the rows it looked up, and row-sparse updates are off. On large tables a "
+            "micro-batch can take 10x the time of a whole step without micro-batching; unless the batch does "
+            "not fit in memory, set train.micro_batches=1")
 
 
 def _micro_batch_size(config: TrainConfig) -> int:

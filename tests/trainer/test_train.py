@@ -11,7 +11,7 @@ from components.manifest import read_manifest
 from components.schema import NUM_CATEGORICAL
 from tests.trainer.synthetic import random_rows, roc_auc, table_sizes, write_block_files
 from trainer.models import build_model
-from trainer.train import MODEL_FILE, StepMetricsLogger, load_checkpoint, train_model
+from trainer.train import MODEL_FILE, StepMetricsLogger, dense_accumulation_warning, load_checkpoint, train_model
 
 NUM_VALUES = 20
 SMALL = TrainConfig(
@@ -185,3 +185,12 @@ def test_patience_zero_keeps_the_last_epoch(planted, tmp_path):
     assert result.best_epoch is None and len(result.history["val_auc"]) == 2
     assert roc_auc(result.eval_labels, result.eval_predictions) == pytest.approx(result.history["val_auc"][-1],
                                                                                  abs=0.005)
+
+
+def test_micro_batching_on_large_tables_is_warned_of_with_their_size():
+    large = {f"C{i}": 50_000 for i in range(4)}
+    warning = dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=2, embedding_dim=16), large)
+    assert warning is not None and "all 200,000 embedding rows (3,200,000 parameters)" in warning
+    assert "train.micro_batches=1" in warning
+    assert dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=1), large) is None
+    assert dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=2), {"C1": 99_999}) is None
