@@ -236,7 +236,7 @@ def dense_rows_update(variable: tf.Variable, rows: tf.Tensor, values: tf.Tensor)
     resource variable that a sparse op (ResourceScatterUpdate) has written into copy-on-read mode for good:
     from then on every read of the whole variable copies it. Each serving call reads every weight, so a model
     that had taken one delta copied its embedding tables on every request (0.4 ms more per 100-candidate call
-    for the bench's 60 K-row tables, docs/serving.md; in proportion for larger ones). The dense assign costs one
+    for bench-serving's 50 K-row table, docs/serving.md; in proportion for larger ones). The dense assign costs one
     copy of each weight per delta instead, and leaves every later read free."""
     return tf.tensor_scatter_nd_update(variable, tf.expand_dims(rows, 1), values)
 

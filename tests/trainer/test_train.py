@@ -11,7 +11,14 @@ from components.manifest import read_manifest
 from components.schema import NUM_CATEGORICAL
 from tests.trainer.synthetic import random_rows, roc_auc, table_sizes, write_block_files
 from trainer.models import build_model
-from trainer.train import MODEL_FILE, StepMetricsLogger, dense_accumulation_warning, load_checkpoint, train_model
+from trainer.train import (
+    MODEL_FILE,
+    StepMetricsLogger,
+    dense_accumulation_warning,
+    embedding_shapes,
+    load_checkpoint,
+    train_model,
+)
 
 NUM_VALUES = 20
 SMALL = TrainConfig(
@@ -188,9 +195,13 @@ def test_patience_zero_keeps_the_last_epoch(planted, tmp_path):
 
 
 def test_micro_batching_on_large_tables_is_warned_of_with_their_size():
-    large = {f"C{i}": 50_000 for i in range(4)}
-    warning = dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=2, embedding_dim=16), large)
-    assert warning is not None and "all 200,000 embedding rows (3,200,000 parameters)" in warning
+    """The tables are the built model's (embedding_shapes): a hashed feature counts its buckets, not its values."""
+    sizes = {name: 10 for name in table_sizes(NUM_VALUES)} | {"C1": 150_000, "C2": 10_000_000}
+    model = build_model(dataclasses.replace(SMALL, embedding_dim=16, multi_hash_features=("C2",),
+                                            multi_hash_buckets=1_000), sizes)
+    assert sorted(embedding_shapes(model)) == [(2_000, 16), (150_240, 16)]  # C1, 24 x 10 rows; C2 hashed twice
+    warning = dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=2), embedding_shapes(model))
+    assert warning is not None and "all 152,240 embedding rows (2,435,840 parameters)" in warning
     assert "train.micro_batches=1" in warning
-    assert dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=1), large) is None
-    assert dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=2), {"C1": 99_999}) is None
+    assert dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=1), embedding_shapes(model)) is None
+    assert dense_accumulation_warning(dataclasses.replace(SMALL, micro_batches=2), [(99_999, 16)]) is None
