@@ -24,7 +24,7 @@ Phases, in one run:
 - swaps: an open loop at half that rate while three full models, each followed by a delta on it, are
   published 6 s apart; the p99 of the requests sent in the 3 s after a publish (pooled by kind) over the p99
   of the others; and the server's garbage collections over 0.1 s, during the swaps and in the whole run
-  (`swaps.server_gc_pauses`, from its /metrics), each of which stopped every request in flight;
+  (`swaps.server_gc_pauses`, from its log), each of which stopped every request in flight;
 - closed loop at 100 candidates again after the swaps, on the last version published, a delta on a full model
   (`after_deltas_*`): what a server of minute-level deltas answers with most of the time.
 
@@ -433,23 +433,16 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
     return out
 
 
-def server_gc_pauses(port: int) -> dict[str, dict[str, float]]:
-    """The server's garbage collections so far (/metrics' ctr_gc_pause_seconds), per generation: how many, their
-    seconds, and how many took SLOW_GC_S or more (each stopped every request in flight that long)."""
-    import httpx
-
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
-
-    def value(suffix: str, labels: str) -> float:
-        found = re.search(rf"^ctr_gc_pause_seconds_{suffix}\{{{labels}\}} (\S+)$", text, re.MULTILINE)
-        return float(found[1]) if found else 0.0
-
-    out = {}
-    for generation in ("0", "1", "2"):
-        count = value("count", f'generation="{generation}"')
-        fast = value("bucket", f'generation="{generation}",le="{SLOW_GC_S!r}"')
-        out[generation] = {"count": int(count), "seconds": value("sum", f'generation="{generation}"'),
-                           "slow": int(count - fast)}
+def slow_collections(log: Path, start: int = 0) -> dict[str, dict[str, float]]:
+    """The server's garbage collections of SLOW_GC_S or more (each stopped every request in flight that long), per
+    generation: how many and their seconds, from its log after byte `start`. The log, not /metrics: the server
+    processes that wrote it come and go with full versions (serving.handoff), and each counts its own."""
+    text = log.read_bytes()[start:].decode(errors="replace")
+    out = {generation: {"slow": 0, "seconds": 0.0} for generation in ("0", "1", "2")}
+    for generation, seconds in re.findall(r"garbage collection of generation (\d) stopped every request for "
+                                          r"([0-9.]+) s", text):
+        out[generation]["slow"] += 1
+        out[generation]["seconds"] = round(out[generation]["seconds"] + float(seconds), 3)
     return out
 
 
@@ -498,6 +491,8 @@ def stop_server(server: subprocess.Popen) -> None:
 
 
 def wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout_s: float = 180.0) -> None:
+    """Until /healthz answers 200 and, where the server keeps a standby process (serving.handoff), that one has
+    started: its start-up takes the server's core for seconds, at a low priority, which is not steady state."""
     import httpx
 
     deadline = time.time() + timeout_s
@@ -506,7 +501,8 @@ def wait_healthy(port: int, process: subprocess.Popen, log: Path, timeout_s: flo
             raise RuntimeError(f"the model server exited with {process.returncode}; see {log}:\n"
                                f"{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
+            answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0)
+            if answer.status_code == 200 and answer.json().get("standby", "ready") == "ready":
                 return
         except httpx.HTTPError:
             pass
@@ -573,12 +569,11 @@ def main() -> int:
             opened = open_loop(url, instances, start_rate, args.step_seconds)
             swap_rate = max(2.0, 0.5 * (opened["max_rate_per_s_at_p99_10ms"] or start_rate))
             print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
-            collections_before = server_gc_pauses(port)
+            server_log = work / "server.log"
+            log_before = server_log.stat().st_size
             swapped = swaps(url, instances, store, models, swap_rate)
-            collections = server_gc_pauses(port)
-            swapped["server_gc_pauses"] = {
-                generation: {key: value - collections_before[generation][key] for key, value in counts.items()}
-                for generation, counts in collections.items()}
+            swapped["server_gc_pauses"] = slow_collections(server_log, log_before)
+            collections = slow_collections(server_log)
             print(f"  the server's garbage collections of {SLOW_GC_S} s or more, during the swaps / in the whole run: "
                   + ", ".join(f"generation {g} {swapped['server_gc_pauses'][g]['slow']} / {c['slow']}"
                               for g, c in collections.items()), flush=True)

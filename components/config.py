@@ -267,6 +267,12 @@ class ServingConfig:
     # On 30 K held-out rows of a trained model (make bench-quality) predictions moved by 0.3 % on average, 3.3 %
     # at most, and AUC by +0.00003.
     precision: Literal["float32", "bfloat16"] = "float32"
+    # Where a new full model version is loaded once one is serving (serving.handoff). "process": in a new server
+    # process, started beside this one with its imports done, which takes the traffic over on the same ports
+    # while this one finishes its requests and exits; a serving process then never drops a model, whose
+    # collection stopped every request for 0.05-0.35 s (docs/serving.md). Costs a second process's memory (a
+    # server with TensorFlow imported and no model: the standby). "thread": in this process, as deltas are.
+    full_loads: Literal["process", "thread"] = "process"
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,12 @@ register_url_convertor("part", PathPartConvertor())
 
 
 def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], float] = time.time,
-               metrics: ServerMetrics | None = None) -> Starlette:
+               metrics: ServerMetrics | None = None, closing: Callable[[], bool] | None = None,
+               health_fields: Callable[[], dict[str, Any]] | None = None) -> Starlette:
     """The app serving `source`'s models; `clock` (seconds since the epoch) is "now" for freshness; `metrics`
-    is shared with the gRPC server when both run (serving.server)."""
+    is shared with the gRPC server when both run (serving.server). While `closing()` is true, every response
+    asks its client to close the connection (a server process handing its traffic over: serving.handoff).
+    `health_fields()`: more fields for /healthz's answer (the standby process's state)."""
     metrics = metrics or ServerMetrics(timed_endpoints=TIMED_ENDPOINTS)
     service = PredictionService(source, config)
 
@@ -160,6 +163,7 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
                 "model_name": config.model_name,
                 "model_version": model.version,
                 "loaded_at": model.loaded_at.isoformat(),
+                **(health_fields() if health_fields is not None else {}),
             },
             headers={MODEL_VERSION_HEADER: model.version},
         )
@@ -184,6 +188,8 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
         Exception: unexpected_error_handler,
     }
     middleware = [Middleware(RequestMetrics, routes=routes, metrics=metrics)]
+    if closing is not None:
+        middleware.append(Middleware(CloseConnections, closing=closing))
     return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
 
 
@@ -228,6 +234,28 @@ class RequestMetrics:
         self.metrics.count_request(endpoint, status_code)
         if endpoint in self.metrics.timed_endpoints:
             self.metrics.observe_duration(endpoint, seconds)
+
+
+class CloseConnections:
+    """ASGI middleware adding `Connection: close` to every response while `closing()` is true: the client sends
+    its next request on a new connection, which another process accepts (serving.handoff). uvicorn closes the
+    connection once such a response is sent."""
+
+    def __init__(self, app: ASGIApp, closing: Callable[[], bool]) -> None:
+        self.app = app
+        self.closing = closing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.closing():
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
 
 
 def endpoint_name(routes: Sequence[Route], scope: Scope) -> str:

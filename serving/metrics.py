@@ -166,6 +166,7 @@ class GcPauses:
         bounds = tuple(sorted(buckets))
         self._histograms = {generation: _Histogram(bounds) for generation in range(3)}
         self._started: float | None = None
+        self._started_cpu = 0.0
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -177,7 +178,7 @@ class GcPauses:
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started, self._started_cpu = time.perf_counter(), time.thread_time()
             return
         if self._started is None:  # installed during a collection
             return
@@ -185,8 +186,10 @@ class GcPauses:
         generation = min(max(int(info.get("generation", 2)), 0), 2)
         self._histograms[generation].observe(seconds)
         if seconds >= SLOW_GC_S:
-            logger.warning("garbage collection of generation %d stopped every request for %.2f s (%d objects "
-                           "collected)", generation, seconds, info.get("collected", 0))
+            logger.warning("garbage collection of generation %d stopped every request for %.3f s, %.3f s of it on "
+                           "the CPU, on thread %s (%d objects collected)", generation, seconds,
+                           time.thread_time() - self._started_cpu, threading.current_thread().name,
+                           info.get("collected", 0))
 
     def lines(self) -> list[str]:
         lines = _family("ctr_gc_pause_seconds", "histogram",

@@ -54,6 +54,10 @@ APPLY_DELTA_ENDPOINT = "apply_delta"
 PACKED_LAYOUT_FILE = "packed_inputs.json"
 
 
+# Batch sizes a new replica predicts once before it serves (LoadedModel.warm_up).
+WARM_UP_SIZES = (1, 100, 1000)
+
+
 class ModelLoadError(RuntimeError):
     """A version directory does not hold a model that serving can load."""
 
@@ -285,6 +289,18 @@ class LoadedModel:
                 except InvalidInput as err:
                     raise InvalidInput(f"instance {index}: feature {name!r} {err}") from None
         return self._run(columns, len(instances))
+
+    def warm_up(self) -> None:
+        """Predicts WARM_UP_SIZES instances with no values, by the path requests take: the first call at a new
+        batch size builds kernels (oneDNN's, for its shapes) and lazy state, about 25 ms at 100 candidates in a
+        fresh process (docs/serving.md), which the first requests would otherwise wait for."""
+        self.predict([{}])
+        for size in WARM_UP_SIZES:
+            records = self.decode_rows(b'{"instances":[' + b",".join([b"{}"] * size) + b"]}")
+            if records is None:
+                self.predict([{}] * size)
+            else:
+                self.predict_records(records)
 
     def decode_rows(self, body: bytes) -> list[Any] | None:
         """A row-form request body ({"instances": [...]}) decoded in one pass into typed records (RowDecoder),

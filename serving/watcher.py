@@ -12,6 +12,10 @@ The store's `stable` version (the newest promoted one, components.model_store) i
 TF Serving's version label `stable`, from one more replica, when it is not the newest version; the newest is
 then the `canary`. Requests without a version or label are answered by the newest.
 
+With `hand_off` set (serving.full_loads=process, serving.handoff), the full loads after the first are not made
+here: the watcher names the version to `hand_off`, once, and keeps serving; a new server process loads it and
+takes the traffic over, and this one exits. Deltas on the served chain are still applied here.
+
 A new version is checksummed (the store's fetch), applied or loaded, and warmed up with one prediction before
 the single `_model` reference is replaced. A request reads that reference once (`current()`), so it is
 answered by exactly one version; a prediction still running on a replica that a later swap updates in place
@@ -26,6 +30,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +54,15 @@ class ModelWatcher:
     def __init__(
         self, store: ModelStore, model_name: str, cache_dir: str | Path, poll_seconds: float,
         precision: str = "float32", watch_seconds: float | None = None,
+        hand_off: Callable[[str], None] | None = None, low_priority_loads: bool = False,
     ) -> None:
         """Lists the store every `poll_seconds`; with `watch_seconds`, also reads the store's change marker that
-        often (ModelStore.changed: one small read) and lists it at once when the marker changed."""
+        often (ModelStore.changed: one small read) and lists it at once when the marker changed.
+
+        `hand_off`: called (once per version, from the watcher's thread) with a version that needs a full load
+        once start() has returned; the version is then left to another process (module docstring).
+        `low_priority_loads`: the loads of start() run below the requests' priority too, as later ones always do
+        (a process started beside a serving one); TensorFlow's runtime must then be running already."""
         if poll_seconds <= 0 or (watch_seconds is not None and watch_seconds <= 0):
             raise ValueError(f"poll_seconds and watch_seconds must be positive, got {poll_seconds!r} and "
                              f"{watch_seconds!r}")
@@ -74,6 +85,9 @@ class ModelWatcher:
         # version -> (number of failures, monotonic time before which it is not tried again)
         self._failures: dict[str, tuple[int, float]] = {}
         self._store_down = False
+        self.hand_off = hand_off
+        self.low_priority_loads = low_priority_loads
+        self._handed_off: set[str] = set()
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,6 +194,8 @@ class ModelWatcher:
             return False
         started = time.monotonic()
         try:
+            if self._handing_off(latest, full=lambda: self._needs_full_load(latest)):
+                return False
             model = self._load(latest)
         except Exception as err:  # any failure of one version leaves the last good one serving
             delay = self._failed(latest, err)
@@ -210,6 +226,8 @@ class ModelWatcher:
             return False
         started = time.monotonic()
         try:
+            if self._handing_off(stable, full=lambda: True):
+                return False
             self._stable = self._load_alone(stable)
         except Exception as err:
             delay = self._failed(stable, err)
@@ -219,6 +237,34 @@ class ModelWatcher:
         logger.info("now serving stable version %s of %r beside version %s; loaded in %.2f s", stable,
                     self.model_name, model.version if model else None, time.monotonic() - started)
         return True
+
+    def _handing_off(self, version: str, full: Callable[[], bool]) -> bool:
+        """Whether `version` is left to another process: `hand_off` is set, start() has returned and the version
+        needs a full load (`full`). Calls `hand_off` the first time."""
+        if self.hand_off is None or self._thread is None or self._model is None or not full():
+            return False
+        if version not in self._handed_off:
+            self._handed_off.add(version)
+            logger.info("version %s of %r needs a full load: handed off to a new server process; version %s serves "
+                        "until it takes over", version, self.model_name, self._model.version)
+            self.hand_off(version)
+        return True
+
+    def hand_off_failed(self, version: str, error: str) -> None:
+        """The process that `version` was handed off to could not serve it: it is tried again after the backoff of
+        a failed load, and handed off again then."""
+        with self._poll_lock:
+            self._handed_off.discard(version)
+            delay = self._failed(version, RuntimeError(error))
+        logger.error("version %s of %r failed to load in a new server process (failure %d): %s; still serving "
+                     "version %s; next try in %.0f s", version, self.model_name, self._failures[version][0], error,
+                     self.version, delay)
+
+    def _needs_full_load(self, version: str) -> bool:
+        """Whether serving `version` takes a full model's load (_load): not a chain of deltas on the served one."""
+        active = self._model
+        first = self._chain(version, stop_at=active.version if active is not None else None)[0][1]
+        return not (first.get("kind") == DELTA_KIND and active is not None and self._standby is not None)
 
     def _may_try(self, version: str) -> bool:
         return time.monotonic() >= self._failures.get(version, (0, 0.0))[1]
@@ -244,7 +290,7 @@ class ModelWatcher:
         same core come first (their threads, and TensorFlow's, keep the process's priority). The first load
         runs on the calling thread: nothing is served yet, and TensorFlow's thread pools, which it may create,
         must not inherit a lower priority."""
-        if self._model is None:
+        if self._model is None and not self.low_priority_loads:
             return self._load_replica(full_version, deltas)
         outcome: dict[str, Any] = {}
 
@@ -273,7 +319,7 @@ class ModelWatcher:
                            self.precision, model.precision)
         for manifest, arrays in deltas:
             model = model.apply_delta(manifest, arrays)
-        model.predict([{}])  # warm-up: traces and allocates before the first real request
+        model.warm_up()  # traces and allocates before the first real request
         return model
 
     def _load(self, version: str) -> LoadedModel:
@@ -288,7 +334,7 @@ class ModelWatcher:
             self._standby = None  # if an update fails half-way, the next version reloads both replicas
             for manifest, arrays in [*self._pending, *deltas]:
                 standby = standby.apply_delta(manifest, arrays)
-            standby.predict([{}])
+            standby.predict([{}])  # a replica that served before: its kernels are built
             self._standby, self._pending = active, deltas
             return standby
         if first.get("kind") == DELTA_KIND:  # the served version is an ancestor, but there is no standby
