@@ -81,7 +81,7 @@ class Link:
 class Child:
     process: subprocess.Popen
     link: Link
-    role: str  # "standby", "starting" (told to serve), "active", "draining"
+    role: str  # "standby", "starting" (told to serve), "active", "draining", "failed" (could not serve; exits)
     wanted: str | None = None  # the version it was told to serve (or newer)
     version: str | None = None  # the version it served first
     since: float = field(default_factory=time.monotonic)
@@ -167,9 +167,10 @@ class Supervisor:
                         return code
             except StopRequested as stop:
                 logger.info("%s: stopping the server processes", stop)
+                self._stop_all(stop.signum)
                 return 0
             finally:
-                self._stop_all()
+                self._stop_all(signal.SIGTERM)
 
     def _step(self) -> int | None:
         for key, _ in self.selector.select(timeout=0.2):
@@ -230,6 +231,7 @@ class Supervisor:
                 return 1
             logger.error("server process %d could not serve version %s: %s; process %d keeps serving", child.pid,
                          child.wanted, error, active.pid)
+            child.role = "failed"  # it exits; _on_exit only reaps it
             self._send(active, "hand_off_failed", version=child.wanted, error=error)
         return None
 
@@ -247,6 +249,8 @@ class Supervisor:
             pass
         child.link.sock.close()
         code = child.process.returncode
+        if child.role == "failed":
+            return None
         if child.role == "draining":
             logger.info("server process %d drained and exited (%s) after %.1f s", child.pid, code,
                         time.monotonic() - child.since)
@@ -271,7 +275,7 @@ class Supervisor:
     def _keep_a_standby(self) -> None:
         """Starts a standby once one serves and none stands by, starts or drains: a process's start-up takes a
         moment of the cores at full priority before it lowers its own."""
-        if self.child("active") is not None and not any(c.role in ("standby", "starting", "draining")
+        if self.child("active") is not None and not any(c.role in ("standby", "starting", "draining", "failed")
                                                          for c in self.children):
             self._tell_active_about(self.spawn())
 
@@ -286,10 +290,11 @@ class Supervisor:
         except OSError as err:  # it is exiting: _on_exit handles it
             logger.warning("cannot reach server process %d: %s", child.pid, err)
 
-    def _stop_all(self) -> None:
+    def _stop_all(self, signum: int) -> None:
+        """Passes `signum` on to every child and waits for them (a child stops on SIGTERM and SIGINT alike)."""
         for child in self.children:
             if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
+                child.process.send_signal(signum)
         deadline = time.monotonic() + CHILD_STOP_SECONDS
         for child in self.children:
             try:
@@ -299,6 +304,7 @@ class Supervisor:
                                CHILD_STOP_SECONDS)
                 child.process.kill()
                 child.process.wait()
+        self.children.clear()
         self.rest.close()
 
 
