@@ -477,6 +477,8 @@ def test_garbage_collections_are_timed_per_generation_while_installed() -> None:
 def test_a_slow_garbage_collection_is_logged_with_its_generation(monkeypatch, caplog) -> None:
     ticks = iter([0.0, 0.05, 1.0, 1.0 + SLOW_GC_S + 0.4])
     monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: next(ticks))
+    cpu = iter([0.0, 0.01, 0.5, 0.62])  # this thread's CPU time: the long one was mostly off the CPU
+    monkeypatch.setattr(metrics_module.time, "thread_time", lambda: next(cpu))
     pauses = GcPauses()
     with caplog.at_level(logging.WARNING, logger="serving.metrics"):
         pauses._callback("start", {"generation": 0})
@@ -484,7 +486,8 @@ def test_a_slow_garbage_collection_is_logged_with_its_generation(monkeypatch, ca
         pauses._callback("start", {"generation": 2})
         pauses._callback("stop", {"generation": 2, "collected": 27771})
     assert caplog.text.count("garbage collection of generation") == 1
-    assert "generation 2 stopped every request for 0.50 s (27771 objects collected)" in caplog.text
+    assert ("generation 2 stopped every request for 0.500 s, 0.120 s of it on the CPU, on thread MainThread (27771 "
+            "objects collected)") in caplog.text
     samples = parse_metrics(ServerMetrics(timed_endpoints=[], gc_pauses=pauses).render(None))
     assert sample(samples, "ctr_gc_pause_seconds_bucket", generation="2", le="0.25") == 0
     assert sample(samples, "ctr_gc_pause_seconds_bucket", generation="2", le="0.5") == 1
