@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from components.config import ServingConfig
+from components.config import PipelineConfig, ServingConfig
 from components.delta import DELTA_FILE
 from components.model_store import LocalModelStore, rollback
 from serving.app import create_app
-from serving.model import InvalidInput, LoadedModel, StaleModel
+from serving.model import WARM_UP_SIZES, InvalidInput, LoadedModel, StaleModel
+from serving.server import build_server, warm_up_http
 from serving.watcher import ModelWatcher
 from tests.serving.delta_chain import MODEL_NAME, build_chain, load_weights, predictions, raw_rows
 from tests.serving.fixture_model import FixedSource
@@ -328,3 +331,46 @@ def test_hot_swaps_under_concurrent_requests_never_fail_or_mix_versions(chain, t
     assert len(answers) > 20 and len(seen) >= 2
     for version, values in answers:  # every answer is exactly one version's predictions
         np.testing.assert_allclose(values, expected[version], rtol=0, atol=1e-6)
+
+
+def test_a_new_replica_is_warmed_up_at_each_size_by_the_requests_path(chain, tmp_path, monkeypatch):
+    """The watcher's warm-up runs the typed-record path (as a row-form request does) at every WARM_UP_SIZES,
+    so that the first requests of those sizes find their kernels built."""
+    steps, _, _ = chain
+    calls: list[int] = []
+    run_packed = LoadedModel._run_packed
+
+    def counting(self, arguments, num_instances):
+        calls.append(num_instances)
+        return run_packed(self, arguments, num_instances)
+
+    monkeypatch.setattr(LoadedModel, "_run_packed", counting)
+    watcher = watcher_for(store_with(tmp_path, steps[:1]), tmp_path)
+    assert watcher.poll_once()
+    # two replicas (active and standby), each: one empty instance by `predict`, then each size by records
+    assert calls == [1, *WARM_UP_SIZES] * 2
+
+
+def test_the_rest_path_is_warmed_up_by_one_request_on_uvicorns_loop(chain, tmp_path):
+    steps, _, _ = chain
+    store = store_with(tmp_path, steps[:1])
+    config = PipelineConfig().with_overrides({"paths.data_root": str(tmp_path), "paths.model_store": str(store.root),
+                                              "serving.port": 0, "serving.grpc_port": -1})
+    servers = build_server(config)
+    servers.watcher.start()
+    thread = threading.Thread(target=servers.http.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not servers.http.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            time.sleep(0.01)
+        status = warm_up_http(servers)
+        port = servers.http.servers[0].sockets[0].getsockname()[1]
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        servers.http.should_exit = True
+        thread.join(timeout=20)
+        servers.watcher.stop()
+    assert status == 200
+    assert 'ctr_requests_total{endpoint="predict",code="200"} 1' in metrics
