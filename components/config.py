@@ -271,7 +271,8 @@ class ServingConfig:
     # process, started beside this one with its imports done, which takes the traffic over on the same ports
     # while this one finishes its requests and exits; a serving process then never drops a model, whose
     # collection stopped every request for 0.05-0.35 s (docs/serving.md). Costs a second process's memory (a
-    # server with TensorFlow imported and no model: the standby). "thread": in this process, as deltas are.
+    # server with TensorFlow imported and no model, the standby: about 0.3-0.5 GiB). "thread": in this process,
+    # as deltas are.
     full_loads: Literal["process", "thread"] = "process"
 
 
