@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ from serving.server import build_server, warm_up_http
 from serving.watcher import ModelWatcher
 from tests.serving.delta_chain import MODEL_NAME, build_chain, load_weights, predictions, raw_rows
 from tests.serving.fixture_model import FixedSource
+from tests.serving.running import http_running
 from trainer.export import APPLY_DELTA_ENDPOINT
 
 pytestmark = pytest.mark.integration
@@ -358,19 +358,11 @@ def test_the_rest_path_is_warmed_up_by_one_request_on_uvicorns_loop(chain, tmp_p
                                               "serving.port": 0, "serving.grpc_port": -1})
     servers = build_server(config)
     servers.watcher.start()
-    thread = threading.Thread(target=servers.http.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not servers.http.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            time.sleep(0.01)
-        status = warm_up_http(servers)
-        port = servers.http.servers[0].sockets[0].getsockname()[1]
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        with http_running(servers) as port:
+            status = warm_up_http(servers)
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
-        servers.http.should_exit = True
-        thread.join(timeout=20)
         servers.watcher.stop()
     assert status == 200
     assert 'ctr_requests_total{endpoint="predict",code="200"} 1' in metrics

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from components.config import PipelineConfig
 from components.model_store import LocalModelStore
 from serving.server import build_server, freeze_imports
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION
+from tests.serving.running import http_running
 
 pytestmark = pytest.mark.integration
 
@@ -32,29 +32,22 @@ def test_serves_over_http_and_swaps_to_a_newly_published_version(
         }
     )
     servers = build_server(config)
-    server, watcher = servers.http, servers.watcher
+    watcher = servers.watcher
     watcher.start()
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    deadline = time.monotonic() + 20
     try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict"
-        body = {"instances": [{"I1": 2, "I2": 3.5, "C1": "abc"}]}
+        with http_running(servers) as port:
+            url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict"
+            body = {"instances": [{"I1": 2, "I2": 3.5, "C1": "abc"}]}
 
-        before = httpx.post(url, json=body)
-        store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
-        while watcher.version != NEW_VERSION:
-            assert time.monotonic() < deadline + 20, "the new version was not loaded within 20 s"
-            time.sleep(0.01)
-        after = httpx.post(url, json=body)
-        bad = httpx.post(url, content=b"{")
+            before = httpx.post(url, json=body)
+            store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
+            while watcher.version != NEW_VERSION:
+                assert time.monotonic() < deadline + 20, "the new version was not loaded within 20 s"
+                time.sleep(0.01)
+            after = httpx.post(url, json=body)
+            bad = httpx.post(url, content=b"{")
     finally:
-        server.should_exit = True
-        thread.join(timeout=20)
         watcher.stop()
 
     assert (before.status_code, before.headers["x-model-version"]) == (200, OLD_VERSION)
@@ -64,7 +57,6 @@ def test_serves_over_http_and_swaps_to_a_newly_published_version(
     assert after.json()["predictions"] == pytest.approx([0.5866176], rel=1e-6)
     assert bad.status_code == 400
     assert bad.json()["error"].startswith("request body is not valid JSON")
-    assert not thread.is_alive()
 
 
 def test_rest_and_grpc_share_one_watcher_and_one_set_of_metrics(store: LocalModelStore, tmp_path: Path) -> None:
@@ -79,27 +71,19 @@ def test_rest_and_grpc_share_one_watcher_and_one_set_of_metrics(store: LocalMode
     assert servers.grpc is not None and servers.grpc_port
     servers.watcher.start()
     servers.grpc.start()
-    thread = threading.Thread(target=servers.http.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while not servers.http.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            time.sleep(0.01)
-        port = servers.http.servers[0].sockets[0].getsockname()[1]
-        rest = httpx.post(f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict",
-                          json={"instances": [{"I1": 2, "I2": 3.5, "C1": "abc"}]})
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = MODEL_NAME
-        request.inputs["I1"].CopyFrom(tf.make_tensor_proto([2.0]))
-        request.inputs["I2"].CopyFrom(tf.make_tensor_proto([3.5]))
-        request.inputs["C1"].CopyFrom(tf.make_tensor_proto(["abc"]))
-        with grpc.insecure_channel(f"127.0.0.1:{servers.grpc_port}") as channel:
-            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=20)
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        with http_running(servers) as port:
+            rest = httpx.post(f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict",
+                              json={"instances": [{"I1": 2, "I2": 3.5, "C1": "abc"}]})
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = MODEL_NAME
+            request.inputs["I1"].CopyFrom(tf.make_tensor_proto([2.0]))
+            request.inputs["I2"].CopyFrom(tf.make_tensor_proto([3.5]))
+            request.inputs["C1"].CopyFrom(tf.make_tensor_proto(["abc"]))
+            with grpc.insecure_channel(f"127.0.0.1:{servers.grpc_port}") as channel:
+                answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=20)
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
-        servers.http.should_exit = True
-        thread.join(timeout=20)
         servers.grpc.stop(None)
         servers.watcher.stop()
 
