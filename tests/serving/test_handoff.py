@@ -37,11 +37,11 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, store: LocalModelStore, tmp_path: Path) -> None:
-        self.port = free_port()
+        self.port, self.grpc_port = free_port(), free_port()
         self.log = tmp_path / "server.log"
         command = [sys.executable, "-m", "serving.server", "--set", f"paths.data_root={tmp_path}",
                    "--set", f"paths.model_store={store.root}", "--set", f"serving.port={self.port}",
-                   "--set", "serving.grpc_port=0", "--set", "serving.poll_seconds=0.2"]
+                   "--set", f"serving.grpc_port={self.grpc_port}", "--set", "serving.poll_seconds=0.2"]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -96,6 +96,37 @@ class Client(threading.Thread):
             time.sleep(0.005)
 
 
+class GrpcClient(threading.Thread):
+    """TF Serving's stub on one channel, calls one after another without wait_for_ready: a call the server
+    side drops fails."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.versions: list[str] = []
+        self.failures: list[str] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        import grpc
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = MODEL_NAME
+        for name, value in (("I1", [3.0]), ("I2", [2.5]), ("C1", ["abc"])):
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            while not self.stopping.is_set():
+                try:
+                    answer = stub.Predict(request, timeout=10)
+                    self.versions.append(str(answer.model_spec.version.value))
+                except grpc.RpcError as err:
+                    self.failures.append(f"{err.code().name}: {err.details()}")
+                time.sleep(0.005)
+
+
 @pytest.fixture
 def server(store: LocalModelStore, tmp_path: Path):
     running = Server(store, tmp_path)
@@ -107,23 +138,30 @@ def server(store: LocalModelStore, tmp_path: Path):
             running.stop()
 
 
-def test_a_new_full_version_is_taken_over_by_a_new_process_without_a_failed_request(
+def test_a_new_full_version_is_taken_over_by_a_new_process_without_a_failed_rest_or_grpc_call(
     server: Server, store: LocalModelStore, exported: dict[str, Path]
 ) -> None:
-    client = Client(server.port)
+    client, grpc_client = Client(server.port), GrpcClient(server.grpc_port)
     client.start()
-    server.wait(lambda: len(client.answers) >= 20, "answers from the first version")
+    grpc_client.start()
+    server.wait(lambda: len(client.answers) >= 20 and len(grpc_client.versions) >= 20,
+                "answers from the first version")
     store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
     server.wait(lambda: any(version == NEW_VERSION for _, version, _ in client.answers), "the new version")
     server.wait(lambda: "drained and exited (0)" in server.text(), "the old process's exit")
     seen = len(client.answers)
     server.wait(lambda: len(client.answers) >= seen + 20, "answers after the hand-off")
     server.wait(lambda: server.health().get("standby") == "ready", "a new standby")
-    client.stopping.set()
-    client.join(15)
+    server.wait(lambda: grpc_client.versions[-1] == NEW_VERSION, "the new version over gRPC")
+    for running in (client, grpc_client):
+        running.stopping.set()
+        running.join(15)
     status = server.stop()
 
-    assert client.failures == []
+    assert client.failures == [] and grpc_client.failures == []
+    grpc_first_new = grpc_client.versions.index(NEW_VERSION)
+    assert set(grpc_client.versions[:grpc_first_new]) == {OLD_VERSION}
+    assert set(grpc_client.versions[grpc_first_new:]) == {NEW_VERSION}
     assert {status for status, _, _ in client.answers} == {200}
     versions = [version for _, version, _ in client.answers]
     first_new = versions.index(NEW_VERSION)
