@@ -24,7 +24,8 @@ Phases, in one run:
 - swaps: an open loop at half that rate while three full models, each followed by a delta on it, are
   published 6 s apart; the p99 of the requests sent in the 3 s after a publish (pooled by kind) over the p99
   of the others; and the server's garbage collections over 0.1 s, during the swaps and in the whole run
-  (`swaps.server_gc_pauses`, from its log), each of which stopped every request in flight;
+  (`swaps.server_gc_pauses`, from its log), each of which stopped every request in flight; every request
+  of the phase drawn against time, by the version that answered it, in results/serving_swaps.png;
 - closed loop at 100 candidates again after the swaps, on the last version published, a delta on a full model
   (`after_deltas_*`): what a server of minute-level deltas answers with most of the time.
 
@@ -382,8 +383,8 @@ def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float
             "max_candidates_per_s_at_p99_10ms": None if held is None else held * 100, "failed_requests": failed}
 
 
-def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float
-          ) -> dict[str, Any]:
+def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float,
+          plot_path: Path | None = None) -> dict[str, Any]:
     """An open loop at `rate` while SWAP_ROUNDS full models, each followed by a delta on it, are published
     6 s apart. The requests sent in the SWAP_WINDOW_S after each full publish are pooled into `full_swap`,
     after each delta publish into `delta_swap`; every other request after the first second is steady state."""
@@ -430,7 +431,42 @@ def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[
         if out[f"{kind}_swap"] is not None:
             out[f"{kind}_swap"]["answered_after_s"] = answered
     out["versions_seen"] = sorted({v for _, v in result.versions if v})
+    if plot_path is not None:
+        out["plot"] = plot_swaps(records, published, start, plot_path)
     return out
+
+
+def plot_swaps(records: list[Any], published: list[tuple[str, str, float]], start: float, path: Path) -> str:
+    """Each request of the swap phase as a point (when it was sent, its latency), coloured by the version that
+    answered, with every publish marked and its window shaded: the picture of what a swap costs, and when."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    origin = start - 1.0
+    versions = sorted({r.version for r in records if r.version})
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    colors = plt.get_cmap("tab10")
+    for index, version in enumerate(versions):
+        points = [(r.sent_at_s - origin, r.latency_s * 1000) for r in records if r.version == version]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=5, color=colors(index % 10), label=version)
+    for kind, version, when in published:
+        ax.axvspan(when - origin, when - origin + SWAP_WINDOW_S, color="0.85" if kind == "full" else "0.93",
+                   zorder=0)
+        ax.axvline(when - origin, color="black" if kind == "full" else "0.5", linewidth=0.8)
+        ax.text(when - origin, 1.02, f"{kind} {version[-4:]}", transform=ax.get_xaxis_transform(), fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds into the swap phase (a line: a publish; shaded: its window)")
+    ax.set_ylabel("latency (ms)")
+    ax.legend(title="answered by", fontsize=7, title_fontsize=7, markerscale=3, loc="upper right")
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    repo = Path(__file__).resolve().parents[1]
+    return str(path.relative_to(repo)) if path.resolve().is_relative_to(repo) else str(path)
 
 
 def slow_collections(log: Path, start: int = 0) -> dict[str, dict[str, float]]:
@@ -571,7 +607,10 @@ def main() -> int:
             print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
             server_log = work / "server.log"
             log_before = server_log.stat().st_size
-            swapped = swaps(url, instances, store, models, swap_rate)
+            results = Path(__file__).parent / "results"
+            plot = results / ("serving_swaps.png" if args.precision == "float32" else
+                              f"serving_{args.precision}_swaps.png")
+            swapped = swaps(url, instances, store, models, swap_rate, plot_path=plot)
             swapped["server_gc_pauses"] = slow_collections(server_log, log_before)
             collections = slow_collections(server_log)
             print(f"  the server's garbage collections of {SLOW_GC_S} s or more, during the swaps / in the whole run: "
