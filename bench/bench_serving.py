@@ -445,6 +445,7 @@ def plot_swaps(records: list[Any], published: list[tuple[str, str, float]], star
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     origin = start - 1.0
     versions = sorted({r.version for r in records if r.version})
@@ -459,6 +460,8 @@ def plot_swaps(records: list[Any], published: list[tuple[str, str, float]], star
         ax.axvline(when - origin, color="black" if kind == "full" else "0.5", linewidth=0.8)
         ax.text(when - origin, 1.02, f"{kind} {version[-4:]}", transform=ax.get_xaxis_transform(), fontsize=7)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("seconds into the swap phase (a line: a publish; shaded: its window)")
     ax.set_ylabel("latency (ms)")
     ax.legend(title="answered by", fontsize=7, title_fontsize=7, markerscale=3, loc="upper right")
