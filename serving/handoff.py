@@ -60,6 +60,7 @@ class Link:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buffer = b""
+        self._kept: list[dict[str, Any]] = []  # received by receive_one, not returned yet
         self._sending = threading.Lock()  # a child sends from its watcher's thread and its main thread
 
     def send(self, kind: str, **fields: Any) -> None:
@@ -68,13 +69,27 @@ class Link:
             self.sock.sendall(data)
 
     def receive(self) -> list[dict[str, Any]] | None:
-        """The messages that arrived (blocking until at least one byte does); None once the other end closed."""
+        """The messages that arrived (blocking until at least one byte does, unless some are kept from
+        `receive_one`); None once the other end closed."""
+        if self._kept:
+            kept, self._kept = self._kept, []
+            return kept
         data = self.sock.recv(65536)
         if not data:
             return None
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         return [json.loads(line) for line in lines if line.strip()]
+
+    def receive_one(self) -> dict[str, Any] | None:
+        """The next message; any that arrived with it are kept for the next call of this or `receive`. None
+        once the other end closed."""
+        while not self._kept:
+            messages = self.receive()
+            if messages is None:
+                return None
+            self._kept = messages
+        return self._kept.pop(0)
 
 
 @dataclass

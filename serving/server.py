@@ -165,7 +165,7 @@ def serve_child(link: handoff.Link, listening: socket.socket) -> int:
         try:
             _below_requests(_import_server_modules)
             link.send("standing_by")
-            command = _next_command(link)
+            command = link.receive_one()
             if command is None or command.get("kind") != "serve":
                 return 0
             return _serve_child(config, link, listening, command.get("version"))
@@ -304,15 +304,6 @@ def _drain(servers: Servers, draining: threading.Event) -> None:
     while http.server_state.connections and time.monotonic() < deadline:
         time.sleep(0.05)
     http.should_exit = True
-
-
-def _next_command(link: handoff.Link) -> dict | None:
-    while True:
-        messages = link.receive()
-        if messages is None:
-            return None
-        if messages:
-            return messages[0]
 
 
 def _import_server_modules() -> None:

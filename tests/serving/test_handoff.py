@@ -19,6 +19,7 @@ import pytest
 
 from components.manifest import write_manifest
 from components.model_store import LocalModelStore
+from serving.handoff import Link
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION
 
 pytestmark = pytest.mark.integration
@@ -192,3 +193,19 @@ def test_a_version_the_new_process_cannot_load_leaves_the_old_one_serving(
     assert f"version {NEW_VERSION} of '{MODEL_NAME}' failed to load in a new server process (failure 1)" in \
         server.text()
     assert status == 0
+
+
+def test_the_control_link_keeps_what_arrived_with_the_message_it_returns() -> None:
+    ours, theirs = socket.socketpair()
+    sender, receiver = Link(ours), Link(theirs)
+    sender.send("serve", version=None)
+    sender.send("drain")  # both arrive in one read
+    first, rest = receiver.receive_one(), receiver.receive()
+    theirs.sendall(b'{"kind": "hand_off", ')  # a message in two pieces
+    theirs.sendall(b'"version": "202601010100"}\n')
+    split = sender.receive_one()
+    theirs.close()
+    assert first == {"kind": "serve", "version": None}
+    assert rest == [{"kind": "drain"}]
+    assert split == {"kind": "hand_off", "version": "202601010100"}
+    assert sender.receive_one() is None
