@@ -51,7 +51,18 @@ CONTROL_FD_ENV = "CTR_SERVING_CONTROL_FD"
 DRAIN_SECONDS = 6.0  # uvicorn closes keep-alive connections idle for 5 s; a draining child is done by then
 CHILD_STOP_SECONDS = 12.0  # a child's own SIGTERM stop takes at most 9 s (serving.server)
 REST_BACKLOG = 2048
-STANDBY_NICE = 19  # a standby imports at serving.watcher.LOADER_NICE's value
+# The nice value of the threads that load full models while a version is serving (serving.watcher) and of a
+# standby's imports. Linux gives each thread its own; a thread started by one inherits it.
+LOADER_NICE = 19
+
+
+def lower_this_threads_priority() -> None:
+    """The calling thread to LOADER_NICE; where that is not possible (not Linux, not allowed) it runs on at the
+    process's priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
+    except (AttributeError, OSError) as err:
+        logger.info("loads run at the process's priority (%s)", err)
 
 
 class Link:

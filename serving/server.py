@@ -314,15 +314,12 @@ def _import_server_modules() -> None:
 
 
 def _below_requests(work: Callable[[], None]) -> None:
-    """Runs `work` on a thread at handoff.STANDBY_NICE (as serving.watcher's loads): a standby's start-up
+    """Runs `work` on a thread at handoff.LOADER_NICE (as serving.watcher's loads): a standby's start-up
     takes seconds of CPU beside the process serving on the same cores."""
     failure: list[BaseException] = []
 
     def run() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), handoff.STANDBY_NICE)
-        except (AttributeError, OSError):
-            pass
+        handoff.lower_this_threads_priority()
         try:
             work()
         except BaseException as err:  # noqa: BLE001 - raised again on the calling thread

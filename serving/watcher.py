@@ -26,7 +26,6 @@ up is logged and not tried again until a backoff has passed; serving stays on th
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 import time
@@ -38,6 +37,7 @@ import numpy as np
 
 from components.delta import DELTA_KIND, read_delta
 from components.model_store import CANARY_LABEL, STABLE_LABEL, ModelStore, ModelStoreError
+from serving.handoff import lower_this_threads_priority
 from serving.model import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -295,7 +295,7 @@ class ModelWatcher:
         outcome: dict[str, Any] = {}
 
         def load() -> None:
-            _lower_this_threads_priority()
+            lower_this_threads_priority()
             try:
                 outcome["model"] = self._load_replica(full_version, deltas)
             except Exception as err:  # noqa: BLE001 - raised again on the watcher's thread
@@ -390,15 +390,3 @@ class ModelWatcher:
         for path in cached.iterdir():
             if path.is_dir() and path.name.isdigit() and path.resolve() not in {k.resolve() for k in keep}:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-# The nice value of the threads that load full models while a version is serving (ModelWatcher._replica). Linux
-# gives each thread its own; a thread started by one inherits it.
-LOADER_NICE = 19
-
-
-def _lower_this_threads_priority() -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
-    except (AttributeError, OSError) as err:  # not Linux, or not allowed: it loads at the process's priority
-        logger.info("full models load at the process's priority (%s)", err)

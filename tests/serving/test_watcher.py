@@ -17,8 +17,9 @@ from components.config import ServingConfig
 from components.model_store import LocalModelStore
 from serving import watcher as watcher_module
 from serving.app import create_app
+from serving.handoff import LOADER_NICE
 from serving.model import LoadedModel
-from serving.watcher import LOADER_NICE, ModelWatcher
+from serving.watcher import ModelWatcher
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, corrupt
 
 pytestmark = pytest.mark.unit
