@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -24,7 +25,14 @@ from tensorflow_serving.apis import (
 
 from components.config import ServingConfig
 from serving.app import create_app
-from serving.grpc_server import GRPC_TIMED_ENDPOINTS, build_grpc_server, tensor_array
+from serving.grpc_server import (
+    GRPC_TIMED_ENDPOINTS,
+    add_warm_up_port,
+    build_grpc_server,
+    client_channel_options,
+    tensor_array,
+    warm_up_grpc,
+)
 from serving.metrics import ServerMetrics
 from serving.model import LoadedModel
 from tests.serving.fixture_model import MODEL_NAME, OLD_VERSION, FixedSource
@@ -287,3 +295,57 @@ def test_calls_are_counted_and_timed_with_the_http_status_rest_would_answer(
     assert 'ctr_requests_total{endpoint="grpc_predict",code="400"} 1' in text
     assert 'ctr_request_duration_seconds_count{endpoint="grpc_predict"} 2' in text
     assert "ctr_predictions_total 2" in text
+
+
+def test_the_warm_up_call_reaches_the_model_through_a_loopback_port_of_the_servers_own(
+    old_model: LoadedModel, metrics: ServerMetrics
+) -> None:
+    server, port = build_grpc_server(FixedSource(old_model), CONFIG, metrics, port=0, workers=2)
+    warm_up_port = add_warm_up_port(server)
+    server.start()
+    try:
+        version = warm_up_grpc(warm_up_port, MODEL_NAME, old_model, rows=CONFIG.max_instances)
+    finally:
+        server.stop(None)
+    text = metrics.render(None)
+
+    assert warm_up_port not in (0, port)
+    assert version == OLD_VERSION
+    assert 'ctr_requests_total{endpoint="grpc_predict",code="200"} 1' in text
+    assert f"ctr_predictions_total {CONFIG.max_instances}" in text
+
+
+def test_a_client_with_the_channel_options_sends_a_cancelled_call_again() -> None:
+    """How a call that crossed a server's stop fails (CANCELLED, before any answer) is what gRPC itself sends
+    again under client_channel_options; without them, the client sees it."""
+    calls: list[str] = []
+
+    class CancelledFirst(prediction_service_pb2_grpc.PredictionServiceServicer):
+        def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext
+                    ) -> predict_pb2.PredictResponse:
+            calls.append(request.model_spec.name)
+            if len(calls) % 2 == 1:
+                context.abort(grpc.StatusCode.CANCELLED, "server shutting down")
+            response = predict_pb2.PredictResponse()
+            response.model_spec.name = request.model_spec.name
+            return response
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(CancelledFirst(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = MODEL_NAME
+    request.inputs["C1"].CopyFrom(tf.make_tensor_proto(["x" * 1000] * 1000))  # over gRPC's default retry buffer
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=client_channel_options(4 << 20)) as channel:
+            answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 4 << 20)]
+                                   ) as channel, pytest.raises(grpc.RpcError) as plain:
+            prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
+    finally:
+        server.stop(None)
+
+    assert answer.model_spec.name == MODEL_NAME
+    assert plain.value.code() == grpc.StatusCode.CANCELLED
+    assert calls == [MODEL_NAME] * 3

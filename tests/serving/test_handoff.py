@@ -98,12 +98,13 @@ class Client(threading.Thread):
 
 
 class GrpcClient(threading.Thread):
-    """TF Serving's stub on one channel, calls one after another without wait_for_ready: a call the server
-    side drops fails."""
+    """TF Serving's stub on one channel (with `options`: serving.grpc_server.client_channel_options, or none),
+    calls one after another without wait_for_ready: a call the server side drops fails."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, options: list | None = None) -> None:
         super().__init__(daemon=True)
         self.port = port
+        self.options = options or []
         self.versions: list[str] = []
         self.failures: list[str] = []
         self.stopping = threading.Event()
@@ -117,7 +118,7 @@ class GrpcClient(threading.Thread):
         request.model_spec.name = MODEL_NAME
         for name, value in (("I1", [3.0]), ("I2", [2.5]), ("C1", ["abc"])):
             request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
-        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}", options=self.options) as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             while not self.stopping.is_set():
                 try:
@@ -139,13 +140,17 @@ def server(store: LocalModelStore, tmp_path: Path):
             running.stop()
 
 
-def test_a_new_full_version_is_taken_over_by_a_new_process_without_a_failed_rest_or_grpc_call(
+def test_a_new_full_version_is_taken_over_by_a_new_process_without_a_failed_rest_or_retried_grpc_call(
     server: Server, store: LocalModelStore, exported: dict[str, Path]
 ) -> None:
+    from components.config import ServingConfig
+    from serving.grpc_server import client_channel_options
+
     client, grpc_client = Client(server.port), GrpcClient(server.grpc_port)
-    client.start()
-    grpc_client.start()
-    server.wait(lambda: len(client.answers) >= 20 and len(grpc_client.versions) >= 20,
+    retrying = GrpcClient(server.grpc_port, client_channel_options(ServingConfig().max_body_bytes))
+    for running in (client, grpc_client, retrying):
+        running.start()
+    server.wait(lambda: len(client.answers) >= 20 and min(len(grpc_client.versions), len(retrying.versions)) >= 20,
                 "answers from the first version")
     store.publish(MODEL_NAME, NEW_VERSION, exported[NEW_VERSION])
     server.wait(lambda: any(version == NEW_VERSION for _, version, _ in client.answers), "the new version")
@@ -153,16 +158,21 @@ def test_a_new_full_version_is_taken_over_by_a_new_process_without_a_failed_rest
     seen = len(client.answers)
     server.wait(lambda: len(client.answers) >= seen + 20, "answers after the hand-off")
     server.wait(lambda: server.health().get("standby") == "ready", "a new standby")
-    server.wait(lambda: grpc_client.versions[-1] == NEW_VERSION, "the new version over gRPC")
-    for running in (client, grpc_client):
+    server.wait(lambda: grpc_client.versions[-1] == retrying.versions[-1] == NEW_VERSION,
+                "the new version over gRPC")
+    for running in (client, grpc_client, retrying):
         running.stopping.set()
         running.join(15)
     status = server.stop()
 
-    assert client.failures == [] and grpc_client.failures == []
-    grpc_first_new = grpc_client.versions.index(NEW_VERSION)
-    assert set(grpc_client.versions[:grpc_first_new]) == {OLD_VERSION}
-    assert set(grpc_client.versions[grpc_first_new:]) == {NEW_VERSION}
+    # A plain gRPC client can lose the one call that crosses the old server's stop (grpc_server's docstring);
+    # one with client_channel_options loses none.
+    assert client.failures == [] and retrying.failures == []
+    assert len(grpc_client.failures) <= 1 and all(f.startswith("CANCELLED") for f in grpc_client.failures)
+    for answered in (grpc_client.versions, retrying.versions):
+        grpc_first_new = answered.index(NEW_VERSION)
+        assert set(answered[:grpc_first_new]) == {OLD_VERSION}
+        assert set(answered[grpc_first_new:]) == {NEW_VERSION}
     assert {status for status, _, _ in client.answers} == {200}
     versions = [version for _, version, _ in client.answers]
     first_new = versions.index(NEW_VERSION)
