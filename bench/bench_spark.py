@@ -135,12 +135,14 @@ def count_pass(spark, joined: Path, minutes, spec) -> float:
 
 
 def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, features: FeatureConfig,
-               parent) -> dict[str, Any]:
+               parent, shuffle_partitions: int) -> dict[str, Any]:
     """The Spark work of one minute run of the events source (pipelines.sources.EventsSource, then
-    pipelines.incremental.fold_and_write), timed by part: the join, the fold, the write."""
+    pipelines.incremental.fold_and_write), timed by part: the join, the fold, the write. The join runs under the
+    minute's settings (spark_jobs.session.minute_conf), as it does inside fold_and_write in the pipeline."""
     from pipelines.incremental import fold_and_write
     from pipelines.sources import HELD_OUT, hash_split
     from spark_jobs.events import REQUEST_ID, joined_rows, run
+    from spark_jobs.session import minute_conf, session_conf
 
     joined = root / "joined" / minute.tag
     started = time.perf_counter()
@@ -149,16 +151,18 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
     def lap(name: str) -> None:
         parts[name] = time.perf_counter() - started - sum(parts.values())
 
-    run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
-        sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
-        previous=Layout(root).joined_dir_ending_at(minute.start))
+    with session_conf(spark, minute_conf(shuffle_partitions)):
+        run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
+            sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
+            previous=Layout(root).joined_dir_ending_at(minute.start))
     lap("join")
     fraction = IncrementalConfig().holdout_fraction
     fold_and_write(spark, lambda: joined_rows(spark, joined, [minute.start], CRITEO,
                                               add=lambda frame: hash_split(frame, [REQUEST_ID], fraction),
                                               keep=[HELD_OUT]),
                    parent, features, CRITEO, day=0, version=f"minute-{minute.tag}", directory=root / minute.tag,
-                   inputs={"interval": minute.tag}, lap=lambda name: lap(name) if name != "spark_session" else None)
+                   inputs={"interval": minute.tag}, shuffle_partitions=shuffle_partitions,
+                   lap=lambda name: lap(name) if name != "spark_session" else None)
     return {"seconds": time.perf_counter() - started, "parts": parts}
 
 
@@ -225,7 +229,8 @@ def main() -> int:
             for index in range(history, history + MINUTE_RUNS):
                 minute = Interval(parse_time(START) + timedelta(minutes=index),
                                   parse_time(START) + timedelta(minutes=index + 1))
-                runs.append(minute_run(remote, root / "minute", minute, events, features, state))
+                runs.append(minute_run(remote, root / "minute", minute, events, features, state,
+                                       spark_config.minute_shuffle_partitions))
             remote.stop()
         warm = runs[-MINUTE_TIMED:]
         result["minute_spark_cold_s"] = runs[0]["seconds"]
@@ -235,6 +240,7 @@ def main() -> int:
         result["minute_parts_s"] = {part: statistics.median(r["parts"][part] for r in warm)
                                     for part in warm[0]["parts"]}
         result["minute_impressions"] = MINUTE_RATE
+        result["minute_shuffle_partitions"] = spark_config.minute_shuffle_partitions
         result["minute_lookback_minutes"] = history
         shutil.rmtree(root, ignore_errors=True)
     result["goals"] = {"join_over_sql_at_least_0.5": result["join_over_sql"] >= 0.5,
