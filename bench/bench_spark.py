@@ -137,12 +137,10 @@ def count_pass(spark, joined: Path, minutes, spec) -> float:
 def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, features: FeatureConfig,
                parent, shuffle_partitions: int) -> dict[str, Any]:
     """The Spark work of one minute run of the events source (pipelines.sources.EventsSource, then
-    pipelines.incremental.fold_and_write), timed by part: the join, the fold, the write. The join runs under the
-    minute's settings (spark_jobs.session.minute_conf), as it does inside fold_and_write in the pipeline."""
+    pipelines.incremental.fold_and_write), timed by part: the join, the fold, the write."""
     from pipelines.incremental import fold_and_write
     from pipelines.sources import HELD_OUT, hash_split
     from spark_jobs.events import REQUEST_ID, joined_rows, run
-    from spark_jobs.session import minute_conf, session_conf
 
     joined = root / "joined" / minute.tag
     started = time.perf_counter()
@@ -151,18 +149,16 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
     def lap(name: str) -> None:
         parts[name] = time.perf_counter() - started - sum(parts.values())
 
-    with session_conf(spark, minute_conf(shuffle_partitions)):
-        run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
-            sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
-            previous=Layout(root).joined_dir_ending_at(minute.start))
+    run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
+        sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
+        previous=Layout(root).joined_dir_ending_at(minute.start), short_span_partitions=shuffle_partitions)
     lap("join")
     fraction = IncrementalConfig().holdout_fraction
     fold_and_write(spark, lambda: joined_rows(spark, joined, [minute.start], CRITEO,
                                               add=lambda frame: hash_split(frame, [REQUEST_ID], fraction),
                                               keep=[HELD_OUT]),
                    parent, features, CRITEO, day=0, version=f"minute-{minute.tag}", directory=root / minute.tag,
-                   inputs={"interval": minute.tag}, shuffle_partitions=shuffle_partitions,
-                   lap=lambda name: lap(name) if name != "spark_session" else None)
+                   inputs={"interval": minute.tag}, lap=lambda name: lap(name) if name != "spark_session" else None)
     return {"seconds": time.perf_counter() - started, "parts": parts}
 
 

@@ -83,10 +83,10 @@ class SparkConfig:
     remote: str = ""
     driver_memory: str = "4g"
     shuffle_partitions: int = 4
-    # spark.sql.shuffle.partitions of a minute run's jobs (its join, fold and sample write:
-    # pipelines.incremental.fold_and_write). A minute holds some 60 K rows, and each partition is a task per shuffle
-    # stage whose fixed cost outweighs its share of them: about one per core the tasks run on. On local[2], 2 took
-    # 0.90x the time of 8 and 0.92x that of 4, and 1 took 1.15x that of 2 (docs/spark.md).
+    # spark.sql.shuffle.partitions of the events join of a span up to 15 minutes (a minute run's join:
+    # spark_jobs.events.run). A minute holds some 60 K impressions, and each partition is a task per shuffle stage
+    # whose fixed cost outweighs its share of them: about one per core the tasks run on. On local[2], a minute run
+    # took 0.90x the time with 2 as with 8, 0.92x as with 4, and 1.15x with 1 as with 2 (docs/spark.md).
     minute_shuffle_partitions: int = 2
 
 

@@ -324,24 +324,21 @@ def _rows(ctx: RunContext, plan: Plan):
 
 
 def fold_and_write(spark, rows, parent, features, spec, *, day: int, version: str, directory: Path,
-                   inputs: dict[str, Any], shuffle_partitions: int, lap=lambda name: None
-                   ) -> tuple[Any, dict[str, dict]]:
+                   inputs: dict[str, Any], lap=lambda name: None) -> tuple[Any, dict[str, dict]]:
     """The Spark work of a minute run once its rows are labelled, in one session: the rows (`rows()`: parsed,
     with HELD_OUT) folded into `parent` (admissions into the room the daily run left, no eviction, the
     parent's dense transforms: build_feature_state with evict=False), then block TFRecords of the training and
     held-out rows under the new state, both in one Spark job, under `directory`/samples/{train,holdout}.
-    Returns (the new state, split -> manifest); `lap(name)` is called after each part. Everything, `rows()`
-    included (the events source joins the minute there), runs under spark_jobs.session.minute_conf:
-    `shuffle_partitions` (spark.minute_shuffle_partitions) as spark.sql.shuffle.partitions.
+    Returns (the new state, split -> manifest); `lap(name)` is called after each part.
 
     The rows are read and parsed once, kept in Spark's memory for both jobs, and let go at the end: a minute
     is small, and reading it a second time (and a third, for the held-out rows) cost more than keeping it."""
     from pipelines.sources import split_rows
     from spark_jobs.features import build_feature_state
     from spark_jobs.samples import write_splits
-    from spark_jobs.session import minute_conf, session_conf
+    from spark_jobs.session import MINUTE_CACHE_CONF, session_conf
 
-    with session_conf(spark, minute_conf(shuffle_partitions)):
+    with session_conf(spark, MINUTE_CACHE_CONF):  # kept uncompressed: spark_jobs.session
         minute_rows = rows().persist()
         lap("spark_session")
         try:
@@ -380,8 +377,7 @@ def samples(ctx: RunContext) -> dict:
     state, written = fold_and_write(
         ctx.spark(), lambda: _rows(ctx, plan), parent, ctx.config.features, ctx.spec,
         day=day_number(ctx.interval.start), version=f"minute-{ctx.interval.tag}", directory=_dir(ctx),
-        inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)},
-        shuffle_partitions=ctx.config.spark.minute_shuffle_partitions, lap=lap)
+        inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)}, lap=lap)
     features_s = sum(seconds[name] for name in ("load_parent_state", "spark_session", "fold_counts"))
     rows = {split: manifest["row_counts"]["rows"] for split, manifest in written.items()}
     if rows["train"] == 0 or rows["holdout"] == 0:

@@ -616,12 +616,29 @@ def _local(spark: SparkSession, table: pa.Table, schema: pa.Schema, columns: lis
 
 
 def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
-        lookback_s: int, previous: Path | None = None) -> dict:
+        lookback_s: int, previous: Path | None = None, short_span_partitions: int | None = None) -> dict:
     """Joins `span` and writes its samples, metrics and history state to `output` (write_joined); returns
     the metrics. `previous`: the joined output of the span that ends where this one starts
     (Layout.joined_dir_ending_at). A run of up to NARROW_LOOKBACK_MAX_SPAN that can continue its history
     state reads only the span's rows and the few earlier ones they name (continued_inputs); any other run
-    (the first after a gap, a quarantined or re-configured span, a daily run) reads the lookback."""
+    (the first after a gap, a quarantined or re-configured span, a daily run) reads the lookback.
+    `short_span_partitions` (spark.minute_shuffle_partitions): the spark.sql.shuffle.partitions of a run of up
+    to NARROW_LOOKBACK_MAX_SPAN, the session's own put back after; None, or a longer span: the session's."""
+    from spark_jobs.session import session_conf
+
+    short = span.end - span.start <= NARROW_LOOKBACK_MAX_SPAN
+    if short and short_span_partitions is not None:
+        if short_span_partitions < 1:
+            raise ValueError(f"spark.minute_shuffle_partitions must be at least 1, got {short_span_partitions}")
+        with session_conf(spark, {"spark.sql.shuffle.partitions": str(short_span_partitions)}):
+            return _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
+                        lookback_s=lookback_s, previous=previous)
+    return _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
+                lookback_s=lookback_s, previous=previous)
+
+
+def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
+         lookback_s: int, previous: Path | None) -> dict:
     watermark = stream_watermark(layout, CLICKS)
     if watermark is None or span.end > final_until(watermark, window_s):
         raise EventInputError(

@@ -56,14 +56,6 @@ def get_spark(config: SparkConfig, app_name: str = "ctr"):
 MINUTE_CACHE_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 
-def minute_conf(shuffle_partitions: int) -> dict[str, str]:
-    """The SQL settings of a minute run's jobs: MINUTE_CACHE_CONF, and `shuffle_partitions`
-    (spark.minute_shuffle_partitions) as spark.sql.shuffle.partitions."""
-    if shuffle_partitions < 1:
-        raise ValueError(f"spark.minute_shuffle_partitions must be at least 1, got {shuffle_partitions}")
-    return {**MINUTE_CACHE_CONF, "spark.sql.shuffle.partitions": str(shuffle_partitions)}
-
-
 @contextmanager
 def session_conf(spark, settings: Mapping[str, str]) -> Iterator[None]:
     """Sets SQL settings of `spark`'s session for the block, then puts back what was there (or unsets)."""

@@ -316,32 +316,3 @@ def test_a_minute_trained_from_the_model_kept_in_memory_equals_one_trained_from_
     kept = load_checkpoint(directory / "checkpoint")
     for expected, actual in zip(kept.weights, load_checkpoint(tmp_path / "checkpoint").weights, strict=True):
         np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=1e-5)
-
-
-def test_a_minutes_rows_are_made_under_the_minute_settings_and_the_session_gets_its_own_back(spark, tmp_path):
-    """fold_and_write runs `rows()` (where the events source joins the minute) under minute_conf, and puts the
-    session's settings back when it ends, here by an error from `rows()`."""
-    from components.config import FeatureConfig
-    from components.feature_spec import load_spec
-    from pipelines.incremental import fold_and_write
-
-    keys = ("spark.sql.shuffle.partitions", "spark.sql.inMemoryColumnarStorage.compressed")
-    before = {key: spark.conf.get(key, None) for key in keys}
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def rows():
-        seen.update({key: spark.conf.get(key) for key in keys})
-        raise Stop
-
-    with pytest.raises(Stop):
-        fold_and_write(spark, rows, None, FeatureConfig(), load_spec("criteo"), day=0, version="minute-x",
-                       directory=tmp_path, inputs={}, shuffle_partitions=3)
-
-    assert seen == {"spark.sql.shuffle.partitions": "3", "spark.sql.inMemoryColumnarStorage.compressed": "false"}
-    assert {key: spark.conf.get(key, None) for key in keys} == before
-    with pytest.raises(ValueError, match="spark.minute_shuffle_partitions must be at least 1, got 0"):
-        fold_and_write(spark, rows, None, FeatureConfig(), load_spec("criteo"), day=0, version="minute-x",
-                       directory=tmp_path, inputs={}, shuffle_partitions=0)

@@ -574,3 +574,34 @@ def test_a_partition_delivered_twice_changes_no_sample_and_is_counted(spark, gen
     assertDataFrameEqual(second, first)
     for stream in (IMPRESSIONS, CLICKS):  # the raw deliveries are kept as they came
         assert len(list(twice.raw_events_minute_dir(stream, redelivered).glob("part-*.parquet"))) == 2
+
+
+def test_a_minute_runs_join_shuffles_into_the_minutes_partitions_and_gives_the_same_rows(spark, generated, tmp_path,
+                                                                                        monkeypatch):
+    """short_span_partitions (spark.minute_shuffle_partitions) is the session's shuffle partitions while a span
+    of up to NARROW_LOOKBACK_MAX_SPAN is joined, and put back after; the rows written do not depend on it."""
+    import spark_jobs.events as events_module
+
+    layout, _, events, _, _ = generated
+    minute = Interval(START + timedelta(minutes=6), START + timedelta(minutes=7))
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    seen = []
+    write_joined = events_module.write_joined
+
+    def noting(*args, **kwargs):
+        seen.append(spark.conf.get(key))
+        return write_joined(*args, **kwargs)
+
+    monkeypatch.setattr(events_module, "write_joined", noting)
+    for name, partitions in (("own", 3), ("session", None)):
+        run(spark, layout, minute, tmp_path / name, window_s=events.attribution_window_s, sequence_length=10,
+            lookback_s=7200, short_span_partitions=partitions)
+    with pytest.raises(ValueError, match="spark.minute_shuffle_partitions must be at least 1, got 0"):
+        run(spark, layout, minute, tmp_path / "none", window_s=events.attribution_window_s, sequence_length=10,
+            lookback_s=7200, short_span_partitions=0)
+
+    assert seen == ["3", before] and spark.conf.get(key) == before != "3"
+    own, session = (sorted(pq.read_table(tmp_path / name / "samples").to_pylist(), key=lambda r: r["request_id"])
+                    for name in ("own", "session"))
+    assert len(own) > 500 and own == session
