@@ -86,7 +86,8 @@ class SparkConfig:
     # spark.sql.shuffle.partitions of the events join of a span up to 15 minutes (a minute run's join:
     # spark_jobs.events.run). A minute holds some 60 K impressions, and each partition is a task per shuffle stage
     # whose fixed cost outweighs its share of them: about one per core the tasks run on. On local[2], a minute run
-    # took 0.90x the time with 2 as with 8, 0.92x as with 4, and 1.15x with 1 as with 2 (docs/spark.md).
+    # took 0.90x the time with 2 as with 8, 0.92x as with 4, and 1.15x with 1 as with 2, the gain all in the join
+    # (docs/spark.md).
     minute_shuffle_partitions: int = 2
 
 

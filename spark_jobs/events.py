@@ -626,15 +626,14 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
     to NARROW_LOOKBACK_MAX_SPAN, the session's own put back after; None, or a longer span: the session's."""
     from spark_jobs.session import session_conf
 
+    if short_span_partitions is not None and short_span_partitions < 1:
+        raise ValueError(f"spark.minute_shuffle_partitions must be at least 1, got {short_span_partitions}")
     short = span.end - span.start <= NARROW_LOOKBACK_MAX_SPAN
-    if short and short_span_partitions is not None:
-        if short_span_partitions < 1:
-            raise ValueError(f"spark.minute_shuffle_partitions must be at least 1, got {short_span_partitions}")
-        with session_conf(spark, {"spark.sql.shuffle.partitions": str(short_span_partitions)}):
-            return _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
-                        lookback_s=lookback_s, previous=previous)
-    return _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
-                lookback_s=lookback_s, previous=previous)
+    settings = ({"spark.sql.shuffle.partitions": str(short_span_partitions)}
+                if short and short_span_partitions is not None else {})
+    with session_conf(spark, settings):
+        return _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
+                    lookback_s=lookback_s, previous=previous)
 
 
 def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
