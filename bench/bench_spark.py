@@ -139,7 +139,7 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
     """The Spark work of one minute run of the events source (pipelines.sources.EventsSource, then
     pipelines.incremental.fold_and_write), timed by part: the join, the fold, the write."""
     from pipelines.incremental import fold_and_write
-    from pipelines.sources import HELD_OUT, hash_split
+    from pipelines.sources import HELD_OUT, EventsSource, hash_split
     from spark_jobs.events import REQUEST_ID, joined_rows, run
 
     joined = root / "joined" / minute.tag
@@ -158,7 +158,8 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
                                               add=lambda frame: hash_split(frame, [REQUEST_ID], fraction),
                                               keep=[HELD_OUT]),
                    parent, features, CRITEO, day=0, version=f"minute-{minute.tag}", directory=root / minute.tag,
-                   inputs={"interval": minute.tag}, lap=lambda name: lap(name) if name != "spark_session" else None)
+                   inputs={"interval": minute.tag}, shuffle=not EventsSource.rows_come_shuffled,
+                   lap=lambda name: lap(name) if name != "spark_session" else None)
     return {"seconds": time.perf_counter() - started, "parts": parts}
 
 

@@ -214,7 +214,8 @@ def advance_feature_state(
     - with `growth_rows`, each table gets room for that many more values (capacity, within
       `max_rows_per_feature`); with `fixed_tables` (a minute run) no table grows past its previous size: values
       are admitted into free rows and that room only, and the rest stay candidates for the daily run.
-    The result is a function of its inputs only: the same previous state and counts give the same state.
+    The result is a function of its inputs only: the same previous state and counts give the same state. The
+    candidates are a set, in no particular order (save_feature_state sorts them).
     """
     if tables is None:
         from components.feature_spec import load_spec
@@ -236,6 +237,9 @@ def advance_feature_state(
         raise ValueError(f"counts lack columns {sorted(missing)}; expected {COUNTS_SCHEMA.names}")
     counts = counts.select(COUNTS_SCHEMA.names).cast(COUNTS_SCHEMA)
     candidates = previous.candidates if previous is not None else COUNTS_SCHEMA.empty_table()
+    untouched = COUNTS_SCHEMA.empty_table()
+    if fixed_tables and previous is not None and not any(s.evict_after_days for s in tables.values()):
+        candidates, untouched = _split_candidates(candidates, counts, tables)
     merged = _sum_counts(pa.concat_tables([candidates, counts]))
     unknown = sorted(set(pc.unique(merged["feature"]).to_pylist()) - set(tables))
     if unknown:
@@ -244,7 +248,7 @@ def advance_feature_state(
     vocabularies: dict[str, Vocabulary] = {}
     evicted_rows: dict[str, tuple[int, ...]] = {}
     new_rows: dict[str, tuple[int, ...]] = {}
-    remaining_candidates: list[pa.Table] = []
+    remaining_candidates: list[pa.Table] = [untouched] if untouched.num_rows else []
     for name, settings in tables.items():
         old = previous.vocabularies.get(name) if previous is not None else None
         if old is None:
@@ -334,6 +338,27 @@ def _advance_table(old: Vocabulary, seen: pa.Table, settings: TableSettings, *, 
     return vocabulary, tuple(sorted(evicted.tolist())), tuple(sorted(added.tolist())), left
 
 
+def _split_candidates(candidates: pa.Table, counts: pa.Table, tables: Mapping[str, TableSettings]
+                      ) -> tuple[pa.Table, pa.Table]:
+    """(the candidates an update without eviction or growth can change, the others): a candidate that `counts`
+    does not name and that is below its table's min_count stays as it is (its count, its last day, not
+    admitted) whatever else is admitted, so a minute run folds only the values it counted (and any admissible
+    one left waiting for room) instead of summing and sorting every candidate the day has gathered: 552 K after
+    2 M rows, 0.23 s of a minute run's 0.38 s merge."""
+    if not candidates.num_rows:
+        return candidates, candidates
+    indexed = candidates.append_column("_index", pa.array(np.arange(candidates.num_rows, dtype=np.int64)))
+    named = indexed.join(counts.select(["feature", "value"]), keys=["feature", "value"], join_type="left semi")
+    touched = np.zeros(candidates.num_rows, bool)
+    touched[named["_index"].to_numpy()] = True
+    names = list(tables)
+    least = np.array([tables[name].min_count for name in names] + [1], np.int64)
+    table_of = pc.index_in(candidates["feature"], value_set=pa.array(names, pa.string())).fill_null(len(names))
+    touched |= candidates["count"].to_numpy() >= least[table_of.to_numpy()]
+    mask = pa.array(touched)
+    return candidates.filter(mask), candidates.filter(pc.invert(mask))
+
+
 def _sum_counts(table: pa.Table) -> pa.Table:
     grouped = table.group_by(["feature", "value"]).aggregate([("count", "sum"), ("last_seen", "max")])
     return grouped.rename_columns(["feature", "value", "count", "last_seen"])
@@ -379,18 +404,23 @@ def load_feature_state(directory: str | Path, verify: bool = True, spec: Feature
     directory = Path(directory)
     read_manifest(directory, kind=FEATURE_STATE_KIND, verify=verify)
     doc = json.loads((directory / DENSE_FILE).read_text())
+    # Sorted by table, then row: each table's values are one slice, read a column at a time (a loop over the
+    # rows took 0.2-0.4 s for the 175 K values of a state from 2 M rows, paid by every minute run).
     table = pq.read_table(directory / VOCABULARY_FILE).sort_by([("feature", "ascending"), ("row", "ascending")])
-    by_feature: dict[str, list[list]] = {name: [[], [], [], []] for name in doc["tables"]}
-    for feature, value, row, count, last in zip(
-        table["feature"].to_pylist(), table["value"].to_pylist(), table["row"].to_pylist(),
-        table["count"].to_pylist(), table["last_seen"].to_pylist(), strict=True,
-    ):
-        for column, item in zip(by_feature[feature], (value, row, count, last), strict=True):
-            column.append(item)
+    unknown = set(pc.unique(table["feature"]).to_pylist()) - set(doc["tables"])
+    if unknown:
+        raise ValueError(f"{directory}: {VOCABULARY_FILE} has values of tables {sorted(unknown)} that "
+                         f"{DENSE_FILE} does not list; the state is damaged: build it again")
+    found = pc.value_counts(table["feature"])
+    sizes = dict(zip(found.field("values").to_pylist(), found.field("counts").to_pylist(), strict=True))
+    starts, offset = {}, 0
+    for name in sorted(sizes):  # the sort's order of the feature names
+        starts[name], offset = offset, offset + sizes[name]
     vocabularies = {}
-    for name, (values, rows, counts, last_seen) in by_feature.items():
-        table_doc = doc["tables"][name]
-        vocabulary = Vocabulary(tuple(values), tuple(rows), tuple(counts), tuple(last_seen),
+    for name, table_doc in doc["tables"].items():
+        part = table.slice(starts.get(name, 0), sizes.get(name, 0))
+        vocabulary = Vocabulary(tuple(part["value"].to_pylist()),
+                                *(tuple(part[c].to_numpy().tolist()) for c in ("row", "count", "last_seen")),
                                 table_doc["num_rows"], tuple(table_doc["free_rows"]), table_doc.get("capacity", 0))
         _check_rows(vocabulary, name, directory)
         vocabularies[name] = vocabulary

@@ -324,11 +324,13 @@ def _rows(ctx: RunContext, plan: Plan):
 
 
 def fold_and_write(spark, rows, parent, features, spec, *, day: int, version: str, directory: Path,
-                   inputs: dict[str, Any], lap=lambda name: None) -> tuple[Any, dict[str, dict]]:
+                   inputs: dict[str, Any], shuffle: bool = True, lap=lambda name: None) -> tuple[Any, dict[str, dict]]:
     """The Spark work of a minute run once its rows are labelled, in one session: the rows (`rows()`: parsed,
     with HELD_OUT) folded into `parent` (admissions into the room the daily run left, no eviction, the
     parent's dense transforms: build_feature_state with evict=False), then block TFRecords of the training and
     held-out rows under the new state, both in one Spark job, under `directory`/samples/{train,holdout}.
+    `shuffle`: False when the rows come in a pseudo-random order already (Source.rows_come_shuffled), which the
+    writer then keeps instead of hashing and sorting them again, as the daily run does.
     Returns (the new state, split -> manifest); `lap(name)` is called after each part.
 
     The rows are read and parsed once, kept in Spark's memory for both jobs, and let go at the end: a minute
@@ -351,7 +353,8 @@ def fold_and_write(spark, rows, parent, features, spec, *, day: int, version: st
             written = write_splits({split: (frame, directory / "samples" / split)
                                     for split, frame in (("train", train_frame), ("holdout", holdout_frame))},
                                    state, spec=spec, block_rows=features.block_rows, num_shards=1,
-                                   seed=features.seed, layout=features.samples_layout, inputs=inputs, in_memory=True)
+                                   seed=features.seed, layout=features.samples_layout, inputs=inputs, in_memory=True,
+                                   shuffle=shuffle)
         finally:
             minute_rows.unpersist()
     lap("write_samples")
@@ -377,7 +380,8 @@ def samples(ctx: RunContext) -> dict:
     state, written = fold_and_write(
         ctx.spark(), lambda: _rows(ctx, plan), parent, ctx.config.features, ctx.spec,
         day=day_number(ctx.interval.start), version=f"minute-{ctx.interval.tag}", directory=_dir(ctx),
-        inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)}, lap=lap)
+        inputs={"interval": ctx.interval.tag, "minutes": list(plan.minutes)},
+        shuffle=not ctx.source.rows_come_shuffled, lap=lap)
     features_s = sum(seconds[name] for name in ("load_parent_state", "spark_session", "fold_counts"))
     rows = {split: manifest["row_counts"]["rows"] for split, manifest in written.items()}
     if rows["train"] == 0 or rows["holdout"] == 0:

@@ -705,10 +705,11 @@ def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], s
     # Each file keeps its written order (attach_payload's) and the same files make the same Spark partitions:
     # rows come in the same, already shuffled, order on every read, so the sample writer keeps it.
     frame = spark.read.parquet(*sorted(str(path) for path in (directory / "samples").glob("part-*.parquet")))
-    missing = [c for c in spec.input_columns if c not in frame.columns]
+    columns = frame.columns  # a call to the server each time through Spark Connect
+    missing = [c for c in spec.input_columns if c not in columns]
     if missing:
         raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples do not "
-                              f"have; they have {frame.columns}: use --spec events (or criteo) with the events source")
+                              f"have; they have {columns}: use --spec events (or criteo) with the events source")
     frame = frame.where(ms_in(TS, start, end))
     raw = (add(frame) if add is not None else frame).select(
         *spec.input_columns,

@@ -242,6 +242,17 @@ def test_splits_of_a_persisted_frame_ordered_in_one_task_are_the_files_of_the_ex
                               block_rows=64, num_shards=1, seed=3, inputs={}, shuffle=False)["train"]
     shard = next(f for f in unshuffled["files"] if f.endswith(".tfrecord"))
     assert (tmp_path / "plain" / "train" / shard).read_bytes() != (tmp_path / "True" / "train" / shard).read_bytes()
+    # Rows that come shuffled (the events source's minute): kept in their order, both splits in one task.
+    frame = parse_raw(extract_raw(spark, [str(path)], CRITEO), CRITEO).persist()
+    try:
+        kept = write_splits({name: (rows, tmp_path / "kept" / name) for name, rows in
+                             {"train": frame.where("label = 0"), "holdout": frame.where("label = 1")}.items()},
+                            state, spec=CRITEO, block_rows=64, num_shards=1, seed=3, inputs={}, in_memory=True,
+                            shuffle=False)
+    finally:
+        frame.unpersist()
+    assert kept["train"]["files"] == unshuffled["files"]
+    assert (tmp_path / "kept" / "train" / shard).read_bytes() == (tmp_path / "plain" / "train" / shard).read_bytes()
 
 
 def test_a_minutes_hash_split_is_stable_and_holds_out_its_fraction(spark, tmp_path):
