@@ -42,8 +42,24 @@ class Layout:
         behaviour-sequence state a run starting at `end` continues (spark_jobs.events.run). A minute run's
         (incremental/<run>/joined: its run's minute less the label delay, so the run ends within a day after
         `end`; its manifest names the span) before a daily run's (joined/<span>)."""
+        for directory, inputs in self._minute_runs_joined_after(end):
+            if inputs.get("end") == end.isoformat():
+                return directory
+        daily = sorted((self.root / "joined").glob(f"*-{end:%Y%m%dT%H%M}/{MANIFEST_NAME}"))
+        return daily[-1].parent if daily else None
+
+    def joined_dirs_starting_at(self, start: datetime) -> list[Path]:
+        """The committed joined outputs of spans that start exactly at `start`, minute runs' then daily runs':
+        those that may have continued the history state of a span ending there."""
+        found = [directory for directory, inputs in self._minute_runs_joined_after(start)
+                 if inputs.get("start") == start.isoformat()]
+        return found + [m.parent for m in sorted((self.root / "joined").glob(f"{start:%Y%m%dT%H%M}-*/{MANIFEST_NAME}"))]
+
+    def _minute_runs_joined_after(self, time: datetime):
+        """(incremental/<run>/joined, its manifest's inputs) of the committed joined outputs of the minute runs
+        that end within a day after `time`, by run: a minute run joins its minute less the label delay."""
         # Names only, compared as text (tags sort as times): the folder holds every minute run ever made.
-        low, high = (f"{t:%Y%m%dT%H%M}" for t in (end, end + timedelta(days=1)))
+        low, high = (f"{t:%Y%m%dT%H%M}" for t in (time, time + timedelta(days=1)))
         try:
             names = os.listdir(self.root / "incremental")
         except FileNotFoundError:
@@ -55,10 +71,7 @@ class Layout:
                 inputs = json.loads((directory / MANIFEST_NAME).read_text()).get("inputs", {})
             except (OSError, ValueError):
                 continue  # not committed
-            if inputs.get("end") == end.isoformat():
-                return directory
-        daily = sorted((self.root / "joined").glob(f"*-{end:%Y%m%dT%H%M}/{MANIFEST_NAME}"))
-        return daily[-1].parent if daily else None
+            yield directory, inputs
 
     def validation_report(self, interval: Interval, dataset: str = "report") -> Path:
         return self.root / "validation" / interval.tag / f"{dataset}.json"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -55,12 +56,14 @@ from components.events import (
 from components.feature_spec import FeatureSpec
 from components.interval import Interval
 from components.layout import Layout
-from components.manifest import commit_dir, staging_dir, write_manifest
+from components.manifest import MANIFEST_NAME, commit_dir, staging_dir, write_manifest
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL
 from components.synthetic import SUCCESS_MARKER
 
 CLICK_TS = "click_ts"  # time of the click that made the label 1, else null
 HISTORY = "history"
+log = logging.getLogger(__name__)
+
 MINUTE = "minute"
 SAMPLE_COLUMNS = (LABEL, *DENSE_FEATURES, *CATEGORICAL_FEATURES, USER_ID, ITEM_ID, *CONTEXT_COLUMNS,
                   REQUEST_ID, TS, HISTORY)
@@ -71,6 +74,9 @@ CLICK_METRICS = ("clicks", "duplicate_clicks", "attributed_clicks", "late_clicks
 METRIC_COLUMNS = IMPRESSION_METRICS + CLICK_METRICS
 JOINED_KIND = "joined_samples"
 HISTORY_STATE = "history_state"  # a joined output's folder of each user's last clicked items at its end
+# Beside a joined output whose history state was built on an earlier version of a span joined again since:
+# no run continues it (read_history_state), so the next one builds its sequences from the lookback.
+STALE_STATE_MARKER = "history_state.stale.json"
 LOOKBACK = "lookback"
 _ARROW_TO_SPARK = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int"}
 
@@ -534,7 +540,7 @@ def read_history_state(previous: Path | None, span: Interval, *, window_s: int,
     length, and lists its files. None otherwise: the run then builds sequences from the lookback."""
     from components.manifest import ManifestError, read_manifest
 
-    if previous is None:
+    if previous is None or (previous / STALE_STATE_MARKER).exists():
         return None
     try:
         manifest = read_manifest(previous, kind=JOINED_KIND, verify=False)
@@ -548,6 +554,32 @@ def read_history_state(previous: Path | None, span: Interval, *, window_s: int,
     if not files or not all(path.is_file() for path in files):
         return None
     return files, inputs["span"]
+
+
+def mark_later_states_stale(layout: Layout, span: Interval) -> list[Path]:
+    """After `span` is joined: the joined outputs whose history state continued `span`'s (an earlier version
+    of it: they were made before this join), and those that continued theirs, and so on, each marked with
+    STALE_STATE_MARKER; returns them in chain order. Their states hold sequences built without what changed in
+    `span` (a raw minute fixed and joined again after later minutes ran), so no run continues them: the next
+    one reads the lookback. Their samples were written already and stay as they are. Nothing is found, at
+    the cost of a directory listing, when no later output continued `span`."""
+    from components.manifest import write_json_atomic
+
+    marked: list[Path] = []
+    pending = [(span.end, span.tag)]
+    while pending:
+        start, tag = pending.pop(0)
+        for directory in layout.joined_dirs_starting_at(start):
+            manifest = json.loads((directory / MANIFEST_NAME).read_text())
+            if (manifest.get("history_state") or {}).get("from") != tag:
+                continue
+            write_json_atomic(directory / STALE_STATE_MARKER, {
+                "because": f"{span.tag} was joined again after this output's history state was built on it",
+                "joined_again": span.tag, "marked_at": datetime.now(UTC).isoformat(timespec="seconds")})
+            marked.append(directory)
+            inputs = manifest.get("inputs", {})
+            pending.append((datetime.fromisoformat(inputs["end"]), inputs["span"]))
+    return marked
 
 
 # Spans up to this long (minute runs) read only the lookback impressions that can change their output
@@ -632,8 +664,14 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
     settings = ({"spark.sql.shuffle.partitions": str(short_span_partitions)}
                 if short and short_span_partitions is not None else {})
     with session_conf(spark, settings):
-        return _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
-                    lookback_s=lookback_s, previous=previous)
+        metrics = _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
+                       lookback_s=lookback_s, previous=previous)
+    stale = mark_later_states_stale(layout, span)
+    if stale:
+        log.warning("%s was joined again after %d later joined outputs continued its behaviour sequences (%s ... "
+                    "%s): their history states are marked stale (%s), and the next run builds its sequences "
+                    "from the lookback", span.tag, len(stale), stale[0], stale[-1], STALE_STATE_MARKER)
+    return metrics
 
 
 def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,

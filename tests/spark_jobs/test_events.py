@@ -33,6 +33,7 @@ from spark_jobs.events import (
     METRIC_COLUMNS,
     MINUTE,
     SAMPLE_COLUMNS,
+    STALE_STATE_MARKER,
     EventInputError,
     attributed_clicks,
     behaviour_sequences,
@@ -42,8 +43,10 @@ from spark_jobs.events import (
     extract_events,
     final_until,
     join_events,
+    mark_later_states_stale,
     minute_label,
     plan_join,
+    read_history_state,
     relevant_lookback,
     run,
     stream_watermark,
@@ -365,6 +368,43 @@ def test_minute_runs_that_continue_the_history_state_write_the_whole_logs_rows_b
         expected[user] = (expected[user] + [item])[-k:]
     state = pq.read_table(layout.joined_dir(spans[-1]) / "history_state").to_pylist()
     assert {r["user_id"]: r[HISTORY] for r in state} == dict(expected)
+
+
+def test_joining_a_minute_again_marks_the_states_built_on_it_stale_and_the_next_run_reads_the_lookback(
+        spark, generated, tmp_path, caplog):
+    """A raw minute fixed and joined again after later minutes continued its history state: those later states
+    hold sequences built without the fix. The join marks each of them (and only them) stale; the next run
+    does not continue them and builds its sequences from the lookback."""
+    _, _, events, _, _ = generated
+    layout = Layout(tmp_path / "data")
+    layout.root.mkdir()
+    (layout.root / "raw").symlink_to(generated[0].root / "raw")
+    options = {"window_s": events.attribution_window_s, "sequence_length": 10, "lookback_s": 120}
+    spans = [Interval(START, START + timedelta(minutes=3))] + [
+        Interval(START + timedelta(minutes=i), START + timedelta(minutes=i + 1)) for i in range(3, 7)]
+    for span in spans:
+        run(spark, layout, span, layout.joined_dir(span), previous=layout.joined_dir_ending_at(span.start), **options)
+    assert not list(layout.root.rglob(STALE_STATE_MARKER))
+    assert mark_later_states_stale(layout, spans[-1]) == []  # nothing continued the last one
+    # An unrelated output starting where the re-joined span ends, built from the lookback: left alone.
+    other = Interval(START + timedelta(minutes=4), START + timedelta(minutes=6))
+    run(spark, layout, other, layout.joined_dir(other), **options)
+
+    with caplog.at_level("WARNING", logger="spark_jobs.events"):
+        run(spark, layout, spans[1], layout.joined_dir(spans[1]), previous=layout.joined_dir_ending_at(spans[1].start),
+            **options)
+    later = [layout.joined_dir(span) for span in spans[2:]]
+    assert sorted(p.parent for p in layout.root.rglob(STALE_STATE_MARKER)) == later
+    assert json.loads((later[0] / STALE_STATE_MARKER).read_text())["joined_again"] == spans[1].tag
+    assert "joined again after 3 later joined outputs" in caplog.text
+    assert read_history_state(later[-1], Interval(spans[-1].end, spans[-1].end + timedelta(minutes=1)),
+                              window_s=events.attribution_window_s, sequence_length=10) is None
+
+    after = Interval(spans[-1].end, spans[-1].end + timedelta(minutes=1))
+    previous = layout.joined_dir_ending_at(after.start)
+    assert previous == later[-1]
+    run(spark, layout, after, layout.joined_dir(after), previous=previous, **options)
+    assert read_manifest(layout.joined_dir(after), kind="joined_samples")["history_state"]["from"] == "lookback"
 
 
 def test_a_run_reads_the_lookback_when_the_state_before_it_is_missing_or_made_otherwise(spark, generated, tmp_path):
