@@ -151,7 +151,8 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
 
     run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
         sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
-        previous=Layout(root).joined_dir_ending_at(minute.start), short_span_partitions=shuffle_partitions)
+        previous=Layout(root).joined_dir_ending_at(minute.start), short_span_partitions=shuffle_partitions,
+        keep_lookback_mib=events.lookback_keep_mib)
     lap("join")
     fraction = IncrementalConfig().holdout_fraction
     fold_and_write(spark, lambda: joined_rows(spark, joined, [minute.start], CRITEO,

@@ -156,7 +156,8 @@ class EventsSource:
         metrics = run(ctx.spark(), ctx.layout, span, directory, window_s=events.attribution_window_s,
                       sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
                       previous=ctx.layout.joined_dir_ending_at(span.start),
-                      short_span_partitions=ctx.config.spark.minute_shuffle_partitions)
+                      short_span_partitions=ctx.config.spark.minute_shuffle_partitions,
+                      keep_lookback_mib=events.lookback_keep_mib)
         validate_joined(ctx.layout, directory, events.sequence_length,
                         ctx.layout.validation_report(span, "joined_samples"), span.start)
         return metrics

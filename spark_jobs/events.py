@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -605,7 +607,7 @@ def relevant_lookback(lookback: DataFrame, in_span: DataFrame, clicks: DataFrame
 
 
 def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookback: list[datetime],
-                     click_minutes: list[datetime]) -> tuple[DataFrame, DataFrame]:
+                     click_minutes: list[datetime], keep_mib: int = 0) -> tuple[DataFrame, DataFrame]:
     """(impressions, clicks) for a run that continues a history state: the span's impressions, and only the
     lookback impressions and clicks whose request id is among the span's impressions or the clicks in the
     span (and any lookback impression with a time in the span), picked with Arrow on the client.
@@ -615,26 +617,67 @@ def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookba
     its earlier deliveries; an impression delivered again in the span keeps its earliest delivery. Arrow
     reads the lookback's request ids (3.6 M at an hour of 60 K a minute) in a fraction of a second, where
     a Spark scan of them took 1.6 s and the ids to broadcast another second; the picked rows (a few
-    thousand) reach Spark as local relations."""
-    import pyarrow.dataset as ds
-
+    thousand) reach Spark as local relations. `keep_mib` (events.lookback_keep_mib): what was read is kept in
+    this process for the next minute, up to that many MiB per stream (LookbackReads)."""
     start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
     span_files = event_files(layout, IMPRESSIONS, span.minutes())
     in_span = read_events(spark, IMPRESSIONS, span_files)
-    span_ids = ds.dataset(span_files, format="parquet", schema=IMPRESSION_SCHEMA).to_table(
-        columns=[REQUEST_ID])[REQUEST_ID]
-    clicks = ds.dataset(event_files(layout, CLICKS, click_minutes), format="parquet",
-                        schema=STREAM_SCHEMAS[CLICKS]).to_table()
+    span_ids = _read_arrow(span_files, IMPRESSION_SCHEMA, [REQUEST_ID])[REQUEST_ID]
+    clicks = LOOKBACK_READS.read("clicks", event_files(layout, CLICKS, click_minutes), STREAM_SCHEMAS[CLICKS],
+                                 STREAM_SCHEMAS[CLICKS].names, keep_mib=keep_mib)
     clicked = clicks.filter((pa.compute.field(TS) >= start) & (pa.compute.field(TS) < end))[REQUEST_ID]
     wanted = pa.compute.unique(pa.chunked_array([*span_ids.chunks, *clicked.chunks], pa.string()))
     clicks = clicks.filter(pa.compute.is_in(clicks[REQUEST_ID], value_set=wanted))
     narrow = [REQUEST_ID, TS, USER_ID, ITEM_ID]
-    before = ds.dataset(event_files(layout, IMPRESSIONS, lookback), format="parquet",
-                        schema=IMPRESSION_SCHEMA).to_table(
-        columns=narrow,
-        filter=pa.compute.is_in(pa.compute.field(REQUEST_ID), value_set=wanted) | (pa.compute.field(TS) >= start))
+    before = LOOKBACK_READS.read("impressions", event_files(layout, IMPRESSIONS, lookback), IMPRESSION_SCHEMA, narrow,
+                                 keep_mib=keep_mib)
+    before = before.filter(pa.compute.or_(pa.compute.is_in(before[REQUEST_ID], value_set=wanted),
+                                          pa.compute.greater_equal(before[TS], start)))
     impressions = in_span.unionByName(_local(spark, before, IMPRESSION_SCHEMA, narrow), allowMissingColumns=True)
     return impressions, _local(spark, clicks, STREAM_SCHEMAS[CLICKS], STREAM_SCHEMAS[CLICKS].names)
+
+
+def _read_arrow(files: list[str], schema: pa.Schema, columns: list[str]) -> pa.Table:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(files, format="parquet", schema=schema).to_table(columns=columns)
+
+
+class LookbackReads:
+    """The columns a continued minute run picks from, read from its raw minute files and kept in this process
+    for the next run: the step worker runs one minute after another, and each one's lookback (an hour by
+    default, 3.6 M impressions at 60 K a minute) is the last one's, shifted by a minute. A file is read again
+    when its size or modification time changes (a minute re-delivered); each `read` keeps only the files it
+    was asked for, so what is kept is one lookback of narrow columns per stream (150 MiB for that hour),
+    and nothing when that is above `keep_mib`. A fresh process reads everything once."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, dict[tuple, pa.Table]] = {}
+        self._lock = threading.Lock()
+
+    def read(self, slot: str, files: list[str], schema: pa.Schema, columns: list[str], *, keep_mib: int) -> pa.Table:
+        if keep_mib <= 0 or not files:
+            with self._lock:
+                self._kept.pop(slot, None)
+            return _read_arrow(files, schema, columns)
+        keys = []
+        for path in files:
+            stat = os.stat(path)
+            keys.append((path, stat.st_mtime_ns, stat.st_size, tuple(columns)))
+        with self._lock:
+            kept = self._kept.get(slot, {})
+        tables = {key: kept[key] if key in kept else _read_arrow([key[0]], schema, columns) for key in keys}
+        keep = tables if sum(table.nbytes for table in tables.values()) <= keep_mib * 2**20 else {}
+        with self._lock:
+            self._kept[slot] = keep  # nothing when too large (or keeping is off): the next run reads them again
+        return pa.concat_tables([tables[key] for key in keys])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+LOOKBACK_READS = LookbackReads()
 
 
 def _local(spark: SparkSession, table: pa.Table, schema: pa.Schema, columns: list[str]) -> DataFrame:
@@ -648,14 +691,16 @@ def _local(spark: SparkSession, table: pa.Table, schema: pa.Schema, columns: lis
 
 
 def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
-        lookback_s: int, previous: Path | None = None, short_span_partitions: int | None = None) -> dict:
+        lookback_s: int, previous: Path | None = None, short_span_partitions: int | None = None,
+        keep_lookback_mib: int = 0) -> dict:
     """Joins `span` and writes its samples, metrics and history state to `output` (write_joined); returns
     the metrics. `previous`: the joined output of the span that ends where this one starts
     (Layout.joined_dir_ending_at). A run of up to NARROW_LOOKBACK_MAX_SPAN that can continue its history
     state reads only the span's rows and the few earlier ones they name (continued_inputs); any other run
     (the first after a gap, a quarantined or re-configured span, a daily run) reads the lookback.
     `short_span_partitions` (spark.minute_shuffle_partitions): the spark.sql.shuffle.partitions of a run of up
-    to NARROW_LOOKBACK_MAX_SPAN, the session's own put back after; None, or a longer span: the session's."""
+    to NARROW_LOOKBACK_MAX_SPAN, the session's own put back after; None, or a longer span: the session's.
+    `keep_lookback_mib` (events.lookback_keep_mib): continued_inputs' `keep_mib`."""
     from spark_jobs.session import session_conf
 
     if short_span_partitions is not None and short_span_partitions < 1:
@@ -665,7 +710,7 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
                 if short and short_span_partitions is not None else {})
     with session_conf(spark, settings):
         metrics = _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
-                       lookback_s=lookback_s, previous=previous)
+                       lookback_s=lookback_s, previous=previous, keep_lookback_mib=keep_lookback_mib)
     stale = mark_later_states_stale(layout, span)
     if stale:
         log.warning("%s was joined again after %d later joined outputs continued its behaviour sequences (%s ... "
@@ -675,7 +720,7 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
 
 
 def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
-         lookback_s: int, previous: Path | None) -> dict:
+         lookback_s: int, previous: Path | None, keep_lookback_mib: int) -> dict:
     watermark = stream_watermark(layout, CLICKS)
     if watermark is None or span.end > final_until(watermark, window_s):
         raise EventInputError(
@@ -696,7 +741,7 @@ def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, w
     seed_files, history_from = continued if continued is not None else ([], LOOKBACK)
     seed = spark.read.parquet(*[str(path) for path in seed_files]) if seed_files else None
     if seed is not None:
-        impressions, clicks = continued_inputs(spark, layout, span, lookback, click_minutes)
+        impressions, clicks = continued_inputs(spark, layout, span, lookback, click_minutes, keep_lookback_mib)
     else:
         # Lookback impressions only classify clicks and name clicked items: Parquet reads just these columns.
         in_span = extract_events(spark, layout, IMPRESSIONS, list(span.minutes()))

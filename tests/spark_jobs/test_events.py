@@ -339,7 +339,7 @@ def test_minute_runs_that_continue_the_history_state_write_the_whole_logs_rows_b
     for span in spans:
         previous = layout.joined_dir_ending_at(span.start)
         metrics = run(spark, layout, span, layout.joined_dir(span), window_s=window_s, sequence_length=k,
-                      lookback_s=120, previous=previous)
+                      lookback_s=120, previous=previous, keep_lookback_mib=64)  # lookback reads kept as they go
         manifest = read_manifest(layout.joined_dir(span), kind="joined_samples")
         assert manifest["history_state"] == {"as_of": span.end.isoformat(),
                                              "from": previous.name if previous else "lookback"}
@@ -434,6 +434,51 @@ def test_local_relations_keep_the_rows_after_an_empty_chunk(spark):
     frame = _local(spark, table, pa.schema([("request_id", pa.string()), ("ts", pa.int64())]), ["request_id", "ts"])
     assert sorted(tuple(r) for r in frame.collect()) == [("a", 1), ("b", 2), ("b", 2)]
     assert frame.schema.simpleString() == "struct<request_id:string,ts:bigint>"
+
+
+def test_lookback_reads_are_kept_for_the_next_run_and_read_again_when_a_file_changes(tmp_path):
+    """LookbackReads gives what one read of the files gives; a file it kept is not read again unless its size or
+    time changes (a re-delivered minute), and it keeps only the files of the last read of each stream."""
+    import os
+
+    from spark_jobs.events import LookbackReads
+
+    schema = pa.schema([("request_id", pa.string()), ("ts", pa.int64()), ("user_id", pa.string())])
+    paths = []
+    for minute in range(3):
+        path = tmp_path / f"m{minute}.parquet"
+        pq.write_table(pa.table({"request_id": [f"r{minute}-{i}" for i in range(4)], "ts": [minute] * 4,
+                                 "user_id": ["u"] * 4}, schema=schema), path)
+        paths.append(str(path))
+    reads = LookbackReads()
+    first = reads.read("impressions", paths[:2], schema, ["request_id", "ts"], keep_mib=1)
+    assert first.column_names == ["request_id", "ts"]
+    assert first["request_id"].to_pylist() == [f"r{m}-{i}" for m in range(2) for i in range(4)]
+    # The next minute: one file dropped, one added; the kept file is not read again (a changed file would be).
+    os.remove(paths[1])
+    with pytest.raises(FileNotFoundError):
+        reads.read("impressions", paths[:2], schema, ["request_id", "ts"], keep_mib=1)
+    pq.write_table(pa.table({"request_id": ["again"], "ts": [9], "user_id": ["v"]}, schema=schema), paths[1])
+    os.utime(paths[1], ns=(10**18, 10**18))
+    second = reads.read("impressions", paths[1:], schema, ["request_id", "ts"], keep_mib=1)
+    assert second.to_pylist() == [{"request_id": "again", "ts": 9}] + [
+        {"request_id": f"r2-{i}", "ts": 2} for i in range(4)]
+    assert sorted(key[0] for key in reads._kept["impressions"]) == sorted(paths[1:])
+    held = dict(reads._kept["impressions"])
+    assert reads.read("impressions", paths[1:], schema, ["request_id", "ts"], keep_mib=1).equals(second)
+    assert all(reads._kept["impressions"][key] is table for key, table in held.items())  # not read again
+    empty = reads.read("clicks", [], schema, ["request_id"], keep_mib=1)
+    assert (empty.num_rows, empty.schema) == (0, pa.schema([("request_id", pa.string())]))
+    # With keeping off, or above its limit, nothing is kept: the same rows, read again next time.
+    assert reads.read("impressions", paths[1:], schema, ["request_id", "ts"], keep_mib=0).equals(second)
+    assert not reads._kept.get("impressions")
+    large = tmp_path / "large.parquet"
+    pq.write_table(pa.table({"request_id": [f"{i:016x}" for i in range(80_000)], "ts": [0] * 80_000,
+                             "user_id": ["u"] * 80_000}, schema=schema), large)
+    assert reads.read("impressions", [str(large)], schema, ["request_id", "ts"], keep_mib=1).num_rows == 80_000
+    assert not reads._kept.get("impressions")  # 2.1 MiB read
+    assert reads.read("impressions", [str(large)], schema, ["request_id", "ts"], keep_mib=3).num_rows == 80_000
+    assert len(reads._kept["impressions"]) == 1
 
 
 def test_advancing_a_history_state_on_the_client():
