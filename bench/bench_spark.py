@@ -2,7 +2,7 @@
 (local[2]): impression and click streams -> join (labels, behaviour sequences) -> feature state -> block
 TFRecords; and one minute of traffic through a Spark Connect server. Writes bench/results/spark.json.
 
-    make bench-spark                                          # 2 M impressions (9-14 min here)
+    make bench-spark                                          # 2 M impressions (6-14 min here)
     make bench-spark BENCH_SPARK_ARGS="--impressions 200000"  # a quick look
 
 Ratios are throughputs, stage over baseline (>= 1: the stage is as fast as the primitive):

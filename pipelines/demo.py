@@ -35,13 +35,19 @@ def run_logged(command: list[str], env: dict, log_path: Path, show: tuple[str, .
                                                       stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:
             log.write(line)
-            if any(marker in line for marker in show):
-                # Airflow's structured log wraps our progress lines; show only the message.
+            # TensorFlow's probe for a GPU logs an ERROR line on a machine without one; training runs on the CPU.
+            if any(marker in line for marker in show) and _CUDA_PROBE not in line:
+                # Airflow's structured log wraps our progress lines; show only the message, whole.
                 text = line.rstrip()
                 if "[ctr " in text:
                     text = text[text.index("[ctr "):].split(" [ctr.progress]")[0]
-                print("    " + text[-220:], flush=True)
+                else:
+                    text = text[-220:]
+                print("    " + text, flush=True)
         return process.wait()
+
+
+_CUDA_PROBE = "failed call to cuInit"
 
 
 def free_port() -> int:
