@@ -62,10 +62,10 @@ from components.manifest import MANIFEST_NAME, commit_dir, staging_dir, write_ma
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL
 from components.synthetic import SUCCESS_MARKER
 
-CLICK_TS = "click_ts"  # time of the click that made the label 1, else null
-HISTORY = "history"
 log = logging.getLogger(__name__)
 
+CLICK_TS = "click_ts"  # time of the click that made the label 1, else null
+HISTORY = "history"
 MINUTE = "minute"
 SAMPLE_COLUMNS = (LABEL, *DENSE_FEATURES, *CATEGORICAL_FEATURES, USER_ID, ITEM_ID, *CONTEXT_COLUMNS,
                   REQUEST_ID, TS, HISTORY)
@@ -671,10 +671,6 @@ class LookbackReads:
         with self._lock:
             self._kept[slot] = keep  # nothing when too large (or keeping is off): the next run reads them again
         return pa.concat_tables([tables[key] for key in keys])
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
 
 
 LOOKBACK_READS = LookbackReads()
