@@ -14,7 +14,8 @@ Phases, in one run:
 - in-process (this process pinned to the server's core, before the server starts): the SavedModel's signature
   called on tensors already built (`inprocess_*`), `LoadedModel.predict` on the instances (the request's
   conversion included, `inprocess_convert_*`), and the server's own way from a request body's bytes to its
-  probabilities (typed records, `inprocess_body_*`);
+  probabilities (the native row reader, `inprocess_body_*`; msgspec's typed records, the way it falls back to,
+  `inprocess_body_records_*`);
 - closed loop (one request in flight, keep-alive, the standard library's http.client): p50 and p99 per size; at
   100 candidates also with httpx as the client (`httpx_*`, the client of earlier runs), and GET /healthz (the
   HTTP round trip with no model work, `healthz_*`); then the same over gRPC with TF
@@ -205,11 +206,13 @@ def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, pr
     (`signature`); the packed endpoint the server calls, in each precision, as it calls it (PackedCall.call),
     on its arguments already built (`packed_float32`, `packed_bfloat16`); LoadedModel.predict on the instances
     at `precision`, conversion included (`predict_with_conversion`); and the server's way from a request body's
-    bytes to the probabilities (`body_to_prediction`: typed records, parsing included). The calls take turns in
+    bytes to the probabilities (`body_to_prediction`: serving.app.predict_body, the native row reader where it
+    reads the body), and the typed records' way it falls back to (`body_records_to_prediction`). The calls take turns in
     blocks of IN_PROCESS_BLOCK, so the machine's drift falls on all alike while each is timed warm, as a server
     repeating it runs it."""
     import tensorflow as tf
 
+    from serving.app import predict_body
     from serving.model import LoadedModel
 
     loaded = {p: LoadedModel.load(directory, precision=p) for p in ("float32", "bfloat16")}
@@ -223,7 +226,8 @@ def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, pr
         calls = {"signature": functools.partial(model.function, **tensors),
                  "predict_with_conversion": functools.partial(model.predict, instances)}
         if model.row_decoder is not None:  # what the server does with a request's body
-            calls["body_to_prediction"] = lambda body=body: model.predict_records(model.decode_rows(body))
+            calls["body_to_prediction"] = lambda body=body, size=size: predict_body(model, body, size)
+            calls["body_records_to_prediction"] = lambda body=body: model.predict_records(model.decode_rows(body))
         for name, one in loaded.items():
             if one.packed is not None:
                 columns = {k: convert([row.get(k) for row in instances]) for k, convert in
@@ -659,6 +663,8 @@ def main() -> int:
            for size in SIZES},
         **{f"inprocess_body_p99_ms_{size}": inprocess[size]["body_to_prediction"]["p99_ms"]
            for size in SIZES if "body_to_prediction" in inprocess[size]},
+        **{f"inprocess_body_records_p99_ms_{size}": inprocess[size]["body_records_to_prediction"]["p99_ms"]
+           for size in SIZES if "body_records_to_prediction" in inprocess[size]},
         "overhead_ratio_100": overhead,
         "client": "http.client, one keep-alive connection; its garbage collector off while it measures",
         "httpx_p50_ms_100": closed_httpx["p50_ms"],

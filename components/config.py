@@ -286,6 +286,11 @@ class ServingConfig:
     # server with TensorFlow imported and no model, the standby: about 0.3-0.5 GiB). "thread": in this process,
     # as deltas are.
     full_loads: Literal["process", "thread"] = "process"
+    # Row-form predict bodies read by native code (serving/native/rows.c, compiled with the host's `cc` on first
+    # use) straight into the model's arguments: 0.2 ms instead of 0.55 ms at 100 candidates of the criteo spec
+    # on one core (docs/serving.md). It reads only what it reads exactly as the Python way does and leaves the
+    # rest to it; without a C compiler the server logs so and takes the Python way. false: always the Python way.
+    native_rows: bool = True
 
 
 @dataclass(frozen=True)

@@ -296,8 +296,12 @@ def predict_body(model: LoadedModel, body: bytes, max_instances: int) -> tuple[s
     response's key with the probabilities: TF Serving answers the row form ("instances") with "predictions"
     and the columnar form ("inputs") with "outputs" (a list, the signature having one output).
 
-    A row-form request of values that fit is decoded straight into typed records first
+    A row-form request of values that fit is read by native code straight into the model's arguments
+    (LoadedModel.predict_native), or, where that does not read it, decoded into typed records
     (LoadedModel.decode_rows); any other request, or one over `max_instances`, is parsed and checked here."""
+    probabilities = model.predict_native(body, max_instances)
+    if probabilities is not None:
+        return "predictions", probabilities
     records = model.decode_rows(body)
     if records and len(records) <= max_instances:
         probabilities = model.predict_records(records)

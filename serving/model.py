@@ -45,6 +45,7 @@ import tensorflow as tf
 
 from components.delta import DeltaError
 from components.manifest import ManifestError, read_manifest
+from serving.native_rows import NativeRows
 
 SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
@@ -141,6 +142,8 @@ class LoadedModel:
     guard: ReplicaGuard | None = field(default=None, repr=False)
     # The fast path: the packed endpoint of the precision asked for; None for a model exported without one.
     packed: PackedCall | None = field(default=None, repr=False)
+    # Whether row-form bodies may be read by native code (`predict_native`).
+    native: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
         if self.guard is None:
@@ -187,7 +190,7 @@ class LoadedModel:
                          "feature_spec": self.manifest.get("feature_spec")}
         return LoadedModel(version=version, manifest=full_manifest, directory=self.directory, function=self.function,
                            input_specs=self.input_specs, loaded_at=datetime.now(UTC), root=self.root,
-                           guard=self.guard, packed=self.packed)
+                           guard=self.guard, packed=self.packed, native=self.native)
 
     @property
     def precision(self) -> str:
@@ -196,10 +199,11 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: str | Path, version: str | None = None, *, verify: bool = True,
-             precision: str = "float32") -> LoadedModel:
+             precision: str = "float32", native_rows: bool = True) -> LoadedModel:
         """Loads `<directory>/saved_model` after reading (and, with `verify`, checksumming) its manifest.
         `precision`: the packed endpoint to answer with (serving.precision); a model exported without that
-        endpoint answers with its float32 one, or without one with its signature (`precision` says which)."""
+        endpoint answers with its float32 one, or without one with its signature (`precision` says which).
+        `native_rows`: whether `predict_native` may read row-form bodies (serving.native_rows)."""
         directory = Path(directory)
         try:
             manifest = read_manifest(directory, kind=MODEL_KIND, verify=verify)
@@ -243,6 +247,7 @@ class LoadedModel:
             loaded_at=datetime.now(UTC),
             root=root,
             packed=PackedCall.load(root, directory, precision, dict(specs), integer_ids),
+            native=native_rows,
         )
 
     @property
@@ -296,11 +301,34 @@ class LoadedModel:
         fresh process (docs/serving.md), which the first requests would otherwise wait for."""
         self.predict([{}])
         for size in WARM_UP_SIZES:
-            records = self.decode_rows(b'{"instances":[' + b",".join([b"{}"] * size) + b"]}")
+            body = b'{"instances":[' + b",".join([b"{}"] * size) + b"]}"
+            if self.predict_native(body, size) is not None:
+                continue
+            records = self.decode_rows(body)
             if records is None:
                 self.predict([{}] * size)
             else:
                 self.predict_records(records)
+
+    def predict_native(self, body: bytes, max_instances: int) -> np.ndarray | None:
+        """A row-form request body read by the native reader (serving.native_rows) and predicted, or None
+        (nothing run) when there is no native reader for this model or it does not read this body (anything but
+        strings and numbers that fit, more than `max_instances` instances, ...): the caller then goes the way of
+        `decode_rows`, which reads what this one reads into the same tensors."""
+        reader = self.native_rows
+        if reader is None:
+            return None
+        read = reader.tensors(body, max_instances)
+        if read is None:
+            return None
+        rows, arguments = read
+        return self._run_packed(arguments, rows)
+
+    @functools.cached_property
+    def native_rows(self) -> NativeRows | None:
+        if self.packed is None or not self.native:
+            return None
+        return NativeRows.build(self.packed.layout, self.packed.row_readers, SIGNATURE_NAME)
 
     def decode_rows(self, body: bytes) -> list[Any] | None:
         """A row-form request body ({"instances": [...]}) decoded in one pass into typed records (RowDecoder),

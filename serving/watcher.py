@@ -54,7 +54,7 @@ class ModelWatcher:
     def __init__(
         self, store: ModelStore, model_name: str, cache_dir: str | Path, poll_seconds: float,
         precision: str = "float32", watch_seconds: float | None = None,
-        hand_off: Callable[[str], None] | None = None, low_priority_loads: bool = False,
+        hand_off: Callable[[str], None] | None = None, low_priority_loads: bool = False, native_rows: bool = True,
     ) -> None:
         """Lists the store every `poll_seconds`; with `watch_seconds`, also reads the store's change marker that
         often (ModelStore.changed: one small read) and lists it at once when the marker changed.
@@ -62,12 +62,14 @@ class ModelWatcher:
         `hand_off`: called (once per version, from the watcher's thread) with a version that needs a full load
         once start() has returned; the version is then left to another process (module docstring).
         `low_priority_loads`: the loads of start() run below the requests' priority too, as later ones always do
-        (a process started beside a serving one); TensorFlow's runtime must then be running already."""
+        (a process started beside a serving one); TensorFlow's runtime must then be running already.
+        `native_rows`: the models read row-form bodies with native code where they can (serving.native_rows)."""
         if poll_seconds <= 0 or (watch_seconds is not None and watch_seconds <= 0):
             raise ValueError(f"poll_seconds and watch_seconds must be positive, got {poll_seconds!r} and "
                              f"{watch_seconds!r}")
         self.store = store
         self.precision = precision
+        self.native_rows = native_rows
         self.model_name = model_name
         self.cache_dir = Path(cache_dir)
         self.poll_seconds = poll_seconds
@@ -313,7 +315,8 @@ class ModelWatcher:
     def _load_replica(self, full_version: str, deltas: list[tuple[dict[str, Any], dict[str, np.ndarray]]]
                       ) -> LoadedModel:
         directory = self.store.fetch(self.model_name, full_version, self.cache_dir)
-        model = LoadedModel.load(directory, full_version, verify=False, precision=self.precision)  # fetch() verified it
+        model = LoadedModel.load(directory, full_version, verify=False, precision=self.precision,  # fetch() verified it
+                                 native_rows=self.native_rows)
         if model.precision != self.precision:
             logger.warning("version %s was exported without a %s endpoint: it answers in %s", full_version,
                            self.precision, model.precision)

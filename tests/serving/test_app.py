@@ -562,8 +562,11 @@ class _BrokenModel:
     manifest: dict[str, Any] = {}
     loaded_at = datetime(2026, 1, 1, tzinfo=UTC)
 
-    def decode_rows(self, body: bytes) -> None:
+    def predict_native(self, body: bytes, max_instances: int) -> None:
         return None  # no packed endpoint: requests go the general way
+
+    def decode_rows(self, body: bytes) -> None:
+        return None
 
     def predict(self, instances: list) -> Any:
         raise RuntimeError("disk on fire")

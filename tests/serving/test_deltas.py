@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -15,7 +16,7 @@ from starlette.testclient import TestClient
 from components.config import PipelineConfig, ServingConfig
 from components.delta import DELTA_FILE
 from components.model_store import LocalModelStore, rollback
-from serving.app import create_app
+from serving.app import create_app, predict_body
 from serving.model import WARM_UP_SIZES, InvalidInput, LoadedModel, StaleModel
 from serving.server import build_server, warm_up_http
 from serving.watcher import ModelWatcher
@@ -209,6 +210,36 @@ def test_the_rest_api_answers_row_form_requests_through_typed_records(chain):
     bad = client.post(f"/v1/models/{MODEL_NAME}:predict", json={"instances": [{"I1": True}]})
     assert bad.status_code == 400
     assert bad.json()["error"] == "instance 0: feature 'I1' must be a number or null (missing), got True"
+
+
+def test_the_native_row_reader_answers_as_the_general_path_through_the_chain(chain, tmp_path):
+    """predict_native (serving/native/rows.c) gives the very predictions of `predict` on the same instances, on
+    the full model and after each delta; a body it does not read (a string with an escape, as Python's json
+    writes non-ASCII text) goes the typed records' way in predict_body, with the same answer."""
+    steps, columns, expected = chain
+    watcher = watcher_for(store_with(tmp_path, steps[:1]), tmp_path)
+    assert watcher.poll_once()
+    instances = row_form(columns)
+    body = orjson.dumps({"instances": instances})
+    for step in steps:
+        if step is not steps[0]:
+            watcher.store.publish(MODEL_NAME, step.version, step.directory)
+            assert watcher.poll_once() and watcher.version == step.version
+        model = watcher.current()
+        assert model.native_rows is not None
+        native = model.predict_native(body, 1000)
+        np.testing.assert_array_equal(native, model.predict(instances))
+        np.testing.assert_allclose(native, expected[step.version], rtol=0, atol=1e-6)
+    model = watcher.current()
+    escaped = [{**instance, "C1": "café"} for instance in instances[:20]]
+    escaped_body = json.dumps({"instances": escaped}).encode()
+    assert b"caf\\u00e9" in escaped_body and model.predict_native(escaped_body, 1000) is None
+    key, answered = predict_body(model, escaped_body, 1000)
+    assert key == "predictions"
+    np.testing.assert_array_equal(answered, model.predict(escaped))
+    assert model.predict_native(body, len(instances) - 1) is None  # over the limit: the general path refuses it
+    off = LoadedModel.load(steps[0].directory, native_rows=False)  # serving.native_rows=false
+    assert off.native_rows is None and off.predict_native(body, 1000) is None
 
 
 def test_several_new_deltas_are_applied_in_one_poll_and_the_standby_catches_up(chain, tmp_path):
