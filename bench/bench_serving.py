@@ -20,6 +20,10 @@ Phases, in one run:
   100 candidates also with httpx as the client (`httpx_*`, the client of earlier runs), and GET /healthz (the
   HTTP round trip with no model work, `healthz_*`); then the same over gRPC with TF
   Serving's stub (`grpc_*`), one float32 or string tensor per feature;
+- paired (`overhead_ratio_100`): served requests of 100 candidates alternated, in blocks, with the server's own
+  call in this process (on the server's core, the same batches' arguments built beforehand); the ratio of their
+  p99s. `overhead_ratio_100_separate_phases` is the closed loop's p99 over the in-process phase's, measured
+  minutes apart on one batch, as the runs before the paired phase computed it;
 - open loop at rising rates of 100-candidate requests until the server saturates: the highest rate held at
   p99 <= 10 ms, as candidates/s;
 - swaps: an open loop at half that rate while three full models, each followed by a delta on it, are
@@ -80,6 +84,7 @@ SWAP_WINDOW_S = 3.0  # requests sent this long after a publish count as during i
 P99_LIMIT_MS = 10.0
 SATURATED_P99_MS = 50.0
 IN_PROCESS_BLOCK = 20
+PAIRED_BLOCK = 20
 SERVER_CORE, CLIENT_CORE = 0, 1
 # The generated click log is in the criteo spec's layout; its columns come from that spec.
 SPEC = load_spec("criteo")
@@ -295,6 +300,49 @@ def poster(url: str, client: str) -> Iterator[Callable[[bytes], int]]:
         yield post
     finally:
         connection.close()
+
+
+def paired_overhead(url: str, directory: Path, precision: str, instances: list[dict], bodies: list[bytes],
+                    rounds: int) -> dict[str, Any]:
+    """The overhead ratio's two sides in one phase: blocks of PAIRED_BLOCK served requests of 100 candidates
+    (the closed loop's bodies, in turn) alternated with blocks of the server's own call in this process, on the
+    server's core while the server waits: the packed endpoint at its precision (PackedCall.call) on the same
+    batches' arguments, built beforehand. The two sides see the same machine minute by minute, and the call
+    the same candidates the server gets, not one batch again and again (whose embedding rows stay in the
+    caches: one batch's call took 0.89-0.90x the p50 of calls taking 20 batches in turn, docs/serving.md)."""
+    from serving.model import LoadedModel
+
+    model = LoadedModel.load(directory, precision=precision)
+    assert model.packed is not None, "the bench's model is exported with packed endpoints"
+    arguments = []
+    for start in range(0, len(bodies) * 100, 100):
+        batch = instances[start:start + 100]
+        columns = {name: convert([row.get(name) for row in batch]) for name, convert in
+                   model.column_converters.items()}
+        arguments.append(model.packed.arguments(columns, len(batch), model.input_specs))
+    served: list[float] = []
+    called: list[float] = []
+    failed = 0
+    with poster(url, "http.client") as post:
+        for round_index in range(rounds):
+            order = ("served", "called") if round_index % 2 == 0 else ("called", "served")
+            for side in order:
+                if side == "called":
+                    os.sched_setaffinity(0, {SERVER_CORE})
+                for index in range(PAIRED_BLOCK + 2):
+                    turn = (round_index * PAIRED_BLOCK + index) % len(bodies)
+                    start = time.perf_counter()
+                    if side == "served":
+                        status = post(bodies[turn])
+                        failed += status != 200
+                    else:
+                        model.packed.call(*arguments[turn]).numpy()
+                    if index >= 2:  # the first of a block wakes the other side's caches
+                        (served if side == "served" else called).append((time.perf_counter() - start) * 1000)
+                if side == "called":
+                    os.sched_setaffinity(0, {CLIENT_CORE})
+    return {"served": percentiles(served), "in_process": percentiles(called), "failed_requests": failed,
+            "block": PAIRED_BLOCK, "rounds": rounds}
 
 
 def http_floor(url: str, repeats: int) -> dict[str, Any]:
@@ -610,6 +658,12 @@ def main() -> int:
             print(f"    100 candidates with httpx as the client: p50 {closed_httpx['p50_ms']:.2f} ms, p99 "
                   f"{closed_httpx['p99_ms']:.2f} ms; GET /healthz: p50 {floor['p50_ms']:.2f} ms, p99 "
                   f"{floor['p99_ms']:.2f} ms", flush=True)
+            print("served requests and the server's call in-process, alternated ...", flush=True)
+            paired = paired_overhead(url, models["first"], args.precision, instances, bodies[100],
+                                     rounds=max(10, 2 * args.requests // PAIRED_BLOCK))
+            print(f"    100 candidates: served p50 {paired['served']['p50_ms']:.2f} ms, p99 "
+                  f"{paired['served']['p99_ms']:.2f} ms; in-process p50 {paired['in_process']['p50_ms']:.2f} ms, "
+                  f"p99 {paired['in_process']['p99_ms']:.2f} ms", flush=True)
             print("closed loop over gRPC ...", flush=True)
             closed_grpc = grpc_closed_loop(grpc_port, grpc_requests, args.requests)
             for size in SIZES:
@@ -648,9 +702,11 @@ def main() -> int:
     steady_p99 = swapped["steady"]["p99_ms"]
     swap_p99 = max((swapped[k] or {}).get("p99_ms", 0.0) for k in ("full_swap", "delta_swap"))
     # The in-process baseline is the call the server makes (the packed endpoint at its precision), a stricter
-    # one than the TF-Serving signature (inprocess_signature_*).
+    # one than the TF-Serving signature (inprocess_signature_*), timed in blocks alternated with the served
+    # requests, on the same batches (paired_overhead). `overhead_ratio_100_separate_phases` is the ratio as
+    # runs before that computed it: the closed loop over the in-process phase minutes earlier, on one batch.
     served_call = f"packed_{args.precision}"
-    overhead = closed[100]["p99_ms"] / inprocess[100][served_call]["p99_ms"]
+    overhead = paired["served"]["p99_ms"] / paired["in_process"]["p99_ms"]
     result = {
         "precision": args.precision,
         **{f"p50_ms_{size}": closed[size]["p50_ms"] for size in SIZES},
@@ -666,6 +722,11 @@ def main() -> int:
         **{f"inprocess_body_records_p99_ms_{size}": inprocess[size]["body_records_to_prediction"]["p99_ms"]
            for size in SIZES if "body_records_to_prediction" in inprocess[size]},
         "overhead_ratio_100": overhead,
+        "paired_p50_ms_100": paired["served"]["p50_ms"],
+        "paired_p99_ms_100": paired["served"]["p99_ms"],
+        "paired_inprocess_p50_ms_100": paired["in_process"]["p50_ms"],
+        "paired_inprocess_p99_ms_100": paired["in_process"]["p99_ms"],
+        "overhead_ratio_100_separate_phases": closed[100]["p99_ms"] / inprocess[100][served_call]["p99_ms"],
         "client": "http.client, one keep-alive connection; its garbage collector off while it measures",
         "httpx_p50_ms_100": closed_httpx["p50_ms"],
         "httpx_p99_ms_100": closed_httpx["p99_ms"],
@@ -684,6 +745,7 @@ def main() -> int:
         "swap_p99_ratio": swap_p99 / steady_p99 if steady_p99 else None,
         "failed_requests": sum(closed[s]["failed_requests"] + closed_grpc[s]["failed_requests"] for s in SIZES)
         + closed_httpx["failed_requests"]
+        + paired["failed_requests"]
         + opened["failed_requests"]
         + swapped["failed_requests"]
         + after_deltas["failed_requests"],
@@ -693,6 +755,7 @@ def main() -> int:
         "closed_loop": {str(k): v for k, v in closed.items()},
         "closed_loop_grpc": {str(k): v for k, v in closed_grpc.items()},
         "closed_loop_after_deltas": {"100": after_deltas},
+        "paired_100": paired,
         "in_process": {str(k): v for k, v in inprocess.items()},
         "open_loop": opened,
         "swaps": swapped,
