@@ -6,9 +6,9 @@ the model's own time (docs/serving.md). rows.c reads the body in one pass straig
 strings' spans, which become the two tensors with no Python object per value.
 
 It answers only requests it reads exactly as the general path reads them, and None for any other (an escape in
-a string, a boolean, an unknown key, another shape, bad JSON, ...): the caller then takes the general path,
-which says what is wrong. tests/serving/test_native_rows.py checks the two give the same tensors, and that
-what rows.c refuses is what the general path refuses or reads differently.
+a key, a lone surrogate, a boolean, an unknown key, another shape, bad JSON, ...): the caller then takes the
+general path, which says what is wrong. Strings with escapes are decoded into a buffer beside the body.
+tests/serving/test_native_rows.py checks that every body it reads gives the typed records' tensors, bit for bit.
 
 The C file is compiled on first use with the host's C compiler (`CC`, default `cc`) into
 ~/.cache/ctr-pipeline/native (`CTR_NATIVE_CACHE`), one library per source hash. Where there is no compiler the
@@ -86,9 +86,9 @@ def library() -> ctypes.CDLL | None:
     pointer, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
     lib.ctr_read_instances.restype = i64
     lib.ctr_read_instances.argtypes = [ctypes.c_char_p, i64, pointer, pointer, i32, pointer, pointer, i32, i32,
-                                       ctypes.c_char_p, i32, i64, pointer, pointer, pointer, pointer]
+                                       ctypes.c_char_p, i32, i64, pointer, pointer, pointer, pointer, pointer]
     lib.ctr_fill_cells.restype = None
-    lib.ctr_fill_cells.argtypes = [ctypes.c_char_p, pointer, i64, i64, pointer]
+    lib.ctr_fill_cells.argtypes = [ctypes.c_char_p, i64, pointer, pointer, i64, i64, pointer]
     return lib
 
 
@@ -146,15 +146,16 @@ class NativeRows:
             found = self._read(body, capacity)
         if isinstance(found, int):
             return None
-        rows, floats, spans, longest = found
+        rows, floats, spans, text, longest = found
         cells = np.zeros((rows, self.num_strings), dtype=f"S{max(1, longest)}")
         if self.num_strings and longest:
-            self.lib.ctr_fill_cells(body, spans.ctypes.data, rows * self.num_strings, cells.itemsize,
-                                    cells.ctypes.data)
+            self.lib.ctr_fill_cells(body, len(body), text.ctypes.data, spans.ctypes.data, rows * self.num_strings,
+                                    cells.itemsize, cells.ctypes.data)
         return rows, floats[:rows], cells
 
-    def _read(self, body: bytes, capacity: int) -> tuple[int, np.ndarray, np.ndarray, int] | int:
-        """(rows, floats, spans, longest string), or rows.c's code when it reads no rows."""
+    def _read(self, body: bytes, capacity: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, int] | int:
+        """(rows, floats, spans, the strings with escapes decoded, longest string), or rows.c's code when it
+        reads no rows."""
         if capacity <= 0:
             return NOT_HANDLED
         count = len(self.kinds)
@@ -162,13 +163,15 @@ class NativeRows:
         spans = np.empty((capacity, self.num_strings, 2), dtype=np.int64)
         stamps = np.zeros(count, dtype=np.int64)
         longest = ctypes.c_int64(0)
+        text = np.empty(len(body), dtype=np.uint8)  # decoded strings are never longer than the body
         rows = self.lib.ctr_read_instances(
             body, len(body), self.names, self.offsets.ctypes.data, count, self.kinds.ctypes.data,
             self.columns.ctypes.data, self.num_floats, self.num_strings, self.signature, len(self.signature),
-            capacity, floats.ctypes.data, spans.ctypes.data, stamps.ctypes.data, ctypes.byref(longest))
+            capacity, floats.ctypes.data, spans.ctypes.data, stamps.ctypes.data, ctypes.byref(longest),
+            text.ctypes.data)
         if rows <= 0:
             return rows or NOT_HANDLED
-        return rows, floats, spans, longest.value
+        return rows, floats, spans, text, longest.value
 
     def tensors(self, body: bytes, max_rows: int) -> tuple[int, list[tf.Tensor]] | None:
         """`read`'s matrices as the packed endpoint's arguments, in its order."""

@@ -5,8 +5,11 @@
  * into a float32 matrix [rows, floats] (null or a missing key: NaN); strings are left where they are in the body
  * and their spans (offset, length) written to [rows, strings, 2] (null or a missing key: length 0).
  *
+ * Strings with escapes are decoded into a buffer beside the body, where their spans point instead.
+ *
  * It reads only what it can read exactly as the general path (msgspec, then the column converters) reads it,
- * and answers CTR_ROWS_NOT_HANDLED for anything else: a string with an escape, bytes that are not UTF-8, a
+ * and answers CTR_ROWS_NOT_HANDLED for anything else: an escape in a key, a lone surrogate or U+0000 in a
+ * string, bytes that are not UTF-8, a
  * number outside float32, a boolean, an unknown or repeated key, another signature, any other shape, JSON that
  * is not well formed. The caller then takes the general path, which reads the request again and says what is
  * wrong with it. So this file never has to produce an error message, only to be right about what it accepts.
@@ -53,8 +56,30 @@ static int take_word(cursor *c, const char *word, size_t length) {
     return 0;
 }
 
+/* The length of the well-formed UTF-8 sequence of two or more bytes at p (no overlong forms, no surrogates,
+ * nothing above U+10FFFF), or 0. */
+static int utf8_length(const uint8_t *p, const uint8_t *end) {
+    uint8_t b = *p;
+    if (b >= 0xC2 && b <= 0xDF) {
+        return end - p >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    }
+    if (b >= 0xE0 && b <= 0xEF) {
+        if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if (b == 0xE0 && p[1] < 0xA0) return 0;
+        if (b == 0xED && p[1] > 0x9F) return 0;
+        return 3;
+    }
+    if (b >= 0xF0 && b <= 0xF4) {
+        if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+        if (b == 0xF0 && p[1] < 0x90) return 0;
+        if (b == 0xF4 && p[1] > 0x8F) return 0;
+        return 4;
+    }
+    return 0;
+}
+
 /* A JSON string with no escapes, of well-formed UTF-8 and no control characters; the cursor on its opening
- * quote. Sets its content's span; 0 for anything else (an escape included: the general path decodes those). */
+ * quote. Sets its content's span; 0 for anything else (a string with an escape goes to read_escaped). */
 static int read_string(cursor *c, const uint8_t **start, int64_t *length) {
     if (c->at >= c->end || *c->at != '"') {
         return 0;
@@ -76,22 +101,111 @@ static int read_string(cursor *c, const uint8_t **start, int64_t *length) {
             p++;
             continue;
         }
-        /* UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. */
-        if (b >= 0xC2 && b <= 0xDF) {
-            if (end - p < 2 || (p[1] & 0xC0) != 0x80) return 0;
+        int n = utf8_length(p, end);
+        if (n == 0) return 0;
+        p += n;
+    }
+    return 0;
+}
+
+/* Where strings with escapes are written decoded: `data` [capacity]; a span in it is told from a span in the
+ * body by its offset, `base` (the body's length) or more. */
+typedef struct {
+    uint8_t *data;
+    int64_t used;
+    int64_t capacity;
+    int64_t base;
+} text_buffer;
+
+static int32_t hex4(const uint8_t *p, const uint8_t *end) {
+    if (end - p < 4) return -1;
+    int32_t value = 0;
+    for (int i = 0; i < 4; i++) {
+        uint8_t h = p[i];
+        int digit = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 :
+                    h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (digit < 0) return -1;
+        value = value * 16 + digit;
+    }
+    return value;
+}
+
+/* A JSON string with escapes, decoded into `text` as msgspec decodes it: the two-character escapes, \uXXXX and
+ * surrogate pairs as UTF-8. 0 for a lone surrogate (msgspec refuses it), for U+0000 (a cell cannot hold a
+ * trailing one), for bytes that are not UTF-8, a control character, or no closing quote. */
+static int read_escaped(cursor *c, text_buffer *text, int64_t *offset, int64_t *length) {
+    if (c->at >= c->end || *c->at != '"') return 0;
+    const uint8_t *p = c->at + 1;
+    const uint8_t *end = c->end;
+    uint8_t *first = text->data + text->used;
+    uint8_t *out = first;
+    uint8_t *limit = text->data + text->capacity;
+    while (p < end) {
+        uint8_t b = *p;
+        if (b == '"') {
+            *offset = text->base + (first - text->data);
+            *length = out - first;
+            text->used = out - text->data;
+            c->at = p + 1;
+            return 1;
+        }
+        if (b < 0x20) return 0;
+        if (b != '\\') {
+            int n = b < 0x80 ? 1 : utf8_length(p, end);
+            if (n == 0 || limit - out < n) return 0;
+            memcpy(out, p, (size_t)n);
+            out += n;
+            p += n;
+            continue;
+        }
+        if (end - p < 2) return 0;
+        uint8_t single = 0;
+        switch (p[1]) {
+            case '"': single = '"'; break;
+            case '\\': single = '\\'; break;
+            case '/': single = '/'; break;
+            case 'b': single = '\b'; break;
+            case 'f': single = '\f'; break;
+            case 'n': single = '\n'; break;
+            case 'r': single = '\r'; break;
+            case 't': single = '\t'; break;
+            case 'u': break;
+            default: return 0;
+        }
+        if (single) {
+            if (out >= limit) return 0;
+            *out++ = single;
             p += 2;
-        } else if (b >= 0xE0 && b <= 0xEF) {
-            if (end - p < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
-            if (b == 0xE0 && p[1] < 0xA0) return 0;
-            if (b == 0xED && p[1] > 0x9F) return 0;
-            p += 3;
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            if (end - p < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
-            if (b == 0xF0 && p[1] < 0x90) return 0;
-            if (b == 0xF4 && p[1] > 0x8F) return 0;
-            p += 4;
-        } else {
+            continue;
+        }
+        int32_t unit = hex4(p + 2, end);
+        if (unit < 0) return 0;
+        p += 6;
+        uint32_t code = (uint32_t)unit;
+        if (unit >= 0xD800 && unit <= 0xDBFF) {
+            if (end - p < 6 || p[0] != '\\' || p[1] != 'u') return 0;
+            int32_t low = hex4(p + 2, end);
+            if (low < 0xDC00 || low > 0xDFFF) return 0;
+            code = 0x10000 + (((uint32_t)unit - 0xD800) << 10) + ((uint32_t)low - 0xDC00);
+            p += 6;
+        } else if (unit >= 0xDC00 && unit <= 0xDFFF) {
             return 0;
+        }
+        if (code == 0 || limit - out < 4) return 0;
+        if (code < 0x80) {
+            *out++ = (uint8_t)code;
+        } else if (code < 0x800) {
+            *out++ = (uint8_t)(0xC0 | (code >> 6));
+            *out++ = (uint8_t)(0x80 | (code & 0x3F));
+        } else if (code < 0x10000) {
+            *out++ = (uint8_t)(0xE0 | (code >> 12));
+            *out++ = (uint8_t)(0x80 | ((code >> 6) & 0x3F));
+            *out++ = (uint8_t)(0x80 | (code & 0x3F));
+        } else {
+            *out++ = (uint8_t)(0xF0 | (code >> 18));
+            *out++ = (uint8_t)(0x80 | ((code >> 12) & 0x3F));
+            *out++ = (uint8_t)(0x80 | ((code >> 6) & 0x3F));
+            *out++ = (uint8_t)(0x80 | (code & 0x3F));
         }
     }
     return 0;
@@ -200,7 +314,7 @@ static int32_t find_name(const uint8_t *start, int64_t length, const uint8_t *na
 static int read_instance(cursor *c, int64_t row, const uint8_t *names, const int32_t *offsets, int32_t count,
                          const int32_t *kinds, const int32_t *columns, int32_t num_floats, int32_t num_strings,
                          float *floats, int64_t *spans, int64_t *stamps, int64_t *longest,
-                         const uint8_t *base) {
+                         const uint8_t *base, text_buffer *text) {
     float *float_row = floats + row * num_floats;
     int64_t *span_row = spans + row * num_strings * 2;
     for (int32_t i = 0; i < num_floats; i++) float_row[i] = __builtin_nanf("");
@@ -225,9 +339,13 @@ static int read_instance(cursor *c, int64_t row, const uint8_t *names, const int
             if (!read_number(c, &float_row[columns[index]])) return 0;
         } else {
             const uint8_t *value;
-            int64_t value_length;
-            if (!read_string(c, &value, &value_length)) return 0;
-            span_row[columns[index] * 2] = value - base;
+            int64_t value_offset, value_length;
+            if (read_string(c, &value, &value_length)) {
+                value_offset = value - base;
+            } else if (!read_escaped(c, text, &value_offset, &value_length)) {
+                return 0;
+            }
+            span_row[columns[index] * 2] = value_offset;
             span_row[columns[index] * 2 + 1] = value_length;
             if (value_length > *longest) *longest = value_length;
         }
@@ -239,12 +357,16 @@ static int read_instance(cursor *c, int64_t row, const uint8_t *names, const int
 /* Reads the body. Returns the number of instances, CTR_ROWS_TOO_MANY when there are more than `max_rows`, or
  * CTR_ROWS_NOT_HANDLED. `names` holds the inputs' names back to back, `offsets` [count + 1] where each starts;
  * `kinds` [count]: 0 a float column, 1 a string column; `columns` [count]: its column among those of its kind.
- * `stamps` [count]: scratch, zeroed by the caller. `longest`: the longest string read. */
+ * `stamps` [count]: scratch, zeroed by the caller. `longest`: the longest string read. `text` [length]: where
+ * strings with escapes are written decoded (never longer than the body); their spans' offsets start at
+ * `length`. */
 int64_t ctr_read_instances(const uint8_t *body, int64_t length, const uint8_t *names, const int32_t *offsets,
                            int32_t count, const int32_t *kinds, const int32_t *columns, int32_t num_floats,
                            int32_t num_strings, const uint8_t *signature, int32_t signature_length,
-                           int64_t max_rows, float *floats, int64_t *spans, int64_t *stamps, int64_t *longest) {
+                           int64_t max_rows, float *floats, int64_t *spans, int64_t *stamps, int64_t *longest,
+                           uint8_t *text_data) {
     cursor c = {body, body + length};
+    text_buffer text = {text_data, 0, length, length};
     int have_instances = 0, have_signature = 0;
     int64_t rows = 0;
     *longest = 0;
@@ -263,7 +385,7 @@ int64_t ctr_read_instances(const uint8_t *body, int64_t length, const uint8_t *n
                 for (;;) {
                     if (rows >= max_rows) return CTR_ROWS_TOO_MANY;
                     if (!read_instance(&c, rows, names, offsets, count, kinds, columns, num_floats, num_strings,
-                                       floats, spans, stamps, longest, body)) {
+                                       floats, spans, stamps, longest, body, &text)) {
                         return CTR_ROWS_NOT_HANDLED;
                     }
                     rows++;
@@ -294,10 +416,14 @@ int64_t ctr_read_instances(const uint8_t *body, int64_t length, const uint8_t *n
 
 /* The strings' spans copied into fixed-width cells of `width` bytes ([count] cells, zeroed by the caller):
  * numpy's "S<width>" layout, which TensorFlow reads as a string tensor (a cell's trailing zero bytes dropped:
- * a string read above holds none). */
-void ctr_fill_cells(const uint8_t *body, const int64_t *spans, int64_t count, int64_t width, uint8_t *cells) {
+ * a string read above holds none). A span's offset from `length` on is in `text`. */
+void ctr_fill_cells(const uint8_t *body, int64_t length, const uint8_t *text, const int64_t *spans, int64_t count,
+                    int64_t width, uint8_t *cells) {
     for (int64_t i = 0; i < count; i++) {
-        int64_t length = spans[i * 2 + 1];
-        if (length > 0) memcpy(cells + i * width, body + spans[i * 2], (size_t)length);
+        int64_t offset = spans[i * 2], size = spans[i * 2 + 1];
+        if (size > 0) {
+            const uint8_t *from = offset < length ? body + offset : text + (offset - length);
+            memcpy(cells + i * width, from, (size_t)size);
+        }
     }
 }

@@ -214,8 +214,9 @@ def test_the_rest_api_answers_row_form_requests_through_typed_records(chain):
 
 def test_the_native_row_reader_answers_as_the_general_path_through_the_chain(chain, tmp_path):
     """predict_native (serving/native/rows.c) gives the very predictions of `predict` on the same instances, on
-    the full model and after each delta; a body it does not read (a string with an escape, as Python's json
-    writes non-ASCII text) goes the typed records' way in predict_body, with the same answer."""
+    the full model and after each delta, strings with escapes included (Python's json writes non-ASCII text as
+    \\uXXXX); a body it does not read (an escape in a key) goes the typed records' way in predict_body, with the
+    same answer."""
     steps, columns, expected = chain
     watcher = watcher_for(store_with(tmp_path, steps[:1]), tmp_path)
     assert watcher.poll_once()
@@ -231,10 +232,13 @@ def test_the_native_row_reader_answers_as_the_general_path_through_the_chain(cha
         np.testing.assert_array_equal(native, model.predict(instances))
         np.testing.assert_allclose(native, expected[step.version], rtol=0, atol=1e-6)
     model = watcher.current()
-    escaped = [{**instance, "C1": "café"} for instance in instances[:20]]
+    escaped = [{**instance, "C1": "café 🙂"} for instance in instances[:20]]
     escaped_body = json.dumps({"instances": escaped}).encode()
-    assert b"caf\\u00e9" in escaped_body and model.predict_native(escaped_body, 1000) is None
-    key, answered = predict_body(model, escaped_body, 1000)
+    assert b"caf\\u00e9 \\ud83d\\ude42" in escaped_body
+    np.testing.assert_array_equal(model.predict_native(escaped_body, 1000), model.predict(escaped))
+    key_escaped = escaped_body.replace(b'"C1"', b'"C\\u0031"')
+    assert model.predict_native(key_escaped, 1000) is None
+    key, answered = predict_body(model, key_escaped, 1000)
     assert key == "predictions"
     np.testing.assert_array_equal(answered, model.predict(escaped))
     assert model.predict_native(body, len(instances) - 1) is None  # over the limit: the general path refuses it

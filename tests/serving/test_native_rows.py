@@ -86,7 +86,8 @@ def instances(count: int, seed: int) -> list[dict]:
             elif kind < 0.3:
                 instance[name] = ""
             elif kind < 0.4:
-                instance[name] = rng.choice(["café", "日本語", "emoji 🙂", "a/b", "quote's"])
+                instance[name] = rng.choice(["café", "日本語", "emoji 🙂", "a/b", "quote's", 'say "hi"', "back\\slash",
+                                             "tab\there", "line\nbreak", "\x01\x1f", "\u2028", "\U0001F600"])
             else:
                 instance[name] = f"{rng.getrandbits(32):08x}"
         names = list(instance)
@@ -97,12 +98,14 @@ def instances(count: int, seed: int) -> list[dict]:
 
 @pytest.mark.parametrize("dumps", [
     lambda value: orjson.dumps(value),
+    lambda value: json.dumps(value).encode(),  # non-ASCII text escaped, surrogate pairs included
     lambda value: json.dumps(value, ensure_ascii=False).encode(),
     lambda value: json.dumps(value, indent=2, ensure_ascii=False).encode(),
 ])
 def test_it_reads_what_the_typed_records_read_into_the_same_tensors(readers, dumps):
     """Numbers (integers, exponents, subnormals, float32's extremes, -0.0), null, missing keys, the empty
-    string, UTF-8 strings, keys in any order, any JSON whitespace, with and without the signature's name."""
+    string, UTF-8 strings, strings with escapes (quotes, control characters, \\uXXXX, surrogate pairs), keys in
+    any order, any JSON whitespace, with and without the signature's name."""
     for seed in range(20):
         body = dumps({"instances": instances(1 + seed * 7, seed)})
         expected = general(readers, body)
@@ -154,8 +157,15 @@ def test_numbers_round_as_the_typed_records_round_them(readers):
     b'{"instances": [{"I1": 1e}]}',
     b'{"instances": [{"not_a_feature": 1}]}',
     b'{"instances": [{"I1": 1, "I1": 2}]}',  # a key given twice
-    b'{"instances": [{"C1": "a\\"b"}]}',  # an escape: the general path decodes it
-    b'{"instances": [{"C\\u0031": "a"}]}',
+    b'{"instances": [{"C\\u0031": "a"}]}',  # an escape in a key
+    b'{"instances": [{"C1": "\\ud800"}]}',  # a lone surrogate: msgspec refuses it
+    b'{"instances": [{"C1": "\\udc00"}]}',
+    b'{"instances": [{"C1": "\\ud800\\u0041"}]}',
+    b'{"instances": [{"C1": "a\\u0000"}]}',  # U+0000: a cell cannot end in one
+    b'{"instances": [{"C1": "\\x41"}]}',  # not a JSON escape
+    b'{"instances": [{"C1": "\\u12"}]}',
+    b'{"instances": [{"C1": "\\u12g4"}]}',
+    b'{"instances": [{"C1": "ab\\"}]}',
     b'{"instances": [{"C1": "a\x01b"}]}',  # a control character
     b'{"instances": [{"C1": "\xff"}]}',  # not UTF-8
     b'{"instances": [{"C1": "\xed\xa0\x80"}]}',  # an encoded surrogate
