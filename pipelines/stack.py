@@ -278,7 +278,7 @@ def services(settings: StackSettings) -> list[Service]:
         Service("spark-connect", _spark_command(settings),
                 {**{k: v for k, v in client.items() if k != "SPARK_REMOTE"}, **_spark_env(settings)},
                 f"sc://127.0.0.1:{settings.port('SPARK_CONNECT_PORT')}",
-                lambda: None if _port_open(settings.port("SPARK_CONNECT_PORT")) else "its port",
+                lambda: None if port_answers(settings.port("SPARK_CONNECT_PORT")) else "its port",
                 port=settings.port("SPARK_CONNECT_PORT")),
         # The database URL (it holds a password) goes through the environment, not the command line.
         Service("mlflow", [python, "-m", "mlflow", "server", "--app-name", "basic-auth",
@@ -337,10 +337,14 @@ def _spark_env(settings: StackSettings) -> dict[str, str]:
 # Health checks: each returns None when ready, else a few words on what it waits for
 
 
-def _port_open(port: int) -> bool:
+def port_answers(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port`. A connect to a free port of the ephemeral range can take
+    that very port as its own source and connect to itself (TCP's simultaneous open): that is no listener."""
     with socket.socket() as probe:
         probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        if probe.connect_ex(("127.0.0.1", port)) != 0:
+            return False
+        return probe.getsockname() != probe.getpeername()
 
 
 def _http_ready(url: str) -> str | None:
@@ -624,7 +628,7 @@ def up(settings: StackSettings, say: Callable[[str], None] = print) -> None:
     for service in all_services:
         if service not in pending:
             say(f"{service.name}: already running (pid {running_pid(settings, service.name)})")
-    busy = {s.name: s.url for s in pending if s.port and _port_open(s.port)}
+    busy = {s.name: s.url for s in pending if s.port and port_answers(s.port)}
     if busy:
         raise StackError("ports already taken by processes this stack did not start: "
                          + ", ".join(f"{n} ({u})" for n, u in busy.items())

@@ -43,6 +43,7 @@ from bench.bench_freshness import (
 from bench.loadgen import run_load
 from bench.reliability.chain import learned_minutes, no_loss
 from components.stopping import group_and_descendants
+from pipelines.stack import port_answers
 
 PUBLISH_WAIT_S = 240.0
 
@@ -53,13 +54,6 @@ def _case(name: str, description: str, expected: str, observed: str, as_expected
             "as_expected": as_expected, "lost": lost or no_loss(), "manual_recovery": False,
             "recover_s": None if recover_s is None else round(recover_s, 1), "detail": detail}
 
-
-def port_answers(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def pss_mb(pid: int) -> float:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.stack import port_answers
+
 REPO = Path(__file__).resolve().parents[2]
 # docker stop's default grace before SIGKILL; every command must be gone well within it.
 STOP_BOUND_S = 10.0
@@ -67,12 +69,6 @@ def _command_line(pid: int) -> str:
     return ""
 
 
-def _port_answers(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _port_bindable(port: int) -> bool:
     """Whether a new server could listen on `port` now (with SO_REUSEADDR, as uvicorn, gRPC and Netty do)."""
     with socket.socket() as sock:
@@ -104,7 +100,7 @@ def running(command: list[str], ports: list[int], log_path: Path, ready_timeout_
     handle = Running(process, log_path)
     try:
         deadline = time.monotonic() + ready_timeout_s
-        while not (all(_port_answers(port) for port in ports) and ready_text in handle.log_tail()):
+        while not (all(port_answers(port) for port in ports) and ready_text in handle.log_tail()):
             handle.seen.update(_process_tree(process.pid))
             assert process.poll() is None, f"{command[2:4]} exited with {process.returncode}:\n{handle.log_tail()}"
             assert time.monotonic() < deadline, f"{command[2:4]} not ready on {ports}:\n{handle.log_tail()}"
@@ -135,7 +131,7 @@ def stop_and_check(handle: Running, sig: signal.Signals, ports: list[int]) -> fl
     left = {pid: _command_line(pid)[:160] for pid, start in tree.items() if _alive(pid, start)}
     assert left == {}, f"processes of its tree still alive after it exited on {sig.name}"
     for port in ports:
-        assert not _port_answers(port) and _port_bindable(port), f"port {port} still taken after {sig.name}"
+        assert not port_answers(port) and _port_bindable(port), f"port {port} still taken after {sig.name}"
     return took
 
 
