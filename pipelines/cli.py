@@ -1,20 +1,21 @@
-"""`ctr`: the command line of the CTR pipeline.
+"""`ctr-pipeline`: the command line of the CTR pipeline (`ctr`, its former name, is an alias for one release).
 
-    ctr generate                      write a synthetic click log (minute partitions)
-    ctr generate --events             write impression and click streams instead (joined by the pipeline)
-    ctr ingest --spec avazu FILE...   write a team's own files as raw minute partitions of a feature spec
-    ctr run daily --date 2026-01-01   run the daily pipeline without Airflow
-    ctr run incremental --minute 2026-01-02T00:05   one minute run: delta on the newest model, gated, published
-    ctr trigger incremental [--minute T]   trigger the ctr_incremental DAG through the Airflow REST API
-    ctr trigger daily [--minute T]         trigger ctr_daily for the UTC day ending at T (default: yesterday)
-    ctr rollback VERSION              retract every newer version: serving and minute runs go back to VERSION
-    ctr promote [VERSION]             label VERSION (default: the newest) `stable`; newer ones are `canary`
-    ctr serve                         serve the newest published model (TF Serving's REST and gRPC APIs)
-    ctr spark-connect                 a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
-    ctr airflow dags list             the Airflow CLI on the project's embedded settings
-    ctr ui airflow | ctr ui mlflow    open the Airflow UI / the MLflow UI on this data
-    ctr tracking status | flush       tracking kept while the MLflow server was away; deliver it now
-    ctr stack up | down | status | logs | env   the production topology as processes on this machine
+    ctr-pipeline generate             write a synthetic click log (minute partitions)
+    ctr-pipeline generate --events    write impression and click streams instead (joined by the pipeline)
+    ctr-pipeline ingest --spec avazu FILE...   write a team's own files as raw minute partitions of a feature spec
+    ctr-pipeline datasets fetch movielens  a real public log (movielens, obd) from the package index, as a CSV to ingest
+    ctr-pipeline run daily --date 2026-01-01   run the daily pipeline without Airflow
+    ctr-pipeline run incremental --minute 2026-01-02T00:05   one minute run: delta on the newest model, gated, published
+    ctr-pipeline trigger incremental [--minute T]   trigger the ctr_incremental DAG through the Airflow REST API
+    ctr-pipeline trigger daily [--minute T]   trigger ctr_daily for the UTC day ending at T (default: yesterday)
+    ctr-pipeline rollback VERSION     retract every newer version: serving and minute runs go back to VERSION
+    ctr-pipeline promote [VERSION]    label VERSION (default: the newest) `stable`; newer ones are `canary`
+    ctr-pipeline serve                serve the newest published model (TF Serving's REST and gRPC APIs)
+    ctr-pipeline spark-connect        a Spark Connect server for SPARK_REMOTE=sc://127.0.0.1:15002
+    ctr-pipeline airflow dags list    the Airflow CLI on the project's embedded settings
+    ctr-pipeline ui airflow | ctr-pipeline ui mlflow   open the Airflow UI / the MLflow UI on this data
+    ctr-pipeline tracking status | flush   tracking kept while the MLflow server was away; deliver it now
+    ctr-pipeline stack up | down | status | logs | env   the production topology as processes on this machine
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from components.model_store import ModelStoreError
 from components.stopping import call_in_foreground
 from pipelines.stack import StackError
 from pipelines.trigger import TriggerError
+
+# The console script (pyproject.toml); `ctr`, its former name, is an alias that prints a notice (deprecated_main).
+PROG = "ctr-pipeline"
 
 
 def _setup_logging() -> None:
@@ -107,15 +111,47 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         spec = config.feature_spec
         report = ingest(spec, args.files, Layout(config.paths.root), start=args.start,
                         rows_per_minute=args.rows_per_minute, input_format=args.format,
-                        progress=lambda message: print(f"  {message}", flush=True))
+                        progress=lambda message: print(f"  {message}", flush=True),
+                        s3_endpoint_url=config.paths.s3_endpoint_url)
     except (IngestError, FeatureSpecError) as err:
-        print(f"ctr ingest: {err}", file=sys.stderr)
+        print(f"{PROG} ingest: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report.as_dict(), indent=2))
     print(f"{report.rows_written} rows in {report.minutes_written + report.minutes_unchanged} minutes "
           f"[{report.first_minute}, {report.end_minute}) under {config.paths.root / 'raw'}"
           + (f"; {report.rejected} malformed lines kept in {report.rejects_file}" if report.rejected else ""))
-    print(f"next: ctr run daily --spec {args.spec} --start {report.first_minute} --end {report.end_minute}")
+    print(f"next: {next_daily_command(args, report.first_minute, report.end_minute)}")
+    return 0
+
+
+def next_daily_command(args: argparse.Namespace, start: str, end: str) -> str:
+    """The daily run over what `ingest` wrote, with the --config, --spec and every --set it was given: it runs
+    as printed."""
+    words = [PROG, "run", "daily"]
+    if args.config:
+        words += ["--config", str(args.config)]
+    if args.spec:
+        words += ["--spec", args.spec]
+    for override in args.set or []:
+        words += ["--set", override]
+    return shlex.join([*words, "--start", start, "--end", end])
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from components.datasets import DatasetError, fetch_dataset
+
+    config = _config(args)
+    out = args.out or str(config.paths.root / "datasets")
+    try:
+        report = fetch_dataset(args.name, out, cache_dir=args.cache or os.path.join(out, "wheels"),
+                               policy=args.policy, campaign=args.campaign)
+    except DatasetError as err:
+        print(f"ctr datasets: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=2))
+    given = [arg for flag, value in (("--config", args.config),) if value for arg in (flag, value)]
+    given += [arg for value in args.set or [] for arg in ("--set", value)]
+    print("next: " + shlex.join(["ctr", "ingest", "--spec", args.name, *given, report.path]))
     return 0
 
 
@@ -327,7 +363,7 @@ def _stack_logs(stack, settings, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctr", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="YAML file of config sections (see components/config.py)")
     common.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override one config value")
@@ -347,12 +383,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("ingest", parents=[common], help="write files as raw minute partitions of a feature spec")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE", help="CSV, TSV or Parquet files (gzip, zstd or bz2 "
+                                                             "compressed or not), folders, globs or s3://bucket/prefix")
     p.add_argument("--start", help="first minute (ISO, UTC) for specs without a timestamp column")
     p.add_argument("--rows-per-minute", type=int, help="rows a minute for specs without a timestamp (default 1000)")
     p.add_argument("--format", default="auto", choices=["auto", "tsv", "csv", "parquet"],
                    help="the input files' format (auto: .parquet, else tab or comma from the first line)")
     p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("datasets", parents=[common], help="fetch a real public log as a CSV for ctr ingest")
+    p.add_argument("action", choices=["fetch"])
+    p.add_argument("name", choices=["movielens", "obd"])
+    p.add_argument("--out", help="folder of the CSV (default <data_root>/datasets)")
+    p.add_argument("--cache", help="folder of the downloaded wheels (default <out>/wheels)")
+    p.add_argument("--policy", default="both", choices=["random", "bts", "both"], help="obd: the logging policy")
+    p.add_argument("--campaign", default="all", choices=["all", "men", "women"], help="obd: the campaign")
+    p.set_defaults(func=cmd_datasets)
 
     p = sub.add_parser("run", parents=[common], help="run a pipeline without Airflow")
     p.add_argument("pipeline", choices=["daily", "incremental"])
@@ -440,8 +486,17 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, ModelStoreError, StackError, TriggerError) as err:
         what, code = next(entry for kind, entry in ERRORS.items() if isinstance(err, kind))
-        print(f"ctr: {what}: {err}", file=sys.stderr)
+        print(f"{PROG}: {what}: {err}", file=sys.stderr)
         return code
+
+
+def deprecated_main(argv: list[str] | None = None) -> int:
+    """`ctr`, the command's former name: the same command, after a notice on stderr. containerd ships a `ctr` on
+    every Docker host and Kubernetes node, so a shell whose PATH finds that one first runs the wrong program."""
+    print(f"ctr: this command is now called {PROG} ({PROG} {' '.join(sys.argv[1:] if argv is None else argv)}); "
+          f"'ctr' stays as an alias for this release only (containerd's own 'ctr' takes the name on Docker hosts "
+          "and Kubernetes nodes)", file=sys.stderr)
+    return main(argv)
 
 
 if __name__ == "__main__":

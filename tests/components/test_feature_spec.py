@@ -36,7 +36,7 @@ def _minimal(**extra):
 
 
 def test_the_presets_are_shipped_and_load():
-    assert preset_names() == ("avazu", "criteo", "events", "taobao")
+    assert preset_names() == ("avazu", "criteo", "events", "movielens", "obd", "taobao")
     for name in preset_names():
         spec = load_spec(name)
         assert spec.name == name

@@ -112,7 +112,7 @@ def test_trigger_form_has_typed_fields(parsed):
     assert daily["model"]["enum"] == [None, "dcnv2", "deepfm", "dien", "din", "dlrm", "wide_deep"]
     assert daily["epochs"]["type"] == ["null", "integer"] and daily["epochs"]["minimum"] == 1
     assert daily["learning_rate"]["type"] == ["null", "number"]
-    assert daily["spec"]["enum"] == [None, "avazu", "criteo", "events", "taobao"]
+    assert daily["spec"]["enum"] == [None, "avazu", "criteo", "events", "movielens", "obd", "taobao"]
     assert daily["source"]["enum"] == [None, "click_log", "events"]
     assert "configured value (3)" in daily["epochs"]["description"]
     assert daily["config"]["type"] == "object"

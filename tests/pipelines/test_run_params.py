@@ -28,7 +28,7 @@ def test_schema_states_the_configured_value_and_limits():
     assert epochs["type"] == ["null", "integer"] and epochs["minimum"] == 1
     assert epochs["description"].endswith("Empty: the configured value (5).")
     spec = schema(by_name(DAILY, "spec"), config)
-    assert spec["enum"] == [None, "avazu", "criteo", "events", "taobao"]
+    assert spec["enum"] == [None, "avazu", "criteo", "events", "movielens", "obd", "taobao"]
     assert spec["values_display"][None] == "configured (avazu)"
     rate = schema(by_name(DAILY, "learning_rate"), config)
     assert rate["type"] == ["null", "number"] and rate["exclusiveMinimum"] == 0
