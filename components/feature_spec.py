@@ -10,6 +10,7 @@ into every manifest. No module outside this one names a column.
       format: csv                        # tsv | csv | parquet
       header: true                       # tsv/csv: a header line names the columns
       columns: [id, click, hour, ...]    # file columns in order (required without a header)
+      encoding: utf-8                    # tsv/csv: the encoding of the files `ingest` reads (default utf-8)
     label: {column: click}               # binary 0/1
     features:
       - {name: hour, kind: timestamp, format: "%y%m%d%H", derive: [hour_of_day, day_of_week]}
@@ -89,6 +90,9 @@ class FeatureSpecError(ConfigError):
     """A feature spec is malformed: the message names the key and the value."""
 
 
+DEFAULT_ENCODING = "utf-8"
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     format: SourceFormat = "tsv"
@@ -96,6 +100,8 @@ class SourceSpec:
     columns: tuple[str, ...] = ()
     # Text formats: the field separator (tab for tsv, comma for csv unless set).
     delimiter: str = ""
+    # Text formats: the encoding of the files a team ingests (`ctr-pipeline ingest` writes raw partitions as UTF-8).
+    encoding: str = DEFAULT_ENCODING
 
     @property
     def field_delimiter(self) -> str:
@@ -405,7 +411,7 @@ class FeatureSpec:
         return {
             "name": self.name,
             "description": self.description,
-            "source": _plain(dataclasses.asdict(self.source)),
+            "source": _source_dict(self.source),
             "label": dataclasses.asdict(self.label),
             "features": [_feature_dict(f) for f in self.features if not getattr(f, "derived_from", "")],
         }
@@ -423,6 +429,15 @@ class FeatureSpec:
 
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
+
+
+def _source_dict(source: SourceSpec) -> dict[str, Any]:
+    """The source as plain data; the encoding only when it is not UTF-8: it says how `ingest` reads a team's files,
+    not how the raw partitions (always UTF-8) are read, so the default leaves the spec's hash as it was."""
+    out = _plain(dataclasses.asdict(source))
+    if out.get("encoding") == DEFAULT_ENCODING:
+        del out["encoding"]
+    return out
 
 
 def _feature_dict(feature: Feature) -> dict[str, Any]:
@@ -445,20 +460,28 @@ def preset_names() -> tuple[str, ...]:
 
 
 def load_spec(name_or_path: str) -> FeatureSpec:
-    """A preset by name (criteo, avazu, taobao, events) or a YAML file by path, checked and frozen."""
+    """A preset by name (criteo, avazu, taobao, events) or a YAML file by path, checked and frozen. A name without
+    a .yaml/.yml suffix that names a preset is the preset, even where a file or folder of that name exists (a
+    team's data folder is often named after its layout)."""
     import yaml
 
     path = Path(name_or_path)
-    if path.suffix in {".yaml", ".yml"} or path.exists():
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if path.suffix not in {".yaml", ".yml"} and "/" not in name_or_path and preset.is_file():
+        path = preset
+    elif path.is_dir():
+        raise FeatureSpecError(
+            f"features.spec={name_or_path!r} is a directory; expected a preset name ({', '.join(preset_names())}) "
+            "or a feature spec YAML file (a path ending in .yaml)"
+        )
+    elif path.suffix in {".yaml", ".yml"} or path.exists():
         if not path.exists():
             raise FeatureSpecError(f"features.spec={name_or_path!r}: the file {str(path)!r} does not exist")
     else:
-        path = PRESET_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise FeatureSpecError(
-                f"features.spec={name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor a "
-                "YAML file (give a path ending in .yaml)"
-            )
+        raise FeatureSpecError(
+            f"features.spec={name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor a "
+            "YAML file (give a path ending in .yaml)"
+        )
     try:
         data = yaml.safe_load(path.read_text())  # safe: plain data only, no tags that build objects
     except yaml.YAMLError as err:
@@ -521,12 +544,25 @@ def _source(entry: Any, where: str) -> SourceSpec:
     _literal(source.format, SourceFormat, f"{where}: source.format")
     if not isinstance(source.header, bool):
         raise FeatureSpecError(f"{where}: source.header must be true or false, got {source.header!r}")
+    if not isinstance(source.encoding, str) or not _known_encoding(source.encoding):
+        raise FeatureSpecError(f"{where}: source.encoding={source.encoding!r} is not an encoding Python knows; give "
+                               "one such as utf-8, utf-16, latin-1 or cp1252")
     if source.format != "parquet" and not source.header and not source.columns:
         raise FeatureSpecError(
             f"{where}: source.format={source.format!r} without a header needs source.columns (the file's "
             "columns in order)"
         )
     return source
+
+
+def _known_encoding(name: str) -> bool:
+    import codecs
+
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        return False
+    return True
 
 
 def _label(entry: Any, where: str) -> LabelSpec:

@@ -16,9 +16,13 @@ tiny fixture models in the tests) is served without a hard-coded feature list:
 - string [batch] inputs take strings, with null or a missing key meaning "" (missing); integer ids (a feature
   spec's dtype int) take integers too;
 - string [batch, L] inputs (multi-valued and sequence features) take a list of at most L values, newest last
-  (null or a missing key: an empty list), front-padded with "";
+  (null or a missing key: an empty list), front-padded with ""; a feature the spec declares with a separator
+  also takes one string of its values joined by it, as the log holds it (empty values dropped and the newest L
+  kept, as the Spark jobs read the log);
 - int64 [batch] (the timestamp) takes the spec's raw format (epoch seconds, epoch milliseconds or its
   strptime text); null or a missing key means the time of the request.
+- the spec's timestamp column, where the model does not take it (no feature is derived from it), is accepted
+  and read by nothing: a row as the log holds it is a valid request.
 The feature spec travels in the model's manifest ("feature_spec"); without one, integer inputs take integers.
 """
 
@@ -266,7 +270,7 @@ class LoadedModel:
 
         Values are converted a column at a time; a request with any value that does not fit is converted
         again instance by instance, so that the error names the first bad instance and feature."""
-        known = self.input_specs.keys()
+        known = self.accepted_names
         if all(type(instance) is dict and instance.keys() <= known for instance in instances):
             converters = self.column_converters
             try:
@@ -352,7 +356,22 @@ class LoadedModel:
 
     @functools.cached_property
     def row_decoder(self) -> RowDecoder | None:
-        return None if self.packed is None else RowDecoder.build(self.packed)
+        return None if self.packed is None else RowDecoder.build(self.packed, tuple(sorted(self.ignored_names)))
+
+    @functools.cached_property
+    def ignored_names(self) -> frozenset[str]:
+        """Columns of the log that the spec declares and the model does not take: the timestamp (its name and
+        its column) when no feature is derived from it. A request may send them, as a row of the log holds them;
+        nothing reads them."""
+        spec = self.manifest.get("feature_spec") or {}
+        names = {name for entry in spec.get("features", []) if entry.get("kind") == "timestamp"
+                 for name in (entry.get("name"), entry.get("column")) if name}
+        return frozenset(names - set(self.input_specs))
+
+    @functools.cached_property
+    def accepted_names(self) -> frozenset[str]:
+        """The keys a request's instance may hold: the model's inputs and `ignored_names`."""
+        return frozenset(self.input_specs) | self.ignored_names
 
     def predict_columns(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """Predicts the columnar form {feature: [value per instance]}; absent features are missing.
@@ -432,7 +451,7 @@ class LoadedModel:
         return out
 
     def _check_names(self, given: Mapping[str, Any], where: str) -> None:
-        unknown = sorted(set(given) - set(self.input_specs), key=lambda name: _natural_key(str(name)))
+        unknown = sorted(set(given) - self.accepted_names, key=lambda name: _natural_key(str(name)))
         if unknown:
             raise InvalidInput(f"{where} has unknown features {unknown}; the model takes {self.input_names}")
 
@@ -619,7 +638,8 @@ class RowDecoder:
     readers: tuple[Callable[[Any], Any], ...]
 
     @classmethod
-    def build(cls, packed: PackedCall) -> RowDecoder:
+    def build(cls, packed: PackedCall, ignored: tuple[str, ...] = ()) -> RowDecoder:
+        """`ignored`: keys an instance may hold that no argument reads (LoadedModel.ignored_names)."""
         fields, attributes, readers = [], {}, []
         for (_, names), reader in zip(packed.layout, packed.row_readers, strict=True):
             kind = {"floats": float | None, "strings": str | None}.get(reader, Any)
@@ -629,6 +649,9 @@ class RowDecoder:
             named = [attributes[name] for name in names]
             readers.append(operator.attrgetter(*named) if len(named) > 1 else
                            lambda record, attribute=named[0]: (getattr(record, attribute),))
+        for name in ignored:
+            attributes[name] = f"f{len(attributes)}"
+            fields.append((attributes[name], Any, None))
         instance = msgspec.defstruct("Instance", fields, rename={a: n for n, a in attributes.items()},
                                      forbid_unknown_fields=True)
         body = msgspec.defstruct("PredictBody", [("instances", list[instance]),
@@ -750,7 +773,7 @@ def _converter(tensor: tf.TensorSpec, declared: Mapping[str, Any]) -> Callable[[
     dtype = tensor.dtype
     integer_ids = declared.get("dtype") == "int"
     if dtype == tf.string and tensor.shape.rank == 2:
-        return _list_converter(int(tensor.shape[1]), integer_ids)
+        return _list_converter(int(tensor.shape[1]), integer_ids, str(declared.get("separator") or ""))
     if dtype == tf.string:
         return _to_id if integer_ids else _to_string
     if dtype == tf.int64:
@@ -781,14 +804,18 @@ def _to_id(value: Any) -> str:
     raise InvalidInput(f"must be an integer id, its text, or null (missing), got {_show(value)}")
 
 
-def _list_converter(length: int, integer_ids: bool) -> Callable[[Any], list[str]]:
+def _list_converter(length: int, integer_ids: bool, separator: str = "") -> Callable[[Any], list[str]]:
+    """`separator`: the spec's, for a feature the log holds as one string of joined values (empty: a list only)."""
     convert = _to_id if integer_ids else _to_string
+    joined = f" or one string of values joined by {separator!r}" if separator else ""
 
     def to_list(value: Any) -> list[str]:
         if value is None:
             value = []
+        if separator and isinstance(value, str):  # as the log holds it: read as the Spark jobs read it
+            value = [item for item in value.split(separator) if item.strip()][-length:]
         if not isinstance(value, list):
-            raise InvalidInput(f"must be a list of at most {length} values, newest last, got {_show(value)}")
+            raise InvalidInput(f"must be a list of at most {length} values, newest last{joined}, got {_show(value)}")
         if len(value) > length:
             raise InvalidInput(f"has {len(value)} values, over its max_length of {length}; send the newest {length}")
         items = []

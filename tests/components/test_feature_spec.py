@@ -7,6 +7,7 @@ import pytest
 
 from components.config import PipelineConfig
 from components.feature_spec import (
+    PRESET_DIR,
     CategoricalFeature,
     FeatureDefaults,
     FeatureSpecError,
@@ -218,6 +219,47 @@ def test_an_unknown_preset_or_missing_file_says_what_exists():
         load_spec("kriteo")
     with pytest.raises(FeatureSpecError, match=r"the file 'nope.yaml' does not exist"):
         load_spec("nope.yaml")
+
+
+def test_a_preset_name_is_the_preset_even_beside_a_folder_or_file_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "criteo").mkdir()  # a team's data folder, named after its layout
+    (tmp_path / "avazu").write_text("not: [a spec")
+    assert load_spec("criteo") == load_spec(str(PRESET_DIR / "criteo.yaml"))
+    assert load_spec("avazu").name == "avazu"
+    with pytest.raises(FeatureSpecError, match=r"features.spec='\./criteo' is a directory; expected a preset name "
+                                               r"\(avazu, criteo.*\) or a feature spec YAML file"):
+        load_spec("./criteo")
+    (tmp_path / "team").mkdir()
+    with pytest.raises(FeatureSpecError, match=r"features.spec='team' is a directory; expected a preset name"):
+        load_spec("team")
+    (tmp_path / "specs.yaml").mkdir()
+    with pytest.raises(FeatureSpecError, match=r"features.spec='specs.yaml' is a directory"):
+        load_spec("specs.yaml")
+
+
+def test_the_cli_reads_a_preset_beside_a_folder_of_its_name(tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CTR_HOME", str(tmp_path / "var"))
+    (tmp_path / "criteo").mkdir()
+    log = tmp_path / "criteo" / "day.tsv"
+    log.write_text("\t".join(["1", *["2"] * 13, *["a"] * 26]) + "\n")
+    assert main(["ingest", "--spec", "criteo", str(log), "--start", "2026-01-01T00:00"]) == 0
+    assert "1 rows in 1 minutes" in capsys.readouterr().out
+    assert main(["ingest", "--spec", "./criteo", str(log), "--start", "2026-01-01T00:00"]) == 2
+    assert "features.spec='./criteo' is a directory; expected a preset name" in capsys.readouterr().err
+
+
+def test_the_source_encoding_is_checked_and_leaves_the_hash_of_utf8_specs_alone():
+    default = spec_from_dict(_minimal())
+    assert default.source.encoding == "utf-8" and "encoding" not in default.as_dict()["source"]
+    latin = spec_from_dict(_minimal(source={"format": "csv", "header": True, "encoding": "latin-1"}))
+    assert latin.as_dict()["source"]["encoding"] == "latin-1" and latin.hash() != default.hash()
+    assert spec_from_dict(latin.as_dict()) == latin
+    with pytest.raises(FeatureSpecError, match=r"source.encoding='utf-9' is not an encoding Python knows"):
+        spec_from_dict(_minimal(source={"format": "csv", "header": True, "encoding": "utf-9"}))
 
 
 def test_a_raw_row_becomes_the_request_a_client_sends():

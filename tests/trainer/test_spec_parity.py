@@ -180,7 +180,8 @@ def test_the_model_reads_the_spec_inputs():
 
 @pytest.mark.parametrize("instance, message", [
     ({"tags": ["a", "b", "c", "d"]}, r"instance 0: feature 'tags' has 4 values, over its max_length of 3"),
-    ({"history": "7^8"}, r"feature 'history' must be a list of at most 4 values"),
+    ({"history": 7}, r"feature 'history' must be a list of at most 4 values, newest last or one string of values "
+                     r"joined by '\^'"),
     ({"item": {"id": 7}}, r"feature 'item' must be an integer id"),
     ({"user": 5}, r"feature 'user' must be a string or null"),
     ({"price": "12"}, r"feature 'price' must be a number or null"),
