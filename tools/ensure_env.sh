@@ -2,7 +2,7 @@
 # Prints the path of the project's Python environment, building it first if needed.
 #
 #   tools/ensure_env.sh            the environment of requirements.lock
-#   tools/ensure_env.sh --stack    the same, plus what `ctr stack` needs (docker/requirements-production.txt:
+#   tools/ensure_env.sh --stack    the same, plus what `ctr-pipeline stack` needs (docker/requirements-production.txt:
 #                                  PostgreSQL drivers and Celery, pinned against the lock, so nothing in it moves)
 #                                  and what `make test-stack`'s browser checks need (tools/requirements-browser.txt:
 #                                  Playwright; Debian's chromium package, installed with apt-get when missing)
@@ -103,9 +103,9 @@ if [ "$with_stack" = 1 ]; then
   fi
 fi
 
-# The project itself is installed editable from this clone (cheap; keeps the `ctr` script pointing here).
+# The project itself is installed editable from this clone (cheap; keeps the `ctr-pipeline` script pointing here).
 # Checked in isolated mode from / so that a checkout in the current directory does not pass for an install.
-if [ ! -x "$venv/bin/ctr" ] || ! (cd / && "$venv/bin/python" -I - "$root") <<'PY' >/dev/null 2>&1
+if [ ! -x "$venv/bin/ctr-pipeline" ] || ! (cd / && "$venv/bin/python" -I - "$root") <<'PY' >/dev/null 2>&1
 import sys, pathlib, importlib.util
 spec = importlib.util.find_spec("pipelines")
 sys.exit(0 if spec and pathlib.Path(spec.origin).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)

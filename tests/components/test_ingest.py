@@ -162,6 +162,6 @@ def test_the_cli_ingests_and_says_what_to_run_next(tmp_path, capsys, monkeypatch
     assert ctr(["ingest", "--spec", "avazu", str(source)]) == 0
     out = capsys.readouterr().out
     assert "100 rows in 60 minutes [2014-10-21T00:00, 2014-10-21T01:00)" in out
-    assert "next: ctr run daily --spec avazu --start 2014-10-21T00:00 --end 2014-10-21T01:00" in out
+    assert "next: ctr-pipeline run daily --spec avazu --start 2014-10-21T00:00 --end 2014-10-21T01:00" in out
     assert ctr(["ingest", "--spec", "criteo", str(source)]) == 2
     assert "give --start" in capsys.readouterr().err
