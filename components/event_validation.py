@@ -117,7 +117,7 @@ def _stream_dataset(stream: str, suite) -> PartitionedDataset:
         minute_dir=lambda layout, minute: layout.raw_events_minute_dir(stream, minute),
         file_name=EVENT_FILE,
         quarantine_dir=lambda layout, minute: layout.quarantine_events_minute_dir(stream, minute),
-        noun=f"{stream} partition", hint="run `ctr generate --events` or check the ingest",
+        noun=f"{stream} partition", hint="run `ctr-pipeline generate --events` or check the ingest",
     )
 
 

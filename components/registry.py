@@ -4,9 +4,10 @@ the `champion` alias names.
 - Each daily export registers its model (the pyfunc it logs, serving.pyfunc: SavedModel and manifest, with a
   signature and an input example) as a version of the registered model `ctr`, tagged with its store version
   (`ctr.store_version`) and store URI, and moves the alias `challenger` to it.
-- `champion` follows the store's `stable` label (components.model_store): `ctr promote` and `ctr rollback`
-  move it to the registered version of the store's stable version. Minute deltas are not registered (1,440
-  a day); when the stable version is one of them, `champion` stays where it was, and the command says so.
+- `champion` follows the store's `stable` label (components.model_store): `ctr-pipeline promote` and
+  `ctr-pipeline rollback` move it to the registered version of the store's stable version. Minute deltas are not
+  registered (1,440 a day); when the stable version is one of them, `champion` stays where it was, and the command
+  says so.
 
 The registry is a side channel like the rest of tracking: a failure is logged and the store stays the truth,
 unless `tracking.strict` is set.
@@ -27,7 +28,7 @@ CHAMPION = "champion"
 STORE_VERSION_TAG = "ctr.store_version"
 STORE_URI_TAG = "ctr.store_uri"
 DESCRIPTION = ("CTR models published to the model store by the daily pipeline. Alias challenger: the newest; "
-               "champion: the store's stable version (ctr promote / ctr rollback).")
+               "champion: the store's stable version (ctr-pipeline promote / ctr-pipeline rollback).")
 
 
 def _client(config: PipelineConfig) -> Any:

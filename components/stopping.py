@@ -1,4 +1,5 @@
-"""Clean stops for the long-running commands (`ctr spark-connect`, `ctr serve`): stop signals, child processes.
+"""Clean stops for the long-running commands (`ctr-pipeline spark-connect`, `ctr-pipeline serve`): stop signals,
+child processes.
 
 A service manager or `docker stop` sends SIGTERM, a terminal's Ctrl-C sends SIGINT and a closed terminal
 SIGHUP. Python's defaults differ: SIGTERM and SIGHUP end the process at once, skipping every `finally`, and

@@ -4,7 +4,7 @@ Every step of a run (each possibly its own Airflow task process) finds the same 
 (tag `ctr.run_key`, e.g. "ctr_daily/scheduled__2026-01-02T00:00:00+00:00") or creates it. A tracking outage
 is logged and the pipeline goes on, unless `tracking.strict` is set (tests set it): a server that does not
 answer costs a run seconds (a short probe, bounded retries), and what could not be logged waits in the outbox
-(<data_root>/mlflow/outbox) until a later run, or `ctr tracking flush`, reaches the server again.
+(<data_root>/mlflow/outbox) until a later run, or `ctr-pipeline tracking flush`, reaches the server again.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class Tracker:
             raise RuntimeError(f"the MLflow tracking server does not answer ({reason}) and tracking.strict is set")
         if not self._offline:
             log.warning("MLflow at %s does not answer (%s): this run's tracking waits in %s and is delivered when "
-                        "it answers again (by the next run, or `ctr tracking flush`)", self._uri, reason,
+                        "it answers again (by the next run, or `ctr-pipeline tracking flush`)", self._uri, reason,
                         self._outbox.directory)
         self._offline = True
 

@@ -7,8 +7,8 @@ marker, is already waiting when the marker lands. Runs are chained: each trains 
 (the previous minute's delta, or a newer daily full model, which starts a new chain), and only one runs at a time.
 After an outage the scheduler starts only the latest minute (catchup=False) and that run learns the missed minutes
 in order first (catch_up "in_order"; "latest_only" skips them, logged). Manual runs (the UI's form, POST
-/api/v2/dags/ctr_incremental/dagRuns, `ctr trigger incremental`) set epochs, catch-up and the delta gate as fields,
-any other config key through the `config` object. Its tasks weigh more than the daily DAG's in the shared pools
+/api/v2/dags/ctr_incremental/dagRuns, `ctr-pipeline trigger incremental`) set epochs, catch-up and the delta gate as
+fields, any other config key through the `config` object. Its tasks weigh more than the daily DAG's in the shared pools
 ctr_spark and ctr_training; `publish` produces the asset `ctr_model`.
 """
 

@@ -2,7 +2,7 @@
 
 moto keeps objects in memory only. This process restores every bucket and object from `--snapshot` at start,
 then writes what changed back every `--every` seconds and once more when it is stopped (SIGTERM or SIGINT), so
-the model store and MLflow's artifacts survive `ctr stack down` / `up`. A SIGKILL loses at most the writes of
+the model store and MLflow's artifacts survive `ctr-pipeline stack down` / `up`. A SIGKILL loses at most the writes of
 the last interval. Snapshot layout, all written through temporary names and renames:
 
     <snapshot>/objects/<sha256 of bucket/key>   an object's bytes

@@ -3,7 +3,7 @@
 An Airflow task is a fresh process: each step of a minute run pays for its start-up again (TensorFlow's graphs
 and XLA programs, a Spark Connect session, an MLflow client, Great Expectations' context). In fresh processes a
 steady-state 60 K-row minute spent 33-37 s in its steps; run one after another in one warm process, the same
-steps took 7-10 s. The step worker (`ctr worker`) is that warm process. Each task of ctr_incremental still runs
+steps took 7-10 s. The step worker (`ctr-pipeline worker`) is that warm process. Each task of ctr_incremental still runs
 in Airflow, with its own state, retries and log; it sends its step to the worker, prints the step's log lines
 as they come, and ends as the step ends: its output is the task's return value, its error the task's error.
 
@@ -28,13 +28,13 @@ it off.
 The worker runs the task's exact config: the task sends the values its own config was built from (its params'
 overrides and the environment variables of components.config.ENVIRONMENT_KEYS); the rest of the environment
 (credentials of the model store, MLflow) is the worker's own, so it is started with the scheduler's
-environment (`ctr stack up` does).
+environment (`ctr-pipeline stack up` does).
 
 Memory: a long-running process that loads a feature state and trains every minute grows (about 10 MB a minute
 over 12 in-process 60 K-row minutes here, after warming up to 1.4 GB). Once a step ends with the worker's
 resident memory above `incremental.step_worker_max_rss_mib`, it takes no more steps (its address file goes, so
 new tasks run their steps themselves), lets the running ones finish and starts over as a fresh process
-(`ctr worker` re-executes itself), which warms up again.
+(`ctr-pipeline worker` re-executes itself), which warms up again.
 
 Limits: a step already running goes on to its end when its task is killed (its outputs are written atomically,
 so a retry that runs beside it cannot see a half-written one). Steps run in threads of one process, one thread

@@ -4,8 +4,8 @@ The run's data interval is what its schedule would give it: a UTC day for ctr_da
 ctr_incremental (`trigger_interval`). The token comes from the simple auth manager (POST /auth/token): with
 the user and password of `_AIRFLOW_WWW_USER_USERNAME` and `_AIRFLOW_WWW_USER_PASSWORD` when they are set (the
 variables docker-compose.yml creates its user from), else with the admin password Airflow generated under the
-project's Airflow home, which is what `ctr ui airflow` and the benchmarks start. `ctr stack env` exports the
-stack's login and its API URL (CTR_AIRFLOW_API_URL, the default of `--api-url`).
+project's Airflow home, which is what `ctr-pipeline ui airflow` and the benchmarks start. `ctr-pipeline stack env`
+exports the stack's login and its API URL (CTR_AIRFLOW_API_URL, the default of `--api-url`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def credentials(config: PipelineConfig, environ: Mapping[str, str]) -> tuple[str
         return environ.get(USER_VARIABLE) or "airflow", environ[PASSWORD_VARIABLE]
     passwords = config.paths.root / "airflow" / PASSWORDS_FILE
     if not passwords.is_file():
-        raise TriggerError(f"no {passwords}: start Airflow with `ctr ui airflow` (or the benchmark) first; it writes "
-                           f"the admin password there. For the stack of `ctr stack up`, run `eval \"$(ctr stack "
-                           f"env)\"` first; for another Airflow (the compose stack), set {USER_VARIABLE} and "
+        raise TriggerError(f"no {passwords}: start Airflow with `ctr-pipeline ui airflow` (or the benchmark) first; it "
+                           f"writes the admin password there. For the stack of `ctr-pipeline stack up`, run "
+                           f"`eval \"$(ctr-pipeline stack env)\"` first; for another Airflow (the compose stack), set "
+                           f"{USER_VARIABLE} and "
                            f"{PASSWORD_VARIABLE}")
     generated = json.loads(passwords.read_text())
     user = environ.get(USER_VARIABLE) or GENERATED_USER
@@ -57,7 +58,8 @@ def api_token(config: PipelineConfig, api_url: str, environ: Mapping[str, str] |
     try:
         response = httpx.post(f"{api_url}/auth/token", json={"username": username, "password": password}, timeout=10)
     except httpx.HTTPError as err:
-        raise TriggerError(f"cannot reach the Airflow API at {api_url} ({err}); is `ctr ui airflow` running?") from err
+        raise TriggerError(f"cannot reach the Airflow API at {api_url} ({err}); is `ctr-pipeline ui airflow` "
+                           "running?") from err
     if response.status_code not in (200, 201):
         raise TriggerError(f"{api_url}/auth/token answered {response.status_code}: {response.text[:300]}")
     return response.json()["access_token"]
@@ -89,7 +91,7 @@ API_URL_VARIABLE = "CTR_AIRFLOW_API_URL"
 
 
 def default_api_url(environ: Mapping[str, str] | None = None) -> str:
-    """The Airflow API: CTR_AIRFLOW_API_URL (`ctr stack env` sets it), else the embedded UI's port."""
+    """The Airflow API: CTR_AIRFLOW_API_URL (`ctr-pipeline stack env` sets it), else the embedded UI's port."""
     return (os.environ if environ is None else environ).get(API_URL_VARIABLE) or "http://localhost:8080"
 
 

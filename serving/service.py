@@ -83,7 +83,7 @@ class PredictionService:
         if label == STABLE_LABEL:
             raise ModelNotFound(
                 f"label {STABLE_LABEL!r} of model {name!r} names no loaded version: no version is promoted yet "
-                "(`ctr promote VERSION`), or the promoted one is still loading; retry later"
+                "(`ctr-pipeline promote VERSION`), or the promoted one is still loading; retry later"
             )
         raise ModelNotFound(
             f"label {CANARY_LABEL!r} of model {name!r} names no version: the newest version, {newest.version}, "

@@ -182,7 +182,7 @@ def test_the_step_worker_runs_steps_as_the_task_runners_would_and_is_found_by_it
             assert worker["environment"][key] == services[name]["environment"][key], (name, key)
     assert f"ctr-home:{CTR_HOME}:rw" in worker["volumes"]
     command = worker["command"]
-    assert command[:2] == ["ctr", "worker"] and command[command.index("--advertise") + 1] == "step-worker"
+    assert command[:2] == ["ctr-pipeline", "worker"] and command[command.index("--advertise") + 1] == "step-worker"
     assert {"spark-connect", "mlflow", "minio-init"} <= set(worker["depends_on"])
 
 

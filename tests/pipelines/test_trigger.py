@@ -102,7 +102,8 @@ def test_unknown_dag_and_unreachable_api_are_clear_errors(api, tmp_path):
         trigger_dag(config, "ctr_incremental", api_url=f"http://127.0.0.1:{free_port()}", interval=minute,
                     environ={})
     fresh = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
-    with pytest.raises(TriggerError, match=r"start Airflow with `ctr ui airflow`.*eval \"\$\(ctr stack env\)\""):
+    with pytest.raises(TriggerError, match=r"start Airflow with `ctr-pipeline ui airflow`.*"
+                                           r"eval \"\$\(ctr-pipeline stack env\)\""):
         trigger_dag(fresh, "ctr_incremental", api_url=url, interval=minute, environ={})
     # The compose stack's user: the variables are used, and a wrong password is Airflow's 401, said as such.
     with pytest.raises(TriggerError, match="auth/token answered 401"):

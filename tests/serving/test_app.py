@@ -637,6 +637,6 @@ def test_labels_name_no_version_until_one_is_promoted(client: TestClient) -> Non
 
     assert stable.status_code == 404
     assert stable.json()["error"].startswith("label 'stable' of model 'ctr' names no loaded version: no version "
-                                             "is promoted yet (`ctr promote VERSION`)")
+                                             "is promoted yet (`ctr-pipeline promote VERSION`)")
     assert other.status_code == 404
     assert other.json()["error"].startswith("label 'beta' of model 'ctr' is not served; the labels are 'stable'")
