@@ -35,7 +35,19 @@ Kinds and their keys (every key but `name`/`names` and `kind` is optional):
   `pooling` sum | mean, and the table keys of a categorical feature (`table` to share one).
 - sequence (ordered ids, newest last): `separator` (or a list column), `max_length`, `shares` (required: the
   categorical feature whose vocabulary and embedding table the ids use, e.g. history items use the item
-  table; that feature is the target of DIN's and DIEN's attention).
+  table; that feature is the target of DIN's and DIEN's attention), `history` (below).
+- a history (a sequence computed from the log instead of read from a column):
+  `{name: liked_items, kind: sequence, shares: item_id, max_length: 20,
+    history: {key: user_id, value: item_id, positive_only: true}}`: for each row, the values of the
+  categorical feature `value` (default: `shares`; it must read the `shares` table) in the last `max_length`
+  rows with the same `key` (a categorical feature, e.g. the user) whose time is strictly before the row's
+  time, oldest first, newest last; with `positive_only`, rows whose label is 1 only. The time is the spec's
+  timestamp in whole seconds (the minute of the partition when the spec has none). Rows at the same time
+  never see each other, so a row sees neither its own label nor a later one (ties: same time = not before;
+  earlier rows at one time are ordered by value). Spark computes it in the daily and the minute runs with
+  the same rule (spark_jobs/history.py), seeded by a history state (each key's last values at a minute)
+  that every run carries forward. It has no column in the raw files (no `column`, no `separator`); serving
+  takes it in the request like any sequence.
 - timestamp (at most one): `format` unix_seconds | unix_millis | a strptime pattern ("%Y-%m-%d %H:%M:%S",
   "%y%m%d%H"), `derive` [hour_of_day, day_of_week]: each a categorical feature named <name>_<derived>.
 
@@ -174,12 +186,22 @@ class MultiCategoricalFeature:
 
 
 @dataclass(frozen=True)
+class HistorySpec:
+    """A sequence computed from the log: `value`s of the earlier rows with the same `key` (see the module doc)."""
+
+    key: str  # the categorical feature whose rows share a history (the user)
+    value: str = ""  # the categorical feature the sequence lists; empty: the sequence's `shares`
+    positive_only: bool = False  # only rows whose label is 1
+
+
+@dataclass(frozen=True)
 class SequenceFeature:
     name: str
     column: str
     max_length: int
     shares: str  # the categorical feature whose table the ids use (the attention target)
     separator: str = ""
+    history: HistorySpec | None = None  # computed by Spark from earlier rows, not read from `column`
     kind: str = field(default="sequence", init=False)
 
     @property
@@ -292,6 +314,11 @@ class FeatureSpec:
         return tuple(f for f in self.features if isinstance(f, SequenceFeature))
 
     @property
+    def histories(self) -> tuple[SequenceFeature, ...]:
+        """The sequences computed from earlier rows (`history:`), which have no raw column."""
+        return tuple(f for f in self.sequences if f.history is not None)
+
+    @property
     def lists(self) -> tuple[MultiCategoricalFeature | SequenceFeature, ...]:
         """Multi-valued and sequence features, in declaration order: one padded id list each."""
         return tuple(f for f in self.features if isinstance(f, MultiCategoricalFeature | SequenceFeature))
@@ -359,6 +386,8 @@ class FeatureSpec:
         """The raw columns the spec reads (label first), each once, in first-use order."""
         out = [self.label.column]
         for feature in self.features:
+            if getattr(feature, "history", None) is not None:
+                continue
             if not getattr(feature, "derived_from", "") and feature.column not in out:
                 out.append(feature.column)
         return tuple(out)
@@ -493,6 +522,7 @@ _TOP_KEYS = {"name", "description", "source", "label", "features"}
 _SOURCE_KEYS = {f.name for f in dataclasses.fields(SourceSpec)}
 _LABEL_KEYS = {"column"}
 _HASHING_KEYS = {f.name for f in dataclasses.fields(HashingSpec)}
+_HISTORY_KEYS = {f.name for f in dataclasses.fields(HistorySpec)}
 _KIND_CLASSES: dict[str, type] = {
     "dense": DenseFeature, "categorical": CategoricalFeature, "multi_categorical": MultiCategoricalFeature,
     "sequence": SequenceFeature, "timestamp": TimestampFeature,
@@ -609,6 +639,10 @@ def _features(entry: Any, where: str) -> list[Feature]:
         settings["hashing"] = HashingSpec(**hashing)
     if "derive" in settings:
         settings["derive"] = _names(settings["derive"], f"{where}: derive")
+    if settings.get("history", ...) is None:
+        del settings["history"]
+    if "history" in settings:
+        settings["history"] = _history(settings, names, where)
     out = []
     for name in names:
         if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
@@ -623,6 +657,26 @@ def _features(entry: Any, where: str) -> list[Feature]:
         _check_feature(feature, f"{where} ({name!r})")
         out.append(feature)
     return out
+
+
+def _history(settings: Mapping[str, Any], names: tuple[str, ...], where: str) -> HistorySpec:
+    history = settings["history"]
+    if not isinstance(history, Mapping):
+        raise FeatureSpecError(f"{where}: history must be a mapping {sorted(_HISTORY_KEYS)}, e.g. {{key: user_id, "
+                               f"value: item_id, positive_only: true}}, got {history!r}")
+    _no_unknown(history, _HISTORY_KEYS, f"{where}: history")
+    for key, unset in (("column", names[0]), ("separator", "")):
+        if settings.get(key, unset) != unset:  # as_dict writes the unset values: they read back
+            raise FeatureSpecError(f"{where}: a history sequence is computed from earlier rows, so it reads no "
+                                   f"{key} (got {key}={settings[key]!r}); drop {key}")
+    key, value = history.get("key"), history.get("value") or settings.get("shares", "")
+    positive_only = history.get("positive_only", False)
+    if not isinstance(key, str) or not key or not isinstance(value, str):
+        raise FeatureSpecError(f"{where}: history.key (and history.value) must name categorical features, got "
+                               f"key={key!r}, value={history.get('value')!r}")
+    if not isinstance(positive_only, bool):
+        raise FeatureSpecError(f"{where}: history.positive_only must be true or false, got {positive_only!r}")
+    return HistorySpec(key=key, value=value, positive_only=positive_only)
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -689,6 +743,22 @@ def _derived(features: list[Feature]) -> list[Feature]:
 _TABLE_KEYS = ("min_count", "evict_after_days", "max_rows", "embedding_dim", "hashing")
 
 
+def _check_history(feature: SequenceFeature, history: HistorySpec, by_name: Mapping[str, Feature],
+                   spec: FeatureSpec, where: str) -> None:
+    single = [f.name for f in spec.categorical if not f.derived_from]
+    for role in ("key", "value"):
+        named = getattr(history, role)
+        target = by_name.get(named)
+        if not isinstance(target, CategoricalFeature) or target.derived_from:
+            raise FeatureSpecError(f"{where}: sequence {feature.name!r} has history.{role}={named!r}, which names no "
+                                   f"categorical feature of the raw rows; categorical features: {single}")
+    value = by_name[history.value]
+    if (value.table or value.name) != feature.shares:  # type: ignore[union-attr]
+        raise FeatureSpecError(f"{where}: sequence {feature.name!r} lists history.value={history.value!r}, which reads "
+                               f"the table of {(value.table or value.name)!r}, but the sequence shares "  # type: ignore[union-attr]
+                               f"{feature.shares!r}: list a feature of that table, or share its table")
+
+
 def _check(spec: FeatureSpec, where: str) -> None:
     seen: set[str] = set()
     for feature in spec.features:
@@ -733,6 +803,8 @@ def _check(spec: FeatureSpec, where: str) -> None:
             if (owner.table or owner.name) != owner.name:
                 raise FeatureSpecError(f"{where}: sequence {feature.name!r} shares {feature.shares!r}, which "
                                        f"itself reads the table of {owner.table!r}: name {owner.table!r} instead")
+            if feature.history is not None:
+                _check_history(feature, feature.history, by_name, spec, where)
     if spec.source.columns:
         missing = [c for c in spec.input_columns if c not in spec.source.columns]
         if missing:

@@ -274,8 +274,8 @@ def raw_click_log_suite(spec: FeatureSpec | None = None):
     suite.add_expectation(e.ExpectColumnValuesToBeInSet(column=label, value_set=["0", "1"]))
     checked = {label}
     for feature in spec.features:
-        if feature.column in checked or getattr(feature, "derived_from", ""):
-            continue
+        if feature.column in checked or getattr(feature, "derived_from", "") or getattr(feature, "history", None):
+            continue  # derived and history features have no raw column
         checked.add(feature.column)
         if isinstance(feature, DenseFeature):
             regex = NUMBER_REGEX

@@ -103,6 +103,14 @@ class ClickLogSource:
 
     def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
              holdout_fraction: float | None = None):
+        if ctx.spec.histories:  # point-in-time sequences from earlier rows (spark_jobs.history)
+            from spark_jobs.history import rows_with_history
+
+            return rows_with_history(ctx.spark(), ctx.layout.root, ctx.spec, minutes, since=ctx.interval.start,
+                                     read=lambda span: self._parsed_rows(ctx, span, holdout_fraction))
+        return self._parsed_rows(ctx, minutes, holdout_fraction)
+
+    def _parsed_rows(self, ctx: RunContext, minutes: list[datetime], holdout_fraction: float | None):
         from spark_jobs.raw import extract_raw, parse_raw, raw_columns
 
         paths = [str(ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name) for m in minutes
@@ -110,10 +118,14 @@ class ClickLogSource:
         if not paths:
             return None
         raw = extract_raw(ctx.spark(), paths, ctx.spec)
+        keep = [HELD_OUT] if holdout_fraction is not None else []
+        if ctx.spec.histories:
+            from spark_jobs.history import EVENT_SECONDS, event_seconds
+
+            raw, keep = raw.withColumn(EVENT_SECONDS, event_seconds(ctx.spec)), [*keep, EVENT_SECONDS]
         # Split on the raw text, before parsing: a hash over the parsed expressions, inlined into the
         # vocabulary count, made Spark's optimizer run out of memory.
-        return parse_raw(hash_split(raw, raw_columns(ctx.spec), holdout_fraction), ctx.spec,
-                         keep=[HELD_OUT] if holdout_fraction is not None else [])
+        return parse_raw(hash_split(raw, raw_columns(ctx.spec), holdout_fraction), ctx.spec, keep=keep)
 
     def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
         from components.synthetic import planted_auc
@@ -167,6 +179,13 @@ class EventsSource:
         from components.manifest import read_manifest
         from spark_jobs.events import JOINED_KIND, REQUEST_ID, joined_rows
 
+        if ctx.spec.histories:
+            from components.feature_spec import FeatureSpecError
+
+            raise FeatureSpecError(
+                f"feature spec {ctx.spec.name!r} declares history features {[f.name for f in ctx.spec.histories]}, "
+                "which are computed for the click_log source; the events source builds its own `history` in the "
+                "join: declare it as a plain sequence (see the events preset) or use features.source=click_log")
         read_manifest(directory, kind=JOINED_KIND)
         return joined_rows(ctx.spark(), directory, minutes, ctx.spec,
                            add=lambda frame: hash_split(frame, [REQUEST_ID], holdout_fraction),

@@ -151,6 +151,8 @@ def parse_raw(frame: DataFrame, spec: FeatureSpec, keep: Sequence[str] = ()) -> 
         if feature.derivation != BUCKET_DERIVATION:
             columns.append(_categorical(feature, seconds).alias(feature.name))
     for feature in spec.lists:
+        if getattr(feature, "history", None) is not None:  # no raw column: spark_jobs.history adds it
+            continue
         dtype = spec.feature(spec.table_of(feature.name)).dtype  # type: ignore[union-attr]
         columns.append(id_list(F.col(feature.column), feature, dtype).alias(feature.name))
     columns.append(F.col(MINUTE_COLUMN))

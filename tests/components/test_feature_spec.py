@@ -11,6 +11,7 @@ from components.feature_spec import (
     CategoricalFeature,
     FeatureDefaults,
     FeatureSpecError,
+    HistorySpec,
     SequenceFeature,
     load_spec,
     preset_names,
@@ -275,3 +276,43 @@ def test_a_raw_row_becomes_the_request_a_client_sends():
                                           "history": ["7", "8"]}
     empty = spec.request_instance({"user": None, "price": float("nan"), "tags": "", "history": ["1", "2"]})
     assert empty == {"user": None, "price": None, "ts": None, "tags": [], "history": ["1", "2"]}
+
+
+def _with_history(history, **extra):
+    return _minimal(features=[
+        {"names": ["user", "item"], "kind": "categorical"},
+        {"name": "hour", "kind": "categorical", "table": "item"},
+        {"name": "ts", "kind": "timestamp", "format": "unix_seconds", "derive": ["hour_of_day"]},
+        {"name": "liked", "kind": "sequence", "shares": "item", "max_length": 5, "history": history, **extra},
+    ])
+
+
+def test_a_history_sequence_is_computed_not_read():
+    spec = spec_from_dict(_with_history({"key": "user", "positive_only": True}))
+    liked = spec.feature("liked")
+    assert liked.history == HistorySpec(key="user", value="item", positive_only=True)  # value: the shared feature
+    assert spec.histories == (liked,) and "liked" not in spec.input_columns
+    assert spec.tables()["item"].features == ("item", "hour", "liked")
+    assert spec_from_dict(spec.as_dict()) == spec and spec_from_dict(spec.as_dict()).hash() == spec.hash()
+    other = spec_from_dict(_with_history({"key": "user", "value": "hour", "positive_only": False}))
+    assert other.hash() != spec.hash()  # a reader of the samples depends on what the history holds
+    movielens = load_spec("movielens").feature("liked_items")
+    assert (movielens.shares, movielens.max_length, movielens.history) == \
+        ("item_id", 20, HistorySpec(key="user_id", value="item_id", positive_only=True))
+
+
+@pytest.mark.parametrize(("history", "extra", "message"), [
+    ({"key": "nobody"}, {}, r"history.key='nobody', which names no categorical feature of the raw rows; "
+                            r"categorical features: \['user', 'item', 'hour'\]"),
+    ({"key": "ts_hour_of_day"}, {}, r"history.key='ts_hour_of_day', which names no categorical feature"),
+    ({"key": "user", "value": "user"}, {}, r"history.value='user', which reads the table of 'user', but the "
+                                           r"sequence shares 'item'"),
+    ({"key": "user", "positive_only": "yes"}, {}, r"history.positive_only must be true or false, got 'yes'"),
+    ({"key": "user", "window": 3}, {}, r"history: unknown key 'window'"),
+    ("user", {}, r"history must be a mapping \['key', 'positive_only', 'value'\]"),
+    ({"key": "user"}, {"separator": "^"}, r"reads no separator \(got separator='\^'\); drop separator"),
+    ({"key": "user"}, {"column": "liked_col"}, r"reads no column \(got column='liked_col'\)"),
+])
+def test_a_malformed_history_is_refused_naming_what_to_change(history, extra, message):
+    with pytest.raises(FeatureSpecError, match=message):
+        spec_from_dict(_with_history(history, **extra))
