@@ -2,7 +2,7 @@
 
 Two real logs ship inside wheels on PyPI. Their terms allow research use and forbid redistribution, so the
 project never commits them: `fetch_dataset` downloads the wheel (`pip download --no-deps`, into a cache
-directory), reads its members straight from the zip, and writes one CSV that `ctr ingest --spec <name>` reads
+directory), reads its members straight from the zip, and writes one CSV that `ctr-pipeline ingest --spec <name>` reads
 with the preset of the same name (components/feature_specs/<name>.yaml):
 
 - movielens: MovieLens 100K in recbole 1.2.1 (recbole/dataset_example/ml-100k/ml-100k.{inter,user,item}):
@@ -200,7 +200,7 @@ def obd_rows(wheel_path: str | Path, policy: str = "both", campaign: str = "all"
 
 def fetch_dataset(name: str, out_dir: str | Path, *, cache_dir: str | Path, policy: str = "both",
                   campaign: str = "all") -> DatasetReport:
-    """Writes dataset `name` (DATASET_NAMES) as `out_dir`/<file>.csv for `ctr ingest --spec <name>`, fetching
+    """Writes dataset `name` (DATASET_NAMES) as `out_dir`/<file>.csv for `ctr-pipeline ingest --spec <name>`, fetching
     its wheel into `cache_dir` first when needed. `policy` and `campaign` choose the OBD log."""
     if name not in DATASET_NAMES:
         raise DatasetError(f"unknown dataset {name!r}; expected one of {', '.join(DATASET_NAMES)}")

@@ -146,12 +146,12 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         report = fetch_dataset(args.name, out, cache_dir=args.cache or os.path.join(out, "wheels"),
                                policy=args.policy, campaign=args.campaign)
     except DatasetError as err:
-        print(f"ctr datasets: {err}", file=sys.stderr)
+        print(f"{PROG} datasets: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report.as_dict(), indent=2))
     given = [arg for flag, value in (("--config", args.config),) if value for arg in (flag, value)]
     given += [arg for value in args.set or [] for arg in ("--set", value)]
-    print("next: " + shlex.join(["ctr", "ingest", "--spec", args.name, *given, report.path]))
+    print("next: " + shlex.join([PROG, "ingest", "--spec", args.name, *given, report.path]))
     return 0
 
 
@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the input files' format (auto: .parquet, else tab or comma from the first line)")
     p.set_defaults(func=cmd_ingest)
 
-    p = sub.add_parser("datasets", parents=[common], help="fetch a real public log as a CSV for ctr ingest")
+    p = sub.add_parser("datasets", parents=[common], help="fetch a real public log as a CSV to ingest")
     p.add_argument("action", choices=["fetch"])
     p.add_argument("name", choices=["movielens", "obd"])
     p.add_argument("--out", help="folder of the CSV (default <data_root>/datasets)")

@@ -88,8 +88,8 @@ def test_cli_fetch_writes_the_csv_the_preset_ingests_and_prints_the_next_command
     assert ctr(["datasets", "fetch", "movielens", "--out", str(out), "--cache", str(cache),
                 "--set", f"paths.data_root={tmp_path / 'var'}"]) == 0
     printed = capsys.readouterr().out
-    assert f"next: ctr ingest --spec movielens --set paths.data_root={tmp_path / 'var'} {out / 'movielens.csv'}" \
-        in printed
+    expected = f"ctr-pipeline ingest --spec movielens --set paths.data_root={tmp_path / 'var'} {out / 'movielens.csv'}"
+    assert f"next: {expected}\n" in printed
     with open(out / "movielens.csv", newline="") as handle:
         rows = list(csv.reader(handle))
     assert tuple(rows[0]) == MOVIELENS_COLUMNS and len(rows) == 4
