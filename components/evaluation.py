@@ -68,8 +68,9 @@ class QualityGateError(RuntimeError):
     """A model failed the quality gate and must not be published."""
 
 
-def check_gate(evaluation: Evaluation, gate: GateConfig) -> list[str]:
-    """The reasons the model fails the gate; empty when it passes."""
+def check_gate(evaluation: Evaluation, gate: GateConfig, baseline: dict | None = None) -> list[str]:
+    """The reasons the model fails the gate; empty when it passes. `baseline`: the comparison with the run's
+    baseline on the same rows (`baseline_auc`, `lift_auc`, `lift_auc_ci95`), when there is one."""
     failures = []
     if not np.isfinite([evaluation.auc, evaluation.logloss, evaluation.mean_prediction]).all():
         failures.append(f"non-finite metrics: {evaluation.metrics()}")
@@ -83,6 +84,16 @@ def check_gate(evaluation: Evaluation, gate: GateConfig) -> list[str]:
             f"vs mean label {evaluation.mean_label:.4f}) is above "
             f"gate.max_calibration_error={gate.max_calibration_error}"
         )
+    if baseline is not None and gate.min_lift_auc > -1:
+        low, high = baseline["lift_auc_ci95"]
+        if high < gate.min_lift_auc:
+            failures.append(
+                f"AUC {evaluation.auc:.4f} is {-baseline['lift_auc']:.4f} below its own baseline's "
+                f"{baseline['baseline_auc']:.4f} (a hashed logistic regression on the same rows), and even the top of "
+                f"the 95 % interval of the difference ({low:+.4f} to {high:+.4f}) is below "
+                f"gate.min_lift_auc={gate.min_lift_auc}: the model learned less than a linear model on these rows. "
+                "Look at the run's training curve (an epoch count or batch size that stopped it early), the "
+                "features' admission (features.min_count), or try train.model=wide_deep")
     return failures
 
 
