@@ -74,6 +74,23 @@ class TableSettings:
     fixed_values: tuple[str, ...] = ()
 
 
+# features.min_count=0 (the default) resolves at the daily run from the rows it counts: one admission count per
+# AUTO_MIN_COUNT_ROWS training rows, within [AUTO_MIN_COUNT_LOW, AUTO_MIN_COUNT_HIGH].
+AUTO_MIN_COUNT_ROWS = 100_000
+AUTO_MIN_COUNT_LOW = 2
+AUTO_MIN_COUNT_HIGH = 20
+
+
+def auto_min_count(num_rows: int) -> int:
+    """The admission count for a daily run over `num_rows` training rows when features.min_count is 0 (auto).
+
+    A fixed count of 20 sent nearly every value of a log of ten thousand rows to the shared rare row, where a
+    hashed logistic regression keeps each of them; on hundreds of millions of rows the same 20 keeps the tables
+    to values seen often enough to learn a row. So: 2 up to 299,999 rows, one more per 100,000 rows, at most
+    20 (from 2 M rows on)."""
+    return max(AUTO_MIN_COUNT_LOW, min(AUTO_MIN_COUNT_HIGH, int(num_rows) // AUTO_MIN_COUNT_ROWS))
+
+
 def table_settings(tables: Mapping[str, TableSpec], *, evict: bool) -> dict[str, TableSettings]:
     """The spec's tables (FeatureSpec.tables()) as advance_feature_state takes them."""
     return {name: TableSettings(t.min_count, t.evict_after_days if evict else 0, t.max_rows, t.fixed_values)

@@ -407,6 +407,7 @@ def train(ctx: RunContext) -> dict:
     child on the held-out rows for the gate."""
     from components.feature_state import load_feature_state
     from components.manifest import write_json_atomic
+    from trainer.arguments import resolve_batch_size
     from trainer.incremental import train_increment
 
     plan = read_plan(ctx)
@@ -418,7 +419,10 @@ def train(ctx: RunContext) -> dict:
                                                    for split in ("train", "holdout"))
     result = train_increment(
         Path(plan.parent_checkpoint), train_files, holdout_files, _dir(ctx) / "checkpoint",
-        new_rows=state.new_rows, batch_size=ctx.config.train.batch_size, epochs=ctx.config.incremental.epochs,
+        # A minute trains once over its rows: train.batch_size=0 gives it the 2,048 it always had (the auto size
+        # is for epochs of a whole interval).
+        new_rows=state.new_rows, batch_size=resolve_batch_size(ctx.config.train.batch_size, None),
+        epochs=ctx.config.incremental.epochs,
         seed=ctx.config.train.seed, version=plan.version, layout=manifest["layout"],
         num_rows=manifest["row_counts"]["rows"], spec=ctx.spec,
     )

@@ -42,7 +42,8 @@ DAILY: tuple[RunParam, ...] = (
              "Training", exclusive_minimum=0),
     RunParam("embedding_learning_rate", "train.embedding_learning_rate", "Embedding learning rate",
              "Adagrad's rate for the row-sparse embedding updates.", "Training", exclusive_minimum=0),
-    RunParam("batch_size", "train.batch_size", "Batch size", "Rows per optimizer step.", "Training", minimum=1),
+    RunParam("batch_size", "train.batch_size", "Batch size", "Rows per optimizer step; 0 chooses it from the "
+             "training rows.", "Training", minimum=0),
     RunParam("embedding_dim", "train.embedding_dim", "Embedding dimension",
              "Width of every embedding the spec leaves unset.", "Training", minimum=1),
     RunParam("spec", "features.spec", "Feature spec", "The columns and their kinds: a preset, or the configured "
@@ -50,7 +51,7 @@ DAILY: tuple[RunParam, ...] = (
     RunParam("source", "features.source", "Source", "click_log: labelled minute slices; events: impressions and "
              "clicks joined in the attribution window.", "Data"),
     RunParam("min_count", "features.min_count", "Admission count", "A value gets its own embedding row after "
-             "this many occurrences.", "Data", minimum=1),
+             "this many occurrences; 0 chooses it from the training rows.", "Data", minimum=0),
     RunParam("min_auc", "gate.min_auc", "Gate: minimum AUC", "The model is published only above it.",
              "Quality gate", minimum=0, maximum=1),
     RunParam("max_logloss", "gate.max_logloss", "Gate: maximum logloss", "The model is published only below it.",

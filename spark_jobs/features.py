@@ -9,6 +9,7 @@ extract (raw minute partitions) -> pure transforms (counts, vocabulary, dense st
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from components.feature_state import (
     DenseTransform,
     FeatureState,
     advance_feature_state,
+    auto_min_count,
     save_feature_state,
     table_settings,
 )
@@ -221,7 +223,7 @@ def _quantile_levels(feature: DenseFeature) -> tuple[float, ...]:
 
 def build_feature_state(
     frame: DataFrame, previous: FeatureState | None, config: FeatureConfig, *, day: int, version: str,
-    evict: bool, spec: FeatureSpec,
+    evict: bool, spec: FeatureSpec, num_rows: int | None = None,
 ) -> FeatureState:
     """The feature state after folding `frame` (parsed rows) into `previous` (None for the first run).
 
@@ -234,8 +236,10 @@ def build_feature_state(
     """
     # Settings the spec leaves unset come from `config` (the spec read at the edge took them from the same
     # config; a caller with another FeatureConfig gets its values, not the spec's earlier ones).
+    min_count = resolved_min_count(config.min_count, previous, evict=evict,
+                                   num_rows=lambda: num_rows if num_rows is not None else frame.count())
     spec = spec.with_defaults(dataclasses.replace(
-        spec.defaults, min_count=config.min_count, evict_after_days=config.evict_after_days,
+        spec.defaults, min_count=min_count, evict_after_days=config.evict_after_days,
         max_rows=config.max_rows_per_feature))
     if not evict and previous is not None:  # a minute's rows: counted in one stage (partition_counts)
         counts, dense = partition_counts(frame, day, spec), previous.dense
@@ -247,10 +251,23 @@ def build_feature_state(
             counts = categorical_counts(frame, day, spec).toArrow()
             dense = pending.result()
     return advance_feature_state(
-        previous, counts, day=day, min_count=config.min_count, dense=dense, version=version,
+        previous, counts, day=day, min_count=min_count, dense=dense, version=version,
         tables=table_settings(spec.tables(), evict=evict),
         growth_rows=config.growth_rows if evict else 0, fixed_tables=not evict,
     )
+
+
+def resolved_min_count(configured: int, previous: FeatureState | None, *, evict: bool,
+                       num_rows: Callable[[], int]) -> int:
+    """features.min_count as it applies to this run: the configured count, or with 0 (auto) the daily run's
+    count for its rows (components.feature_state.auto_min_count), which the minute runs of its chain keep."""
+    if configured < 0:
+        raise ValueError(f"features.min_count={configured} must be >= 1, or 0 to choose it from the rows")
+    if configured:
+        return configured
+    if not evict and previous is not None:
+        return previous.min_count
+    return auto_min_count(num_rows())
 
 
 def write_feature_state(state: FeatureState, directory: Path, inputs: dict, num_rows: int,

@@ -22,7 +22,7 @@ from components.block_codec import BLOCK_LAYOUT
 from components.config import TrainConfig
 from components.feature_spec import FeatureSpec, load_spec
 from components.manifest import read_manifest, write_manifest
-from trainer.arguments import even_batch_size, require_integer
+from trainer.arguments import even_batch_size, require_integer, resolve_batch_size
 from trainer.calibration import calibrate_level
 from trainer.early_stopping import BestEpoch
 from trainer.metrics import ctr_metrics
@@ -182,6 +182,8 @@ def train_model(
 
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
 
+    # train.batch_size=0 is chosen from the rows; the checkpoint's manifest records the size used.
+    config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows))
     micro_batch_size = _micro_batch_size(config)
     if num_rows and config.micro_batches == 1:
         # Equal batches: an epoch's last step is not taken on a handful of rows.

@@ -18,6 +18,7 @@ from components.feature_state import (
     FeatureState,
     Vocabulary,
     advance_feature_state,
+    auto_min_count,
     categorical_rows,
     load_feature_state,
     save_feature_state,
@@ -409,3 +410,10 @@ def test_advance_matches_the_rules_value_by_value_over_random_histories():
             assert (state.new_rows, state.evicted_rows) == (reference["new_rows"], reference["evicted_rows"]), where
             assert all(type(x) is int for v in state.vocabularies.values() for x in (*v.rows, *v.counts,
                                                                                      *v.last_seen)), where
+
+
+@pytest.mark.parametrize(("num_rows", "expected"), [
+    (0, 2), (8_000, 2), (90_000, 2), (299_999, 2), (300_000, 3), (1_000_000, 10), (1_999_999, 19),
+    (2_000_000, 20), (2_700_000, 20), (10**9, 20)])
+def test_auto_min_count_follows_the_rows_from_2_to_20(num_rows, expected):
+    assert auto_min_count(num_rows) == expected

@@ -101,7 +101,7 @@ def test_params_metrics_tags_and_artifacts_land(data_root, client, tmp_path):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert len(run.data.params) == len(config.flat()) + 1
-    assert run.data.params["train.epochs"] == "3"
+    assert run.data.params["train.epochs"] == "20"
     assert run.data.params["train.mlp_units"] == "512,256,128"
     assert run.data.params["extra"] == "5"
     assert run.data.metrics == {"auc": 0.8, "logloss": 0.5}

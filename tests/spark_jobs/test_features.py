@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -22,7 +23,7 @@ from components.layout import Layout
 from components.manifest import ManifestError, read_manifest
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, MISSING_ROW, NUM_RESERVED_ROWS, RARE_ROW
 from components.synthetic import generate
-from spark_jobs.features import build_feature_state, categorical_counts, write_feature_state
+from spark_jobs.features import build_feature_state, categorical_counts, resolved_min_count, write_feature_state
 from spark_jobs.raw import extract_raw, parse_raw
 from spark_jobs.samples import make_shard_writer, write_samples, write_splits
 
@@ -405,3 +406,17 @@ def test_row_layout_holds_the_block_layouts_rows_one_example_per_row(spark, raw_
                       inputs={}, layout="rows")
     with pytest.raises(ValueError, match="cannot be read"):
         samples_dataset(["x"], 16, shuffle=False, seed=0, layout="columnar")
+
+
+def test_min_count_zero_is_chosen_from_the_daily_rows_and_kept_by_the_minute_runs(spark, raw_dir):
+    frame = parse_raw(extract_raw(spark, [str(raw_dir / "part-00000.tsv")], CRITEO), CRITEO)
+    daily = build_state(frame, min_count=0)
+    assert daily.min_count == 2  # 9 rows: the least auto count
+    parent = dataclasses.replace(daily, min_count=7)  # as a daily run over 700 K rows would have left it
+    minute = build_feature_state(frame, parent, FeatureConfig(min_count=0), day=20454, version="minute",
+                                 evict=False, spec=CRITEO)
+    assert minute.min_count == 7
+    assert resolved_min_count(5, parent, evict=False, num_rows=lambda: 1) == 5  # a configured count wins
+    assert resolved_min_count(0, None, evict=True, num_rows=lambda: 450_000) == 4
+    with pytest.raises(ValueError, match=r"features.min_count=-1 must be >= 1, or 0 to choose it from the rows"):
+        resolved_min_count(-1, None, evict=True, num_rows=lambda: 1)
