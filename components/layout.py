@@ -27,6 +27,14 @@ class Layout:
     def raw_events_minute_dir(self, stream: str, minute: datetime) -> Path:
         return self.root / "raw" / stream / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
 
+    def raw_dataset_dir(self) -> Path:
+        """The folder of the click log's minute partitions (date=/minute= below it)."""
+        return self.root / "raw" / RAW_DATASET
+
+    def raw_events_dir(self, stream: str) -> Path:
+        """The folder of an event stream's minute partitions (date=/minute= below it)."""
+        return self.root / "raw" / stream
+
     def quarantine_minute_dir(self, minute: datetime) -> Path:
         return self.root / "quarantine" / RAW_DATASET / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}"
 
@@ -126,3 +134,40 @@ class Layout:
     @property
     def mlflow_dir(self) -> Path:
         return self.root / "mlflow"
+
+
+DATE_PREFIX, MINUTE_PREFIX = "date=", "minute="
+
+
+def list_minute_partitions(base: Path, start: datetime, end: datetime) -> list[datetime]:
+    """The minutes in [start, end) that have a partition folder under `base` (base/date=YYYY-MM-DD/minute=HHMM),
+    sorted. Lists the folders that exist, one directory read per day in the span and none per empty minute:
+    months of history with a few thousand minutes of data cost what those minutes cost. Names of another form
+    (a quarantined partition's second delivery, minute=HHMM.2; temporary files) are not partitions."""
+    try:
+        days = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    first_day, last_day = f"{start:%Y-%m-%d}", f"{end - timedelta(microseconds=1):%Y-%m-%d}"
+    found: list[datetime] = []
+    for name in days:
+        day = name[len(DATE_PREFIX):]
+        if not name.startswith(DATE_PREFIX) or len(day) != 10 or not first_day <= day <= last_day:
+            continue
+        try:
+            names = os.listdir(base / name)
+            midnight = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC)
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            continue
+        for entry in names:
+            hhmm = entry[len(MINUTE_PREFIX):]
+            if not entry.startswith(MINUTE_PREFIX) or len(hhmm) != 4 or not hhmm.isdigit():
+                continue
+            hours, minutes = int(hhmm[:2]), int(hhmm[2:])
+            if hours > 23 or minutes > 59:
+                continue
+            minute = midnight + timedelta(hours=hours, minutes=minutes)
+            if start <= minute < end:
+                found.append(minute)
+    found.sort()
+    return found

@@ -26,7 +26,7 @@ MODEL_NAME = "ctr"
 def split_minutes(ctx: RunContext) -> tuple[list, list]:
     """The interval's minutes that hold (validated) raw data, split in time: the last `eval_fraction` of them
     are held out for evaluation, so the model is always scored on traffic later than what it trained on."""
-    minutes = [m for m in ctx.interval.minutes() if ctx.source.has_data(ctx.layout, ctx.spec, m)]
+    minutes = ctx.source.minutes_with_data(ctx.layout, ctx.spec, ctx.interval)
     if len(minutes) < 2:
         raise RuntimeError(
             f"{ctx.interval.tag} has {len(minutes)} minute slice(s) of {ctx.source.name} data; at least 2 are needed "
@@ -46,7 +46,7 @@ def validate(ctx: RunContext) -> dict:
     from components.validation import DATA_DOCS, DataValidationError, validate_interval
 
     minutes = list(ctx.interval.minutes())
-    ctx.progress("validate: %d minute slices in %s", len(minutes), ctx.interval.tag)
+    ctx.progress("validate: %d minutes in %s: listing their partitions", len(minutes), ctx.interval.tag)
     tracker = ctx.tracker
     tracker.log_run_config(ctx.config)
     datasets = ctx.source.datasets(ctx.spec)
@@ -58,7 +58,8 @@ def validate(ctx: RunContext) -> dict:
         prefix = "validation" if dataset is click_log else f"validation.{dataset.name}"
         try:
             report = validate_interval(ctx.layout, minutes, report_path, dataset=dataset,
-                                       docs_dir=report_path.parent / DATA_DOCS)
+                                       docs_dir=report_path.parent / DATA_DOCS,
+                                       progress=_validation_progress(ctx, dataset.name))
         except DataValidationError as err:  # the other streams are still validated; the run fails below
             errors.append(str(err))
             report = json.loads(report_path.read_text()) if report_path.exists() else None
@@ -79,6 +80,25 @@ def validate(ctx: RunContext) -> dict:
     if errors:
         raise DataValidationError("\n".join(errors))
     return out[click_log.name] if click_log else out
+
+
+def _validation_progress(ctx: RunContext, name: str, every_s: float = 10.0):
+    """validate_interval's progress as a line every `every_s` seconds (and a last one when there was one):
+    partitions done of those there, rows passed, rate and time left."""
+    started = time.monotonic()
+    last = started
+
+    def report(done: int, total: int, rows: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < every_s and (done < total or last == started):
+            return
+        last = now
+        rate = done / max(now - started, 1e-6)
+        ctx.progress("validate: %s: %d of %d partitions (%d rows passed so far), %.0f partitions/s, about %.0f s "
+                     "left", name, done, total, rows, rate, (total - done) / rate if rate else 0.0)
+
+    return report
 
 
 def join(ctx: RunContext) -> dict:

@@ -4,6 +4,8 @@ Both pipelines ask their source the same questions and never branch on its name:
 
 - `datasets(spec)`: the raw datasets validation checks (great-expectations suites per minute partition);
 - `has_data(layout, spec, minute)`: whether a minute's raw partition (of the rows) is there;
+- `minutes_with_data(layout, spec, interval)`: the interval's minutes whose raw partition (of the rows) is
+  there, from a listing of the partitions (months of minutes cost what their partitions cost);
 - `ready(layout, minute)`: whether everything a minute brings has arrived (its _SUCCESS markers);
 - `label_delay(config)`: how long after a minute its labels are final (0 for a labelled click log; the
   attribution window, rounded up to whole minutes, for impression and click streams);
@@ -45,6 +47,8 @@ class Source(Protocol):
     def datasets(self, spec: FeatureSpec) -> list[Any]: ...
 
     def has_data(self, layout: Layout, spec: FeatureSpec, minute: datetime) -> bool: ...
+
+    def minutes_with_data(self, layout: Layout, spec: FeatureSpec, interval: Interval) -> list[datetime]: ...
 
     def ready(self, layout: Layout, minute: datetime) -> bool: ...
 
@@ -89,6 +93,12 @@ class ClickLogSource:
 
     def has_data(self, layout: Layout, spec: FeatureSpec, minute: datetime) -> bool:
         return (layout.raw_minute_dir(minute) / spec.source.file_name).exists()
+
+    def minutes_with_data(self, layout: Layout, spec: FeatureSpec, interval: Interval) -> list[datetime]:
+        from components.layout import list_minute_partitions
+
+        return [m for m in list_minute_partitions(layout.raw_dataset_dir(), interval.start, interval.end)
+                if self.has_data(layout, spec, m)]
 
     def ready(self, layout: Layout, minute: datetime) -> bool:
         from components.synthetic import SUCCESS_MARKER
@@ -149,6 +159,13 @@ class EventsSource:
         from components.events import EVENT_FILE, IMPRESSIONS
 
         return (layout.raw_events_minute_dir(IMPRESSIONS, minute) / EVENT_FILE).exists()
+
+    def minutes_with_data(self, layout: Layout, spec: FeatureSpec, interval: Interval) -> list[datetime]:
+        from components.events import IMPRESSIONS
+        from components.layout import list_minute_partitions
+
+        return [m for m in list_minute_partitions(layout.raw_events_dir(IMPRESSIONS), interval.start, interval.end)
+                if self.has_data(layout, spec, m)]
 
     def ready(self, layout: Layout, minute: datetime) -> bool:
         from components.events import STREAMS

@@ -65,3 +65,24 @@ def test_the_joined_output_ending_at_a_time_is_a_minute_runs_before_a_daily_runs
     assert layout.joined_dir_ending_at(end + minute) == layout.incremental_dir(
         Interval(run.start + minute, run.end + minute)) / "joined"
     assert layout.joined_dir_ending_at(end - minute) is None
+
+
+def test_minute_partitions_are_listed_from_the_folders_there(tmp_path):
+    from components.layout import list_minute_partitions
+
+    base = tmp_path / "raw" / "click_log"
+    for folder in ("date=2026-01-01/minute=0000", "date=2026-01-01/minute=0930", "date=2026-01-01/minute=2359",
+                   "date=2026-01-01/minute=0931.2",  # a second delivery in quarantine's naming: not a partition
+                   "date=2026-01-01/minute=2460", "date=2026-01-01/.minute=0932.tmp",
+                   "date=2026-01-03/minute=0005", "date=2026-01-03/minute=0004", "date=2026-1-4/minute=0000",
+                   "date=2025-12-31/minute=2359"):
+        (base / folder).mkdir(parents=True)
+    (base / "date=2026-01-02").write_text("a file, not a day of partitions")
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    in_order = [t, t + timedelta(minutes=570), t + timedelta(minutes=1439), t + timedelta(days=2, minutes=4),
+                t + timedelta(days=2, minutes=5)]
+    assert list_minute_partitions(base, t, t + timedelta(days=30)) == in_order
+    # Half-open: the end minute is out, and so are the minutes before the start on its first day.
+    assert list_minute_partitions(base, t + timedelta(minutes=1), t + timedelta(days=2, minutes=5)) == in_order[1:4]
+    assert list_minute_partitions(base, t + timedelta(minutes=1440), t + timedelta(days=2)) == []
+    assert list_minute_partitions(tmp_path / "absent", t, t + timedelta(days=1)) == []

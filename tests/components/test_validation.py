@@ -19,9 +19,11 @@ from components.validation import (
     DATA_DOCS,
     LINE_TERMINATED_COLUMN,
     NUM_FIELDS_COLUMN,
+    ONE_BY_ONE_AT,
     SUITE_VERSION,
     VALIDATED_MARKER,
     DataValidationError,
+    raw_click_log_checks_version,
     raw_click_log_suite,
     read_delimited_arrow,
     read_raw_slice,
@@ -184,7 +186,7 @@ def test_clean_slices_pass_and_are_not_validated_twice(layout, tmp_path, monkeyp
     marker = json.loads((layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).read_text())
     assert marker == {
         "sha256": file_sha256(_raw(layout, 0)),
-        "suite_version": f"{SUITE_VERSION}-{load_spec('criteo').hash()}",
+        "suite_version": raw_click_log_checks_version(load_spec("criteo")),
         "num_rows": ROWS,
     }
 
@@ -346,7 +348,7 @@ def test_each_presets_real_sample_passes_the_suite_generated_from_its_spec(tmp_p
     report = validate_interval(layout, minutes, tmp_path / "report.json", dataset=dataset)
     expected_rows = {"criteo": 200, "avazu": 100, "taobao": 100}[preset]
     assert (report["num_rows"], report["failed"]) == (expected_rows, [])
-    assert report["suite_version"].endswith(spec.hash())
+    assert report["suite_version"] == dataset.suite_version == raw_click_log_checks_version(spec)
 
 
 def test_a_taobao_slice_with_a_bad_time_stamp_and_garbage_ids_is_quarantined_naming_both(tmp_path):
@@ -418,3 +420,192 @@ def test_the_data_docs_page_of_a_missing_label_shows_it_as_null(tmp_path, caplog
     assert "boolean value of NA" not in caplog.text  # the renderer used to fail on pandas' NA and drop the table
     assert "expect_column_values_to_not_be_null" in page or "values must never be null" in page
     assert ">null<" in page
+
+
+# Batches: months of minutes, few of them with rows, validated many partitions to a suite run.
+SPARSE_MINUTES = 300
+SPARSE_ROWS = 2
+BAD = (17, 241)
+
+
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory):
+    """300 two-row minutes, a third of them deleted (empty minutes), minutes 17 and 241 damaged, validated once
+    over 330 minutes, with the suite runs counted."""
+    import components.validation as validation
+
+    layout = Layout(tmp_path_factory.mktemp("sparse"))
+    generate(GenerateConfig(start=START.isoformat(), minutes=SPARSE_MINUTES, rows_per_minute=SPARSE_ROWS, seed=11),
+             layout)
+    for index in range(0, SPARSE_MINUTES, 3):
+        shutil.rmtree(layout.raw_minute_dir(minute(index)))
+    _replace_field(layout, 17, line=1, field=0, value="2")  # a label of 2
+    truncated = _raw(layout, 241)
+    truncated.write_bytes(truncated.read_bytes()[:-30])  # the writer died mid-line
+    damaged = {i: _raw(layout, i).read_bytes() for i in BAD}
+    runs = {"batch": 0, "alone": []}
+    batch_passes, validate = validation.SliceValidator.batch_passes, validation.SliceValidator.validate
+
+    def counted_batch(self, frame):
+        runs["batch"] += 1
+        return batch_passes(self, frame)
+
+    def counted_alone(self, at, path):
+        runs["alone"].append(at)
+        return validate(self, at, path)
+
+    progress = []
+    patch = pytest.MonkeyPatch()
+    patch.setattr(validation.SliceValidator, "batch_passes", counted_batch)
+    patch.setattr(validation.SliceValidator, "validate", counted_alone)
+    report_path = layout.validation_report(Interval(START, minute(330)))
+    try:
+        with pytest.raises(DataValidationError) as raised:
+            validate_interval(layout, [minute(i) for i in range(330)], report_path,
+                              progress=lambda *args: progress.append(args), docs_dir=report_path.parent / DATA_DOCS)
+    finally:
+        patch.undo()
+    return {"layout": layout, "error": str(raised.value), "report": json.loads(report_path.read_text()),
+            "runs": runs, "progress": progress, "damaged": damaged}
+
+
+def test_sparse_minutes_only_the_bad_ones_are_quarantined_and_each_is_reported_for_its_minute(sparse_run):
+    layout, report = sparse_run["layout"], sparse_run["report"]
+    present = [i for i in range(SPARSE_MINUTES) if i % 3]
+    good = [i for i in present if i not in BAD]
+    assert [f["minute"] for f in report["failed"]] == [minute(i).isoformat() for i in BAD]
+    assert report["passed"] == [{"minute": minute(i).isoformat(), "rows": SPARSE_ROWS} for i in good]
+    assert report["missing"] == [minute(i).isoformat() for i in range(330) if i not in present]
+    assert (report["num_slices"], report["num_rows"]) == (330, SPARSE_ROWS * len(good))
+    for index, data in sparse_run["damaged"].items():
+        assert (layout.quarantine_minute_dir(minute(index)) / RAW_FILE).read_bytes() == data
+        assert not layout.raw_minute_dir(minute(index)).exists()
+    assert sorted(p.parent.name for p in (layout.root / "quarantine").rglob(RAW_FILE)) == ["minute=0017",
+                                                                                          "minute=0401"]
+    for index in good:
+        assert (layout.raw_minute_dir(minute(index)) / VALIDATED_MARKER).exists()
+    label = json.loads((layout.quarantine_minute_dir(minute(17)) / "report.json").read_text())
+    assert [(f["expectation"], f["column"]) for f in label["failures"]] == [("expect_column_values_to_be_in_set",
+                                                                              "label")]
+    assert label["failures"][0]["detail"] == "1 of 2 rows unexpected, e.g. ['2']"
+    cut = json.loads((layout.quarantine_minute_dir(minute(241)) / "report.json").read_text())
+    assert ("expect_column_values_to_be_between", "_line_terminated") in [(f["expectation"], f["column"])
+                                                                          for f in cut["failures"]]
+    error = sparse_run["error"]
+    assert error.startswith("2 raw slice(s) failed validation") and "00:17" in error and "04:01" in error
+
+
+def test_sparse_minutes_cost_a_few_suite_runs_not_one_a_minute(sparse_run):
+    runs, present = sparse_run["runs"], [i for i in range(SPARSE_MINUTES) if i % 3]
+    # One run over the 200 partitions fails; each failing part is split in halves (two runs) until parts of at
+    # most ONE_BY_ONE_AT partitions, whose partitions are validated alone: about 2 log2(n) runs a bad minute.
+    assert runs["batch"] <= 1 + 2 * len(BAD) * 6
+    assert all(minute(i) in runs["alone"] for i in BAD)
+    # Alone: the partitions of the failing parts, and the last one passed once more for its Data Docs page.
+    assert len(runs["alone"]) <= len(BAD) * ONE_BY_ONE_AT + 1
+    assert runs["batch"] + len(runs["alone"]) < len(present) / 5
+
+
+def test_sparse_minutes_progress_counts_partitions_not_minutes(sparse_run):
+    progress = sparse_run["progress"]
+    assert progress[-1] == (200, 200, SPARSE_ROWS * 198)
+    assert [done for done, _, _ in progress] == sorted(done for done, _, _ in progress)
+
+
+def test_a_change_no_check_reads_keeps_slices_validated(layout, tmp_path, monkeypatch):
+    """min_count is in the spec's hash, not in what validation checks: a run with another min_count trusts the
+    markers; a spec that checks a column otherwise validates again."""
+    import dataclasses
+
+    import yaml
+
+    import components.validation as validation
+    from components.feature_spec import FeatureDefaults, spec_from_dict
+    from components.validation import click_log_dataset
+
+    criteo = load_spec("criteo")
+    rare_values_kept = criteo.with_defaults(dataclasses.replace(FeatureDefaults.of(), min_count=2))
+    assert rare_values_kept.hash() != criteo.hash()
+    assert click_log_dataset(rare_values_kept).suite_version == click_log_dataset(criteo).suite_version
+    validate_interval(layout, [minute(0), minute(1)], tmp_path / "first.json", dataset=click_log_dataset(criteo))
+
+    def fail(*args, **kwargs):
+        raise AssertionError("validated again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(validation, "SliceValidator", fail)
+        again = validate_interval(layout, [minute(0), minute(1)], tmp_path / "again.json",
+                                  dataset=click_log_dataset(rare_values_kept))
+    assert (again["num_passed"], again["num_validated_before"]) == (2, 2)
+
+    data = yaml.safe_load((Path(validation.__file__).parent / "feature_specs" / "criteo.yaml").read_text())
+    data["features"][1] = {"names": data["features"][1]["names"], "kind": "categorical", "dtype": "int"}
+    ids_as_integers = spec_from_dict(data)
+    assert click_log_dataset(ids_as_integers).suite_version != click_log_dataset(criteo).suite_version
+    # C1..C26 are hex strings: as integer ids they fail, so the slices are validated again and quarantined.
+    with pytest.raises(DataValidationError, match=r"(?s)2 raw slice\(s\).*match_pattern\(C1\)"):
+        validate_interval(layout, [minute(0), minute(1)], tmp_path / "third.json",
+                          dataset=click_log_dataset(ids_as_integers))
+
+
+HEADER_SPEC = """\
+name: ratings
+source: {format: csv, header: true}
+label: {column: liked}
+features:
+  - {name: ts, kind: timestamp, format: unix_seconds}
+  - {names: [user, item], kind: categorical, dtype: int}
+  - {name: age, kind: dense}
+  - {name: genres, kind: multi_categorical, separator: "|", max_length: 4}
+"""
+HEADER = b"user,item,liked,ts,age,genres\n"
+GOOD = b"1,10,1,1767225600,31,Drama|Crime\n2,11,0,1767225601,,Comedy\n"
+
+
+@pytest.mark.parametrize("spec_name", ["criteo", "ratings"])
+def test_partitions_read_together_read_as_each_alone(tmp_path, spec_name):
+    """read_raw_slices_arrow gives, for each partition, the rows read_raw_slice_arrow gives it alone (and the same
+    read error), well-formed and damaged partitions mixed."""
+    import pandas as pd
+
+    from components.feature_spec import spec_from_dict
+    from components.validation import PartitionReadError, read_raw_slices_arrow
+
+    if spec_name == "criteo":
+        spec = load_spec("criteo")
+        generate(GenerateConfig(start="2026-01-01T00:00", minutes=1, rows_per_minute=6, seed=2), Layout(tmp_path))
+        data = next(tmp_path.rglob(RAW_FILE)).read_bytes()
+        lines = data.split(b"\n")
+        files = {"good": data, "good again": b"\n".join(lines[3:]), "unterminated": data[:-1],
+                 "cut short": data[:-20], "short line": b"\n".join([lines[0], b"0\t3", *lines[1:]]),
+                 "empty": b"", "empty line": b"\n" + data, "not utf-8": data.replace(b"\t", b"\t\xff", 1),
+                 "carriage return": data.replace(b"\n", b"\r\n", 1), "last good": b"\n".join(lines[:2]) + b"\n"}
+    else:
+        import yaml
+
+        spec = spec_from_dict(yaml.safe_load(HEADER_SPEC))
+        files = {"good": HEADER + GOOD, "unterminated": HEADER + GOOD[:-1], "header only": HEADER, "empty": b"",
+                 "other header": b"user,item,liked,ts,genres,age\n" + GOOD,
+                 "missing column": b"user,item,liked,ts\n1,2,1,3\n", "extra field": HEADER + b"1,2,1,3,4,5,6\n",
+                 "quoted": HEADER + b'1,10,1,1767225600,31,"Drama"\n',
+                 "not utf-8": HEADER + GOOD.replace(b"D", b"\xff"),
+                 "last good": HEADER + GOOD + GOOD}
+    paths = []
+    for index, (name, content) in enumerate(files.items()):
+        path = tmp_path / f"{index:02d}-{name.replace(' ', '_')}"
+        path.write_bytes(content)
+        paths.append(path)
+    frame, spans = read_raw_slices_arrow(paths, spec)
+    for path, span in zip(paths, spans, strict=True):
+        try:
+            alone = read_raw_slice_arrow(path, spec=spec)
+        except PartitionReadError as err:
+            assert isinstance(span, PartitionReadError) and (span.check, span.detail) == (err.check, err.detail)
+            continue
+        assert isinstance(span, tuple), path.name
+        pd.testing.assert_frame_equal(frame.iloc[span[0]:span[1]].reset_index(drop=True), alone, obj=path.name)
+    assert sorted(s for s in spans if isinstance(s, tuple)) == sorted(  # every row belongs to one partition
+        {s for s in spans if isinstance(s, tuple)})
+    assert sum(s[1] - s[0] for s in spans if isinstance(s, tuple)) == len(frame)
+    # The well-formed ones were read together, ahead of those read alone: the last file's rows are not last.
+    assert spans[-1][0] < max(s[0] for s in spans if isinstance(s, tuple))
