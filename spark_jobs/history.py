@@ -170,6 +170,15 @@ def newest_state(data_root: Path, spec: FeatureSpec, at_or_before: datetime) -> 
     return None
 
 
+def _state_inputs(data_root: Path, spec: FeatureSpec, as_of: datetime) -> dict | None:
+    """The inputs (start, end, seed) of the committed state at `as_of`, or None when there is none."""
+    try:
+        manifest = read_manifest(states_root(data_root, spec) / _tag(as_of), kind=STATE_KIND)
+    except ManifestError:
+        return None
+    return {key: manifest["inputs"].get(key) for key in ("start", "end", "seed")}
+
+
 def read_state(spark: SparkSession, folder: Path, feature: SequenceFeature) -> DataFrame:
     return spark.read.parquet(str(folder / feature.name))
 
@@ -215,9 +224,10 @@ def rows_with_history(spark: SparkSession, data_root: Path, spec: FeatureSpec, m
     with_history = rows
     for feature in spec.histories:
         with_history = add_history(with_history, feature, seed=seeds[feature.name])
-    write_state({f.name: advance_state(seeds[f.name], rows, f) for f in spec.histories}, data_root, spec, end,
-                inputs={"start": start.isoformat(), "end": end.isoformat(),
-                        "seed": found[1].name if found else None})
+    inputs = {"start": start.isoformat(), "end": end.isoformat(), "seed": found[1].name if found else None}
+    if _state_inputs(data_root, spec, end) != inputs:  # the same inputs made the same state (raw is immutable)
+        write_state({f.name: advance_state(seeds[f.name], rows, f) for f in spec.histories}, data_root, spec, end,
+                    inputs=inputs)
     labels = [f"{m:%Y-%m-%d %H:%M}" for m in wanted]
     keep = F.col(MINUTE_COLUMN).isin(labels) if len(labels) < len(span) else F.lit(True)
     return with_history.where(keep).drop(EVENT_SECONDS)

@@ -167,6 +167,10 @@ def test_daily_then_minute_runs_give_the_one_pass_histories(spark, tmp_path):
     manifest = read_manifest(root / "20260101T0008", kind=STATE_KIND)
     assert manifest["inputs"]["seed"] == "20260101T0007" and manifest["row_counts"]["liked_items"] == 3
     assert newest_state(layout.root, SPEC, day + timedelta(minutes=5))[1].name == "20260101T0004"
+    # The same call again (the daily run's train split after its features step) keeps the state it made.
+    written = (root / "20260101T0004" / "manifest.json").stat().st_mtime_ns
+    assert rows_of(minutes[:4]) == {key: value for key, value in got.items() if key[2] < "2026-01-01 00:04"}
+    assert (root / "20260101T0004" / "manifest.json").stat().st_mtime_ns == written
     assert newest_state(layout.root, SPEC, day + timedelta(minutes=3)) is None
 
 
