@@ -21,6 +21,9 @@ from pathlib import Path
 from pipelines.context import RunContext, Step
 
 MODEL_NAME = "ctr"
+# The baseline step's summary and held-out predictions, beside the evaluation report.
+BASELINE_FILE = "baseline.json"
+BASELINE_PREDICTIONS_FILE = "baseline_predictions.npz"
 
 
 def split_minutes(ctx: RunContext) -> tuple[list, list]:
@@ -140,7 +143,7 @@ def features(ctx: RunContext) -> dict:
     ctx.progress("features: folding into %s", f"the feature state of {previous_dir.name}" if previous_dir
                  else "a new feature state (no earlier interval has one)")
     state = build_feature_state(frame, previous, ctx.config.features, day=day_number(ctx.interval.start),
-                                version=f"daily-{ctx.interval.tag}", evict=True, spec=ctx.spec)
+                                version=f"daily-{ctx.interval.tag}", evict=True, spec=ctx.spec, num_rows=num_rows)
     frame.unpersist()
     directory = ctx.layout.feature_state_dir(ctx.interval)
     write_feature_state(state, directory, spec_hash=ctx.spec.hash(),
@@ -158,7 +161,7 @@ def features(ctx: RunContext) -> dict:
                              "features.seconds": time.monotonic() - started})
     ctx.progress("features: %d rows, %d admitted values over %d vocabularies (%d new, %d evicted, %d candidates "
                  "below min_count=%d) in %.0f s", num_rows, admitted, len(state.vocabularies), manifest["num_new_rows"],
-                 manifest["num_evicted_rows"], manifest["num_candidates"], ctx.config.features.min_count,
+                 manifest["num_evicted_rows"], manifest["num_candidates"], state.min_count,
                  time.monotonic() - started)
     return {"feature_state": str(directory)}
 
@@ -203,6 +206,59 @@ def samples(ctx: RunContext) -> dict:
     return out
 
 
+def baseline(ctx: RunContext) -> dict:
+    """The run's own baseline (components/baseline.py): a hashed logistic regression fitted on the training
+    minutes' rows and scored on the held-out minutes' rows, the same rows the model trains and is scored on.
+    The evaluate step reads it (lift_auc, and the gate's gate.min_lift_auc)."""
+    import numpy as np
+
+    from components.baseline import LABEL, MINUTE, fit_baseline, row_tokens
+    from components.manifest import write_json_atomic
+
+    config = ctx.config.baseline
+    path = ctx.layout.evaluation_dir(ctx.interval) / BASELINE_FILE
+    if not config.enabled:
+        path.unlink(missing_ok=True)
+        ctx.progress("baseline: off (baseline.enabled=false)")
+        return {"skipped": "baseline.enabled=false"}
+    started = time.monotonic()
+    frames = {}
+    available = 0
+    for split, minutes in zip(("train", "eval"), split_minutes(ctx), strict=True):
+        frame, _ = _input_frame(ctx, minutes)
+        if frame is None:
+            raise RuntimeError(f"no validated raw slices for the baseline's {split} rows of {ctx.interval.tag}")
+        if split == "train":
+            available = frame.count()
+            if available > config.max_train_rows:
+                frame = frame.sample(fraction=min(1.0, 1.05 * config.max_train_rows / available),
+                                     seed=ctx.config.features.seed).limit(config.max_train_rows)
+        rows = frame.toPandas().sort_values(MINUTE, kind="stable")
+        frames[split] = rows
+    ctx.progress("baseline: hashed logistic regression on %d of %d training rows, C from %s by logloss on the last "
+                 "%.0f %% of them", len(frames["train"]), available, ",".join(map(str, config.regularization_grid)),
+                 100 * config.validation_fraction)
+    result = fit_baseline(
+        row_tokens(frames["train"].to_dict("records"), ctx.spec), frames["train"][LABEL].to_numpy(),
+        row_tokens(frames["eval"].to_dict("records"), ctx.spec), frames["eval"][LABEL].to_numpy(),
+        regularization_grid=config.regularization_grid, validation_fraction=config.validation_fraction,
+        num_features=config.num_features, available_train_rows=available)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    np.savez(directory / BASELINE_PREDICTIONS_FILE, labels=frames["eval"][LABEL].to_numpy(np.float32),
+             predictions=result.predictions)
+    settings = {key: value for key, value in ctx.config.flat().items() if key.startswith("baseline.")}
+    summary = {"kind": "hashed_logistic_regression", "library": "scikit-learn", **result.metrics(),
+               "validation_auc_by_c": result.validation_auc_by_c,
+               "validation_logloss_by_c": result.validation_logloss_by_c, "config": settings}
+    write_json_atomic(path, summary)
+    ctx.tracker.log_metrics({f"baseline.{k}": v for k, v in result.metrics().items()})
+    ctx.tracker.log_artifact(path, "evaluation")
+    ctx.progress("baseline: AUC %.4f, logloss %.4f on %d held-out rows (C=%s), %.0f s", result.auc, result.logloss,
+                 result.eval_rows, result.regularization_c, time.monotonic() - started)
+    return {"auc": result.auc, "logloss": result.logloss}
+
+
 def sample_files(directory: Path, spec_hash: str | None = None) -> tuple[list[str], dict]:
     """The shard files of a committed samples directory, and its manifest (layout, row counts); given
     `spec_hash`, the samples must have been written with that feature spec."""
@@ -221,14 +277,17 @@ def train(ctx: RunContext) -> dict:
 
     from components.feature_state import load_feature_state
     from components.manifest import write_json_atomic
+    from trainer.arguments import resolve_batch_size
     from trainer.train import StepMetricsLogger, train_model
 
     state = load_feature_state(ctx.layout.feature_state_dir(ctx.interval), spec=ctx.spec)
     train_files, train_manifest = _sample_files(ctx, "train")
     eval_files, _ = _sample_files(ctx, "eval")
     config = ctx.config.train
-    ctx.progress("train: %s on %d rows, batch %d, %d epochs, XLA=%s, mixed precision=%s, micro-batches=%d",
-                 config.model, train_manifest["row_counts"]["rows"], config.batch_size, config.epochs,
+    num_rows = train_manifest["row_counts"]["rows"]
+    ctx.progress("train: %s on %d rows, batch %d%s, at most %d epochs, XLA=%s, mixed precision=%s, micro-batches=%d",
+                 config.model, num_rows, resolve_batch_size(config.batch_size, num_rows),
+                 " (chosen from the rows)" if not config.batch_size else "", config.epochs,
                  config.jit_compile, config.mixed_precision, config.micro_batches)
     tracker = ctx.tracker
     curve: list[tuple[int, dict]] = []
@@ -239,6 +298,8 @@ def train(ctx: RunContext) -> dict:
         ctx.progress("train: step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 
     warm_start = _warm_start(ctx, state)
+    if config.backend == "jax":  # a child process with KERAS_BACKEND=jax (trainer/jax_train.py)
+        from trainer.jax_train import train_in_jax_process as train_model
     result = train_model(config, state.table_sizes(), train_files, eval_files,
                          ctx.layout.checkpoint_dir(ctx.interval),
                          callbacks=[StepMetricsLogger(log_step, config.log_every_steps)], warm_start=warm_start,
@@ -342,9 +403,10 @@ def evaluate(ctx: RunContext) -> dict:
     evaluation = compute(data["labels"], data["predictions"])
     _, eval_minutes = split_minutes(ctx)
     best = ctx.source.planted_auc(ctx, eval_minutes, ctx.layout.joined_dir(ctx.interval))
-    failures = check_gate(evaluation, ctx.config.gate)
-    report = {"metrics": evaluation.metrics(), "planted_auc": best, "gate": {"passed": not failures,
-              "failures": failures, "config": ctx.config.gate.__dict__}}
+    comparison = _baseline_comparison(ctx, data["labels"], data["predictions"], evaluation.auc)
+    failures = check_gate(evaluation, ctx.config.gate, comparison)
+    report = {"metrics": evaluation.metrics(), "planted_auc": best, "baseline": comparison,
+              "gate": {"passed": not failures, "failures": failures, "config": ctx.config.gate.__dict__}}
     write_json_atomic(evaluation_dir / "report.json", report)
     metrics = {f"eval.{k}": v for k, v in evaluation.metrics().items()}
     if best is not None:
@@ -352,14 +414,57 @@ def evaluate(ctx: RunContext) -> dict:
         metrics["eval.auc_gap_to_planted"] = best - evaluation.auc
     ctx.tracker.log_metrics({**metrics, "gate.passed": float(not failures)})
     ctx.tracker.log_artifact(evaluation_dir / "report.json", "evaluation")
+    if comparison is not None:
+        metrics.update({"eval.baseline_auc": comparison["baseline_auc"],
+                        "eval.baseline_logloss": comparison["baseline_logloss"],
+                        "eval.lift_auc": comparison["lift_auc"],
+                        "eval.lift_auc_ci95_low": comparison["lift_auc_ci95"][0],
+                        "eval.lift_auc_ci95_high": comparison["lift_auc_ci95"][1]})
+        ctx.tracker.log_metrics(metrics)
     ctx.progress("evaluate: AUC %.4f (planted model %s), logloss %.4f, mean prediction %.4f vs label %.4f",
                  evaluation.auc, f"{best:.4f}" if best is not None else "n/a", evaluation.logloss,
                  evaluation.mean_prediction, evaluation.mean_label)
+    if comparison is not None:
+        ctx.progress("evaluate: %s", baseline_line(evaluation.auc, evaluation.logloss, comparison))
     if failures:
         ctx.tracker.set_tags({"gate": "failed"})
         raise QualityGateError("the model failed the quality gate and is not published: " + "; ".join(failures))
     ctx.tracker.set_tags({"gate": "passed"})
     return report
+
+
+def _baseline_comparison(ctx: RunContext, labels, predictions, auc: float) -> dict | None:
+    """The model against the baseline step's hashed logistic regression on the same held-out rows: AUC, logloss,
+    the lift and its 95 % bootstrap interval; None when the baseline step did not run (baseline.enabled=false)."""
+    import numpy as np
+
+    from components.baseline import bootstrap_auc_difference
+
+    path = ctx.layout.evaluation_dir(ctx.interval) / BASELINE_FILE
+    if not ctx.config.baseline.enabled or not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    data = np.load(path.parent / BASELINE_PREDICTIONS_FILE)
+    if len(data["labels"]) != len(labels) or float(data["labels"].sum()) != float(np.sum(labels)):
+        raise RuntimeError(
+            f"the baseline was scored on {len(data['labels'])} held-out rows ({int(data['labels'].sum())} clicks) "
+            f"and the model on {len(labels)} ({int(np.sum(labels))} clicks): they must be the same rows; run the "
+            "baseline step again for this interval")
+    # The model's held-out rows come in the samples' shuffled order, the baseline's in time order: the same rows,
+    # not paired row by row, so each side is resampled on its own (a wider interval than a paired one).
+    low, high = bootstrap_auc_difference(labels, predictions, data["labels"], data["predictions"], paired=False,
+                                         seed=ctx.config.features.seed)
+    return {"baseline_auc": summary["auc"], "baseline_logloss": summary["logloss"],
+            "lift_auc": auc - summary["auc"], "lift_auc_ci95": [low, high],
+            "baseline_train_rows": summary["train_rows"], "baseline_regularization_c": summary["regularization_c"]}
+
+
+def baseline_line(auc: float, logloss: float, comparison: dict) -> str:
+    """One line for a person: the model against its baseline."""
+    low, high = comparison["lift_auc_ci95"]
+    return (f"model AUC {auc:.4f} logloss {logloss:.4f}; baseline (hashed logistic regression, same rows) AUC "
+            f"{comparison['baseline_auc']:.4f} logloss {comparison['baseline_logloss']:.4f}; lift_auc "
+            f"{comparison['lift_auc']:+.4f} (95 % interval {low:+.4f} to {high:+.4f})")
 
 
 def model_version(ctx: RunContext) -> str:
@@ -433,9 +538,12 @@ STEPS: tuple[Step, ...] = (
          inlets=("raw_minutes",)),
     Step("samples", "Spark: block TFRecords for the train and eval splits", samples, pool="spark",
          inlets=("raw_minutes",)),
-    Step("train", "Keras 3 training from block TFRecords", train, pool="training",
+    Step("baseline", "hashed logistic regression (scikit-learn) on the same rows, to compare the model with",
+         baseline, upstream=("join",), pool="spark", inlets=("raw_minutes",)),
+    Step("train", "Keras 3 training from block TFRecords", train, upstream=("samples",), pool="training",
          system_metrics=True),
-    Step("evaluate", "AUC, logloss and calibration on the held-out later slice; quality gate", evaluate),
+    Step("evaluate", "AUC, logloss and calibration on the held-out later slice, lift over the baseline; quality "
+         "gate", evaluate, upstream=("train", "baseline")),
     Step("export", "SavedModel on raw features, published to the model store", export, outlets=("model",)),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)

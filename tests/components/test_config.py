@@ -22,7 +22,10 @@ def test_defaults_are_the_documented_values():
     assert config.generate.rows_per_minute == 5000
     assert config.generate.new_value_rate == 0.01
     assert config.spark.master == "local[2]"
-    assert config.features.min_count == 20
+    assert config.features.min_count == 0  # chosen from the rows at the daily run
+    assert (config.train.batch_size, config.train.epochs, config.train.early_stopping_patience) == (0, 20, 2)
+    assert config.gate.min_lift_auc == 0.0
+    assert config.baseline.enabled is True
     assert config.features.block_rows == 1024
     assert config.train.mlp_units == (512, 256, 128)
     assert config.train.jit_compile is False
@@ -62,7 +65,7 @@ def test_with_overrides_parses_strings_to_each_field_type():
     assert config.train.mlp_units == (64, 32)
     assert config.spark.master == "local[1]"
     # Untouched sections and keys keep their defaults.
-    assert config.train.epochs == 3
+    assert config.train.epochs == 20
     assert config.gate == PipelineConfig().gate
 
 
@@ -79,7 +82,7 @@ def test_with_overrides_accepts_native_values_from_yaml():
 def test_with_overrides_returns_a_copy():
     base = PipelineConfig()
     changed = base.with_overrides({"train.epochs": "9"})
-    assert base.train.epochs == 3
+    assert base.train.epochs == 20
     assert changed.train.epochs == 9
 
 
@@ -157,7 +160,7 @@ def test_load_config_precedence_yaml_then_environment_then_overrides(tmp_path):
     assert config.paths.model_store == "/store/from/yaml"  # yaml, env empty
     assert config.train.epochs == 7
     assert config.train.mlp_units == (32, 16)
-    assert config.train.batch_size == 2048  # default
+    assert config.train.batch_size == 0  # default: chosen from the rows
 
     only_yaml = load_config(yaml_path=yaml_file, environ={})
     assert only_yaml.paths.data_root == "/from/yaml"

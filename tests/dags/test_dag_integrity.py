@@ -72,9 +72,11 @@ def test_dag_ids_match_file_stems(parsed):
 def test_daily_dag_wires_the_pipeline_steps_in_order(parsed):
     dag = parsed["dags"]["ctr_daily"]
     assert sorted(dag["tasks"]) == sorted(STEP_NAMES)
-    for before, after in zip(STEP_NAMES, STEP_NAMES[1:], strict=False):
-        assert dag["upstream"][after] == [before]
-    assert dag["upstream"][STEP_NAMES[0]] == []
+    # The baseline reads the labelled rows after the join and runs beside features, samples and training;
+    # evaluation waits for both the model and the baseline.
+    assert dag["upstream"] == {"validate": [], "join": ["validate"], "features": ["join"], "samples": ["features"],
+                               "baseline": ["join"], "train": ["samples"], "evaluate": ["baseline", "train"],
+                               "export": ["evaluate"]}
     assert dag["timetable"] == "CronDataIntervalTimetable"
     assert dag["max_active_runs"] == 1
     assert "config" in dag["params"]
@@ -114,7 +116,7 @@ def test_trigger_form_has_typed_fields(parsed):
     assert daily["learning_rate"]["type"] == ["null", "number"]
     assert daily["spec"]["enum"] == [None, "avazu", "criteo", "events", "movielens", "obd", "taobao"]
     assert daily["source"]["enum"] == [None, "click_log", "events"]
-    assert "configured value (3)" in daily["epochs"]["description"]
+    assert "configured value (20)" in daily["epochs"]["description"]
     assert daily["config"]["type"] == "object"
     incremental = parsed["dags"]["ctr_incremental"]["schemas"]
     assert incremental["catch_up"]["enum"] == [None, "in_order", "latest_only"]
@@ -124,7 +126,8 @@ def test_trigger_form_has_typed_fields(parsed):
 def test_spark_and_training_run_in_shared_pools_minute_tasks_first(parsed):
     daily, minute = parsed["dags"]["ctr_daily"], parsed["dags"]["ctr_incremental"]
     assert {t: p for t, p in daily["pools"].items() if p != "default_pool"} == {
-        "join": "ctr_spark", "features": "ctr_spark", "samples": "ctr_spark", "train": "ctr_training"}
+        "join": "ctr_spark", "features": "ctr_spark", "samples": "ctr_spark", "baseline": "ctr_spark",
+        "train": "ctr_training"}
     assert {t: p for t, p in minute["pools"].items() if p != "default_pool"} == {
         "samples": "ctr_spark", "train": "ctr_training"}
     assert min(minute["priority"].values()) > max(daily["priority"].values())
