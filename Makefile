@@ -10,7 +10,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability clean
+	bench-naive bench-gpu bench-scale bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -107,6 +107,10 @@ bench-freshness:
 # BENCH_GPU_ARGS=--data-only: only the TensorFlow-free write + read path.
 bench-gpu:
 	@$(WITH_ENV); KERAS_BACKEND=jax $(BENCH) bench/bench_gpu.py $(BENCH_GPU_ARGS)
+
+# The pipeline's JAX train step (train.backend=jax) on the criteo spec's DCNv2-small, from block TFRecords.
+bench-scale:
+	@$(WITH_ENV); KERAS_BACKEND=jax $(BENCH) bench/bench_scale.py $(BENCH_SCALE_ARGS)
 
 # Every model of the zoo trained, scored and reloaded on the JAX backend (a GPU host without TensorFlow).
 bench-zoo-jax:

@@ -138,6 +138,12 @@ def read_delta(directory: Path, weight_specs: Sequence[Mapping[str, Any]] | None
     return manifest, arrays
 
 
+def weight_specs(model: Any) -> list[dict[str, Any]]:
+    """A Keras model's weights in the order deltas number them: path, shape and dtype of each (no TensorFlow
+    needed: the JAX train step writes them too)."""
+    return [{"path": v.path, "shape": [int(d) for d in v.shape], "dtype": str(v.dtype)} for v in model.weights]
+
+
 def save_weights(directory: Path, weights: Sequence[np.ndarray]) -> str:
     """Writes the weights as WEIGHTS_FILE into `directory` (a checkpoint being written); returns its name."""
     with open(Path(directory) / WEIGHTS_FILE, "wb") as handle:

@@ -1,10 +1,12 @@
-"""Block TFRecords (components.schema) read with numpy only: no TensorFlow, for JAX hosts.
+"""Block TFRecords (components.block_codec) read with numpy only: no TensorFlow, for JAX hosts.
 
-Gives the arrays `trainer.input.block_dataset(..., shuffle=False)` gives, batch for batch: dense float32
-[B, DENSE_INPUT_DIM], categorical int64 [B, NUM_CATEGORICAL], label float32 [B].
+Gives the arrays `trainer.input.block_dataset(..., shuffle=False, inputs=...)` gives, batch for batch, for the
+inputs of any feature spec (trainer.model_inputs.ModelInputs; the criteo spec's by default): dense float32
+[B, dense_dim], categorical int64 [B, F], and one int64 [B, max_length] per multi-valued or sequence feature,
+with label float32 [B].
 
 The framing is checked record by record (masked crc32c, google_crc32c). Each record is a tf.Example decoded by
-a small protobuf walker that reads the four block features in any order, packed or not, so blocks written by
+a small protobuf walker that reads the block's features in any order, packed or not, so blocks written by
 components.block_codec, tf.train.Example or tfx-bsl all decode; values are decoded with vectorized numpy
 (packed floats are one `frombuffer`, packed varints one pass over the bytes).
 """
@@ -25,9 +27,8 @@ from components.block_codec import (
     BLOCK_NUM_ROWS_KEY,
     masked_crc,
 )
-from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL
 from trainer.arguments import require_integer
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
+from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
 
 _HEADER_BYTES = 12  # uint64 length + uint32 masked crc of the length
 _FOOTER_BYTES = 4  # uint32 masked crc of the data
@@ -36,12 +37,6 @@ _FOOTER_BYTES = 4  # uint32 masked crc of the data
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 # tf.train.Feature's oneof: bytes_list = 1, float_list = 2, int64_list = 3.
 _FLOAT_LIST, _INT64_LIST = 2, 3
-_BLOCK_KEYS = {
-    BLOCK_NUM_ROWS_KEY.encode(): _INT64_LIST,
-    BLOCK_LABEL_KEY.encode(): _FLOAT_LIST,
-    BLOCK_DENSE_KEY.encode(): _FLOAT_LIST,
-    BLOCK_CATEGORICAL_KEY.encode(): _INT64_LIST,
-}
 
 Batch = tuple[dict[str, np.ndarray], np.ndarray]
 
@@ -53,11 +48,31 @@ class BlockFormatError(ValueError):
 @dataclass(frozen=True)
 class Block:
     labels: np.ndarray  # float32 [n]
-    dense: np.ndarray  # float32 [n, DENSE_INPUT_DIM]
-    categorical: np.ndarray  # int64 [n, NUM_CATEGORICAL]
+    # Per model input (block key): dense float32 [n, dense_dim], categorical int64 [n, F], each list feature
+    # int64 [n, max_length].
+    columns: dict[str, np.ndarray]
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def dense(self) -> np.ndarray:
+        return self.columns[DENSE_INPUT]
+
+    @property
+    def categorical(self) -> np.ndarray:
+        return self.columns[CATEGORICAL_INPUT]
+
+
+def block_widths(inputs: ModelInputs) -> dict[str, int]:
+    """Values per row of each packed key of a block, by model input: what trainer.input's parser reads."""
+    return {BLOCK_DENSE_KEY: inputs.dense_dim, BLOCK_CATEGORICAL_KEY: len(inputs.feature_tables),
+            **{item.key: item.length for item in inputs.lists}}
+
+
+def _block_kinds(inputs: ModelInputs) -> dict[bytes, int]:
+    return {BLOCK_NUM_ROWS_KEY.encode(): _INT64_LIST, BLOCK_LABEL_KEY.encode(): _FLOAT_LIST,
+            **{key.encode(): _FLOAT_LIST if key == BLOCK_DENSE_KEY else _INT64_LIST for key in block_widths(inputs)}}
 
 
 def read_records(path: str | Path, verify: bool = True) -> Iterator[memoryview]:
@@ -90,51 +105,52 @@ def read_records(path: str | Path, verify: bool = True) -> Iterator[memoryview]:
         offset = end
 
 
-def decode_block(record: bytes | memoryview) -> Block:
-    """One serialized block tf.Example -> its rows. Raises BlockFormatError when a feature is missing, has
-    the wrong type, or does not hold num_rows rows."""
+def decode_block(record: bytes | memoryview, inputs: ModelInputs = CRITEO_INPUTS) -> Block:
+    """One serialized block tf.Example -> its rows, with the columns `inputs` names. Raises BlockFormatError
+    when a feature is missing, has the wrong type, or does not hold num_rows rows."""
     view = memoryview(record)
+    kinds = _block_kinds(inputs)
     found: dict[bytes, np.ndarray] = {}
     for number, wire_type, start, end in _fields(view, 0, len(view)):
         if number != 1 or wire_type != _LENGTH_DELIMITED:  # Example.features
             continue
         for entry_number, entry_type, entry_start, entry_end in _fields(view, start, end):
             if entry_number == 1 and entry_type == _LENGTH_DELIMITED:  # Features.feature map entry
-                key, values = _map_entry(view, entry_start, entry_end)
+                key, values = _map_entry(view, entry_start, entry_end, kinds)
                 if key is not None:
                     found[key] = values
-    missing = [key.decode() for key in _BLOCK_KEYS if key not in found]
+    missing = [key.decode() for key in kinds if key not in found]
     if missing:
         raise BlockFormatError(
-            f"block Example has no {missing} feature (found {sorted(k.decode() for k in found)}); block files "
-            "hold num_rows, label, dense and categorical: write them with components.block_codec.encode_blocks"
+            f"block Example has no {missing} feature (found {sorted(k.decode() for k in found)}); the feature "
+            f"spec's block files hold {sorted(k.decode() for k in kinds)}: read them with the spec they were "
+            "written under, or write them with components.block_codec.encode_blocks"
         )
     num_rows_values = found[BLOCK_NUM_ROWS_KEY.encode()]
     if len(num_rows_values) != 1 or num_rows_values[0] < 0:
         raise BlockFormatError(f"block num_rows must be one value >= 0, got {num_rows_values.tolist()}")
     num_rows = int(num_rows_values[0])
     labels = found[BLOCK_LABEL_KEY.encode()]
-    dense = found[BLOCK_DENSE_KEY.encode()]
-    categorical = found[BLOCK_CATEGORICAL_KEY.encode()]
-    for name, values, width in (
-        (BLOCK_LABEL_KEY, labels, 1),
-        (BLOCK_DENSE_KEY, dense, DENSE_INPUT_DIM),
-        (BLOCK_CATEGORICAL_KEY, categorical, NUM_CATEGORICAL),
-    ):
+    columns = {}
+    for name, values, width in ((BLOCK_LABEL_KEY, labels, 1),
+                                *((key, found[key.encode()], width) for key, width in block_widths(inputs).items())):
         if len(values) != num_rows * width:
             raise BlockFormatError(
                 f"block feature {name!r} holds {len(values)} values, expected num_rows x {width} = "
-                f"{num_rows * width}; the block is corrupt or was written for another schema"
+                f"{num_rows * width}; the block is corrupt or was written for another feature spec"
             )
-    return Block(labels, dense.reshape(num_rows, DENSE_INPUT_DIM), categorical.reshape(num_rows, NUM_CATEGORICAL))
+        if name != BLOCK_LABEL_KEY:
+            columns[name] = values.reshape(num_rows, width)
+    return Block(labels, columns)
 
 
-def iter_blocks(files: Iterable[str | Path], verify: bool = True) -> Iterator[Block]:
+def iter_blocks(files: Iterable[str | Path], verify: bool = True,
+                inputs: ModelInputs = CRITEO_INPUTS) -> Iterator[Block]:
     """Every block of `files`, in file order and record order."""
     for path in files:
         for index, record in enumerate(read_records(path, verify)):
             try:
-                yield decode_block(record)
+                yield decode_block(record, inputs)
             except BlockFormatError as err:
                 raise BlockFormatError(f"{path}: record {index}: {err}") from None
 
@@ -147,9 +163,11 @@ def block_batches(
     shuffle_buffer_blocks: int = 64,
     drop_remainder: bool = False,
     verify: bool = True,
+    inputs: ModelInputs = CRITEO_INPUTS,
 ) -> Iterator[Batch]:
-    """Batches of ({"dense": float32 [B, 26], "categorical": int64 [B, 26]}, label float32 [B]): blocks
-    re-cut to `batch_size` rows, the last batch short unless `drop_remainder`.
+    """Batches of ({"dense": float32 [B, dense_dim], "categorical": int64 [B, F], one int64 [B, max_length]
+    per list feature}, label float32 [B]) as `inputs` (the feature spec's, trainer.model_inputs) describes
+    them: blocks re-cut to `batch_size` rows, the last batch short unless `drop_remainder`.
 
     shuffle=False: files in the given order, rows in file order (batch for batch what block_dataset gives).
     shuffle=True: file order and block order (in a buffer of `shuffle_buffer_blocks`) are shuffled, with
@@ -159,11 +177,11 @@ def block_batches(
         raise ValueError("block_batches needs at least one file; received an empty list")
     require_integer("batch_size", batch_size)
     require_integer("shuffle_buffer_blocks", shuffle_buffer_blocks)
-    blocks = iter_blocks(files, verify)
+    blocks = iter_blocks(files, verify, inputs)
     if shuffle:
         rng = np.random.default_rng(seed)
         order = rng.permutation(len(files))
-        blocks = _shuffled(iter_blocks([files[i] for i in order], verify), shuffle_buffer_blocks, rng)
+        blocks = _shuffled(iter_blocks([files[i] for i in order], verify, inputs), shuffle_buffer_blocks, rng)
     return _rebatched(blocks, batch_size, drop_remainder)
 
 
@@ -177,26 +195,24 @@ def _rebatched(blocks: Iterator[Block], batch_size: int, drop_remainder: bool) -
         num_pending += len(block)
         if num_pending < batch_size:
             continue
-        labels, dense, categorical = _concatenate(pending)
+        joined = _concatenate(pending)
         num_full = num_pending // batch_size * batch_size
         for start in range(0, num_full, batch_size):
             stop = start + batch_size
-            yield {DENSE_INPUT: dense[start:stop], CATEGORICAL_INPUT: categorical[start:stop]}, labels[start:stop]
-        pending = [Block(labels[num_full:], dense[num_full:], categorical[num_full:])] if num_full < num_pending else []
+            yield {name: values[start:stop] for name, values in joined.columns.items()}, joined.labels[start:stop]
+        pending = [Block(joined.labels[num_full:], {name: values[num_full:] for name, values in joined.columns.items()})
+                   ] if num_full < num_pending else []
         num_pending -= num_full
     if num_pending and not drop_remainder:
-        labels, dense, categorical = _concatenate(pending)
-        yield {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical}, labels
+        joined = _concatenate(pending)
+        yield joined.columns, joined.labels
 
 
-def _concatenate(blocks: list[Block]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _concatenate(blocks: list[Block]) -> Block:
     if len(blocks) == 1:
-        return blocks[0].labels, blocks[0].dense, blocks[0].categorical
-    return (
-        np.concatenate([b.labels for b in blocks]),
-        np.concatenate([b.dense for b in blocks]),
-        np.concatenate([b.categorical for b in blocks]),
-    )
+        return blocks[0]
+    return Block(np.concatenate([b.labels for b in blocks]),
+                 {name: np.concatenate([b.columns[name] for b in blocks]) for name in blocks[0].columns})
 
 
 def _shuffled(blocks: Iterator[Block], buffer_size: int, rng: np.random.Generator) -> Iterator[Block]:
@@ -246,8 +262,9 @@ def _fields(view: memoryview, pos: int, end: int) -> Iterator[tuple[int, int, in
         yield number, wire_type, start, pos
 
 
-def _map_entry(view: memoryview, pos: int, end: int) -> tuple[bytes | None, np.ndarray]:
-    """One Features.feature entry -> (key, values), or (None, _) for a key the block layout does not use."""
+def _map_entry(view: memoryview, pos: int, end: int, kinds: dict[bytes, int]) -> tuple[bytes | None, np.ndarray]:
+    """One Features.feature entry -> (key, values), or (None, _) for a key `kinds` (the spec's block keys and
+    their list type) does not name."""
     key: bytes | None = None
     feature: tuple[int, int] | None = None
     for number, wire_type, start, stop in _fields(view, pos, end):
@@ -255,9 +272,9 @@ def _map_entry(view: memoryview, pos: int, end: int) -> tuple[bytes | None, np.n
             key = bytes(view[start:stop])
         elif number == 2 and wire_type == _LENGTH_DELIMITED:
             feature = (start, stop)
-    if key not in _BLOCK_KEYS:
+    if key not in kinds:
         return None, np.empty(0)
-    expected = _BLOCK_KEYS[key]
+    expected = kinds[key]
     kind = None
     values = np.empty(0, dtype=np.float32 if expected == _FLOAT_LIST else np.int64)
     for number, wire_type, start, stop in _fields(view, *feature) if feature else ():

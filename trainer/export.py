@@ -34,6 +34,7 @@ import trainer.metrics  # noqa: F401
 import trainer.models  # noqa: F401
 import trainer.optimizers  # noqa: F401
 from components.delta import KEY_SEPARATOR, rows_name, values_name
+from components.delta import weight_specs as weight_specs  # noqa: F401 - callers import it from here
 from components.feature_spec import BUCKET_DERIVATION, MISSING_ROW, RARE_ROW, FeatureSpec, derive_time, load_spec
 from components.feature_state import FeatureState, check_state_matches
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
@@ -207,11 +208,6 @@ class RawFeaturePreprocessor(tf.Module):
         keys = tf.strings.join([table + KEY_SEPARATOR, values])
         rows = tf.reshape(self.table.lookup(keys), tf.shape(values))
         return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
-
-
-def weight_specs(model: keras.Model) -> list[dict[str, Any]]:
-    """The model's weights in the order deltas number them: path, shape and dtype of each."""
-    return [{"path": v.path, "shape": [int(d) for d in v.shape], "dtype": str(v.dtype)} for v in model.weights]
 
 
 def delta_input_signature(model: keras.Model) -> dict[str, tf.TensorSpec]:

@@ -25,15 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL
 from trainer.arguments import require_integer
-from trainer.block_reader import Batch, block_batches
-from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
+from trainer.block_reader import Batch, block_batches, block_widths
+from trainer.model_inputs import CRITEO_INPUTS, DENSE_INPUT, ModelInputs
 
 # Row ids are below 2**31 in every table here; int32 halves the bytes copied to the device.
 CATEGORICAL_DTYPE = np.int32
-_ROW_BYTES = 4 * (DENSE_INPUT_DIM + NUM_CATEGORICAL + 1)
 _DONE = -1
+
+
+def _row_bytes(inputs: ModelInputs) -> int:
+    """Bytes of one row in a slot: every column 4 bytes a value (float32 dense and label, int32 row ids)."""
+    return 4 * (sum(block_widths(inputs).values()) + 1)
 
 
 def parallel_block_batches(
@@ -45,9 +48,11 @@ def parallel_block_batches(
     seed: int = 0,
     shuffle_buffer_blocks: int = 64,
     slots_per_worker: int = 3,
+    inputs: ModelInputs = CRITEO_INPUTS,
 ) -> Iterator[Any]:
-    """Full batches of `batch_size` rows from `files` ({"dense": float32 [B, DENSE_INPUT_DIM], "categorical":
-    int32 [B, NUM_CATEGORICAL]}, label float32 [B]), passed through `to_device` before their slot is reused.
+    """Full batches of `batch_size` rows from `files` ({"dense": float32 [B, dense_dim], "categorical": int32
+    [B, F], one int32 [B, max_length] per list feature}, label float32 [B], as `inputs`, the feature spec's
+    model inputs, describes them), passed through `to_device` before their slot is reused.
 
     `to_device` must return data that no longer reads the arrays it is given (a device copy that has
     completed, or a host copy); by default the batch is copied into new numpy arrays. Worker w reads
@@ -64,7 +69,7 @@ def parallel_block_batches(
     transfer = to_device or _copied
     context = multiprocessing.get_context("spawn")
     num_slots = num_workers * slots_per_worker
-    memory = shared_memory.SharedMemory(create=True, size=num_slots * batch_size * _ROW_BYTES)
+    memory = shared_memory.SharedMemory(create=True, size=num_slots * batch_size * _row_bytes(inputs))
     free: Any = context.Queue()
     ready: Any = context.Queue()
     for slot in range(num_slots):
@@ -73,7 +78,7 @@ def parallel_block_batches(
         context.Process(
             target=_work,
             args=(memory.name, [str(f) for f in files[w::num_workers]], batch_size, shuffle, seed + w,
-                  shuffle_buffer_blocks, free, ready),
+                  shuffle_buffer_blocks, free, ready, inputs),
             daemon=True,
         )
         for w in range(num_workers)
@@ -89,7 +94,7 @@ def parallel_block_batches(
                     raise RuntimeError(f"a block reader worker failed: {error}")
                 remaining -= 1
                 continue
-            batch = transfer(_views(memory.buf, slot, batch_size))
+            batch = transfer(_views(memory.buf, slot, batch_size, inputs))
             free.put(slot)
             yield batch
     finally:
@@ -117,14 +122,15 @@ def _next_ready(ready: Any, workers: list) -> tuple[int, str | None]:
                 ) from None
 
 
-def _views(buffer: Any, slot: int, batch_size: int) -> Batch:
-    offset = slot * batch_size * _ROW_BYTES
-    dense = np.ndarray((batch_size, DENSE_INPUT_DIM), np.float32, buffer, offset)
-    offset += dense.nbytes
-    categorical = np.ndarray((batch_size, NUM_CATEGORICAL), CATEGORICAL_DTYPE, buffer, offset)
-    offset += categorical.nbytes
+def _views(buffer: Any, slot: int, batch_size: int, inputs: ModelInputs) -> Batch:
+    offset = slot * batch_size * _row_bytes(inputs)
+    features = {}
+    for name, width in block_widths(inputs).items():
+        features[name] = np.ndarray((batch_size, width), np.float32 if name == DENSE_INPUT else CATEGORICAL_DTYPE,
+                                    buffer, offset)
+        offset += features[name].nbytes
     labels = np.ndarray((batch_size,), np.float32, buffer, offset)
-    return {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical}, labels
+    return features, labels
 
 
 def _copied(batch: Batch) -> Batch:
@@ -133,16 +139,17 @@ def _copied(batch: Batch) -> Batch:
 
 
 def _work(memory_name: str, files: list[str], batch_size: int, shuffle: bool, seed: int,
-          shuffle_buffer_blocks: int, free: Any, ready: Any) -> None:
+          shuffle_buffer_blocks: int, free: Any, ready: Any, inputs: ModelInputs) -> None:
     memory = shared_memory.SharedMemory(name=memory_name)
     error = None
     try:
         for features, labels in block_batches(files, batch_size, shuffle=shuffle, seed=seed,
-                                              shuffle_buffer_blocks=shuffle_buffer_blocks, drop_remainder=True):
+                                              shuffle_buffer_blocks=shuffle_buffer_blocks, drop_remainder=True,
+                                              inputs=inputs):
             slot = free.get()
-            out_features, out_labels = _views(memory.buf, slot, batch_size)
-            out_features[DENSE_INPUT][:] = features[DENSE_INPUT]
-            out_features[CATEGORICAL_INPUT][:] = features[CATEGORICAL_INPUT]
+            out_features, out_labels = _views(memory.buf, slot, batch_size, inputs)
+            for name, values in out_features.items():
+                values[:] = features[name]
             out_labels[:] = labels
             del out_features, out_labels  # no view may outlive the mapping
             ready.put((slot, None))

@@ -83,8 +83,11 @@ def _criteo_with_buckets(directory: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets"])
+# "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
+# and serving stay on TensorFlow and must serve what the JAX model predicted.
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "taobao/jax"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset):
+    preset, _, backend = preset.partition("/")
     layout_name = "criteo" if preset == "criteo_buckets" else preset
     sample = DATA / SAMPLES[layout_name]
     if not sample.is_file():
@@ -95,7 +98,7 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
                  "features.block_rows": 16, "features.num_shards": 1, "train.epochs": 1, "train.batch_size": 16,
                  "train.mlp_units": [16], "train.embedding_dim": 4, "train.checkpoint_every_steps": 1000,
                  "gate.min_auc": 0.0, "gate.max_logloss": 100.0, "gate.max_calibration_error": 100.0,
-                 "tracking.strict": True}
+                 "tracking.strict": True, "train.backend": backend or "tensorflow"}
     config = load_config(overrides=overrides, environ={})
     spec = config.feature_spec
     layout = RunContext(config, Interval.minute("2026-01-01T00:00"), "daily", "x").layout
@@ -133,6 +136,9 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
     np.testing.assert_allclose(np.sort(served), np.sort(trained), rtol=1e-5, atol=1e-6)
     assert len(np.unique(np.round(served, 6))) > 1  # the rows' features reach the model
 
+    checkpoint = json.loads((ctx.layout.checkpoint_dir(ctx.interval) / "manifest.json").read_text())
+    assert checkpoint["speed_flags"].get("backend", "tensorflow") == (backend or "tensorflow")
+    assert checkpoint.get("tensorflow_imported", False) is False
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
     if preset == "criteo_buckets":

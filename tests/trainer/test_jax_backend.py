@@ -1,6 +1,6 @@
 """The model code runs on the JAX backend too (GPU hosts whose images carry JAX but not TensorFlow).
 
-Skipped where JAX is not installed; the project environment has none, a JAX host's has."""
+Skipped only where JAX is not installed: requirements.lock pins it, so `make test` runs them."""
 
 import importlib.util
 import os

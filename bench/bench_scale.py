@@ -1,0 +1,206 @@
+"""The pipeline's own JAX train step (trainer.jax_train.train_model_jax, what `train.backend: jax` runs) on the
+criteo spec's DCNv2-small, from block TFRecords. Writes bench/results/scale.json (scale_small.json with
+--small; BENCH_RESULTS names another folder).
+
+    make bench-scale                                  # KERAS_BACKEND=jax; on a GPU host for absolute speeds
+    make bench-scale BENCH_SCALE_ARGS=--small         # tiny sizes: checks that it runs
+
+Per run (`runs`, one per device count; only 1 device until the train step shards):
+- end_to_end_ex_per_s: train_model_jax over `--passes` epochs of the block files (reader worker processes,
+  trainer.parallel_reader, copying each batch to the device): its TrainResult.examples_per_second, which leaves
+  out the first step (compilation), the held-out scoring after each epoch, and each epoch's reader start (the
+  workers are started anew every epoch, and Keras peeks the generator's first batch before the epoch's clock
+  starts); end_to_end_wall_s is the whole call (compilation, worker starts, scoring and the checkpoint's
+  write included) and end_to_end_wall_ex_per_s the rows over it.
+- steps_only_ex_per_s: the same compiled model (the TrainResult's) fitted on a few batches already in device
+  memory, cycled: the step's own ceiling.
+- reader_rows_per_s: the reader workers alone over the same passes, decoding into shared memory without a
+  device copy, from the first pass's first batch on (the later passes' worker starts are inside it, unlike
+  end_to_end_ex_per_s); reader_rows_per_s_with_start: with the first start too.
+
+The files are written here without TensorFlow (components.block_codec), with the criteo spec's widths and
+random ids; speed is all that is measured. This process blocks TensorFlow's import, as on a host without it.
+Absolute speeds mean something only on a GPU; on a CPU this checks that the bench runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.modules.setdefault("tensorflow", None)  # type: ignore[arg-type]  # a JAX host: see the docstring
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from components.block_codec import encode_blocks, frame_records  # noqa: E402
+from components.feature_spec import NUM_RESERVED_ROWS, load_spec  # noqa: E402
+from trainer.model_inputs import ModelInputs, model_inputs  # noqa: E402
+
+SPEC = "criteo"
+BLOCK_ROWS = 1024
+FULL = {"batch_size": 65_536, "train_batches": 128, "files": 32, "num_values": 100_000, "steps": 200}
+SMALL = {"batch_size": 512, "train_batches": 16, "files": 4, "num_values": 1_000, "steps": 10}
+MODEL = "DCNv2-small: criteo spec (26 tables, dim 16), 3 full-rank cross layers, MLP 512-256-128"
+
+
+def write_file(path: str, num_rows: int, num_values: int, seed: int, inputs: ModelInputs) -> int:
+    """Random rows with a weak planted signal as one block TFRecord file of the spec's layout."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((num_rows, inputs.dense_dim)).astype(np.float32)
+    categorical = rng.integers(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + num_values,
+                               (num_rows, len(inputs.feature_tables)))
+    lists = {item.key: rng.integers(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + num_values, (num_rows, item.length))
+             for item in inputs.lists}
+    labels = (rng.random(num_rows) < 1 / (1 + np.exp(1.5 - dense[:, 0]))).astype(np.float32)
+    Path(path).write_bytes(frame_records(encode_blocks(labels, dense, categorical, BLOCK_ROWS, lists)))
+    return num_rows
+
+
+def write_files(directory: Path, num_rows: int, num_values: int, num_files: int, inputs: ModelInputs) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, num_rows, num_files + 1).astype(int)
+    paths = [str(directory / f"part-{index:05d}.tfrecord") for index in range(num_files)]
+    sizes = [int(stop - start) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+    # spawn: this process runs JAX, whose threads a fork would copy mid-flight.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(num_files, os.cpu_count() or 1), mp_context=spawn) as pool:
+        list(pool.map(write_file, paths, sizes, [num_values] * num_files, range(num_files),
+                      [inputs] * num_files))
+    return paths
+
+
+def reader_rows_per_second(files: list[str], batch_size: int, workers: int, inputs: ModelInputs,
+                           passes: int) -> tuple[float, float]:
+    """(rows/s from the first batch on, rows/s with the workers' start) of the reader workers alone over
+    `passes` passes, decoding into shared memory without a device copy. The first figure is the one to set
+    beside end_to_end_ex_per_s, which also leaves the start out."""
+    from trainer.parallel_reader import parallel_block_batches
+
+    started = time.perf_counter()
+    first: tuple[float, int] | None = None
+    num_rows = 0
+    for index in range(passes):
+        for labels in parallel_block_batches(files, batch_size, workers, lambda b: b[1], seed=index, inputs=inputs):
+            num_rows += len(labels)
+            if first is None:
+                first = (time.perf_counter(), num_rows)
+    ended = time.perf_counter()
+    assert first is not None
+    return (num_rows - first[1]) / (ended - first[0]), num_rows / (ended - started)
+
+
+def device_description() -> str:
+    import jax
+
+    device = jax.devices()[0]
+    return f"{device.platform}: {getattr(device, 'device_kind', device)} x {jax.device_count()}"
+
+
+def one_device_run(train_files: list[str], eval_files: list[str], num_rows: int, sizes: dict, args: Any,
+                   scratch: Path) -> dict[str, Any]:
+    import keras
+
+    from components.config import TrainConfig
+    from trainer.jax_train import device_put_batch, train_model_jax
+    from trainer.parallel_reader import parallel_block_batches
+
+    spec = load_spec(SPEC)
+    inputs = model_inputs(spec)
+    config = TrainConfig(
+        backend="jax", embedding_dim=16, num_cross_layers=3, mlp_units=(512, 256, 128), cross_projection_dim=0,
+        batch_size=args.batch_size, epochs=args.passes, early_stopping_patience=0, calibrate=False,
+        mixed_precision=args.mixed_precision, jit_compile=True, checkpoint_every_steps=1 << 30,
+    )
+    table_sizes = {name: sizes["num_values"] + NUM_RESERVED_ROWS for name in inputs.tables}
+    started = time.perf_counter()
+    result = train_model_jax(config, table_sizes, train_files, eval_files, scratch / "checkpoint", spec=spec,
+                             num_rows=num_rows, reader_workers=args.reader_workers,
+                             steps_per_execution=args.steps_per_execution)
+    wall = time.perf_counter() - started
+    model = result.model
+
+    # Steps only: a few batches placed in device memory once, then trained on in turn by the same model.
+    batches = parallel_block_batches(train_files, result.speed_flags["micro_batch_size"], 1, device_put_batch,
+                                     inputs=inputs)
+    resident = list(itertools.islice(batches, 4))
+    batches.close()
+    cycled = itertools.cycle(resident)
+
+    def fit(steps: int) -> float:
+        begun = time.perf_counter()
+        model.fit((batch for batch in cycled), steps_per_epoch=steps, epochs=1, verbose=0)
+        keras.ops.convert_to_numpy(model.trainable_variables[-1])  # waits for the last step
+        return time.perf_counter() - begun
+
+    fit(2 * args.steps_per_execution)  # a new fit traces once more
+    steps = max(sizes["steps"] // args.steps_per_execution, 1) * args.steps_per_execution
+    steps_only = steps * result.speed_flags["micro_batch_size"] / fit(steps)
+    return {"devices": 1, "steps_only_ex_per_s": steps_only, "end_to_end_ex_per_s": result.examples_per_second,
+            "end_to_end_wall_s": wall, "end_to_end_rows": result.num_train_examples * args.passes,
+            "end_to_end_wall_ex_per_s": result.num_train_examples * args.passes / wall,
+            "speed_flags": result.speed_flags}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="tiny sizes, to check the bench runs on a CPU")
+    parser.add_argument("--batch-size", type=int, help="rows per step (default 65536; 512 with --small)")
+    parser.add_argument("--train-batches", type=int, help="rows written = batch size x this (default 128)")
+    parser.add_argument("--reader-workers", type=int, default=min(12, os.cpu_count() or 1))
+    parser.add_argument("--steps-per-execution", type=int, default=8)
+    parser.add_argument("--passes", type=int, default=2, help="epochs over the files end to end")
+    parser.add_argument("--no-mixed-precision", dest="mixed_precision", action="store_false")
+    args = parser.parse_args()
+    import keras
+
+    if keras.backend.backend() != "jax":
+        sys.exit(f"bench_scale measures the JAX train step: run it with KERAS_BACKEND=jax (make bench-scale sets "
+                 f"it); this process has {keras.backend.backend()!r}")
+    sizes = dict(SMALL if args.small else FULL)
+    args.batch_size = args.batch_size or sizes["batch_size"]
+    sizes["train_batches"] = args.train_batches or sizes["train_batches"]
+    num_rows = args.batch_size * sizes["train_batches"]
+    inputs = model_inputs(load_spec(SPEC))
+    # bench/gpu_bench_scale.sh names itself (a GPU host has no make target's environment).
+    command = os.environ.get("BENCH_COMMAND") or (
+        "make bench-scale" + (f" BENCH_SCALE_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else ""))
+    result: dict[str, Any] = {
+        "command": command, "device": device_description(), "model": MODEL, "spec": SPEC, "rows": num_rows,
+        "files": sizes["files"], "values_per_feature": sizes["num_values"], "batch_size": args.batch_size,
+        "passes": args.passes, "reader_workers": args.reader_workers, "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0], "machine": platform.machine(),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        started = time.perf_counter()
+        train_files = write_files(Path(tmp) / "train", num_rows, sizes["num_values"], sizes["files"], inputs)
+        eval_files = write_files(Path(tmp) / "eval", 4 * BLOCK_ROWS, sizes["num_values"], 1, inputs)
+        result["write_rows_per_s"] = num_rows / (time.perf_counter() - started)
+        reader, reader_with_start = reader_rows_per_second(train_files, args.batch_size, args.reader_workers,
+                                                           inputs, args.passes)
+        run = one_device_run(train_files, eval_files, num_rows, sizes, args, Path(tmp))
+        result["runs"] = [{**run, "reader_rows_per_s": reader, "reader_rows_per_s_with_start": reader_with_start}]
+    result["not_run"] = ("2 and 4 devices: the JAX train step does not shard yet (keras.distribution is the next "
+                         "part of issue 48)")
+    result["tensorflow_imported"] = any(module is not None and (name == "tensorflow" or name.startswith("tensorflow."))
+                                        for name, module in list(sys.modules.items()))
+    name = "scale_small.json" if args.small else "scale.json"
+    out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).parent / "results")) / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""The train step on the JAX backend (`train.backend: jax`): what a GPU host whose image carries JAX and not
+TensorFlow runs.
+
+Keras' backend is chosen once per process and the pipeline's process imports TensorFlow, so the pipeline calls
+`train_in_jax_process`, which runs `train_model_jax` in a child process with KERAS_BACKEND=jax and gives back
+the `TrainResult` `trainer.train.train_model` would. The child imports no TensorFlow: it reads the block
+TFRecords with the numpy reader (trainer.parallel_reader's worker processes, trainer.block_reader), trains the
+model of trainer.models with the optimizer, metrics, early stopping, progress saves and calibration of
+trainer.train, and writes the same checkpoint (model.keras, the weights file deltas start from, the manifest
+last). The export step loads that model.keras on TensorFlow and writes the usual SavedModel.
+
+What differs from the TensorFlow step:
+- Embedding gradients are dense under JAX, so each step reads and writes every row of the tables' Adagrad
+  accumulators; rows a step did not touch keep their exact values (their gradient is zero), so deltas stay
+  row-sparse.
+- With several reader workers the batches of an epoch come in the order the workers finish them: a resumed run
+  skips as many batches as were applied, not the same ones. Each worker drops its last partial batch.
+- XLA is always on: without it every op is dispatched from Python.
+
+    python -m trainer.jax_train REQUEST RESULT_DIR     # the child; REQUEST is a pickled JaxTrainRequest
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.block_codec import BLOCK_LAYOUT
+from components.config import TrainConfig
+from components.feature_spec import FeatureSpec
+
+logger = logging.getLogger(__name__)
+
+# Reader worker processes by default: enough to keep a GPU fed (bench/results/gpu.json), never more than files.
+DEFAULT_READER_WORKERS = 8
+RESULT_FILE = "result.json"
+EVAL_FILE = "eval.npz"
+_STEP_MARK = "ctr-jax-train-step "
+
+
+@dataclass(frozen=True)
+class JaxTrainRequest:
+    """`train_model`'s arguments, for the child process."""
+
+    config: TrainConfig
+    table_sizes: dict[str, int]
+    train_files: list[str]
+    eval_files: list[str]
+    checkpoint_dir: str
+    version: str | None
+    warm_start: Any  # trainer.train.WarmStart | None
+    layout: str
+    num_rows: int | None
+    spec: FeatureSpec | None
+    log_every_steps: int | None  # None: no StepMetricsLogger was passed
+
+
+def train_in_jax_process(
+    config: TrainConfig,
+    table_sizes: Mapping[str, int],
+    train_files: Sequence[str],
+    eval_files: Sequence[str],
+    checkpoint_dir: Path,
+    callbacks: Sequence[Any] = (),
+    *,
+    version: str | None = None,
+    warm_start: Any = None,
+    layout: str = BLOCK_LAYOUT,
+    num_rows: int | None = None,
+    spec: FeatureSpec | None = None,
+) -> Any:
+    """`trainer.train.train_model`, run by `train_model_jax` in a child process with KERAS_BACKEND=jax; the
+    returned TrainResult's model is the checkpoint loaded in this process. `callbacks` may only be
+    StepMetricsLogger instances (the child cannot call into this process): they receive the child's step and
+    epoch metrics as they come."""
+    from trainer.train import StepMetricsLogger, TrainResult, load_checkpoint
+
+    others = [c for c in callbacks if not isinstance(c, StepMetricsLogger)]
+    if others:
+        raise ValueError(f"train.backend=jax trains in a child process and takes StepMetricsLogger callbacks only; "
+                         f"received {[type(c).__name__ for c in others]}")
+    loggers = list(callbacks)
+    every = min((c.every_n_steps for c in loggers), default=None)
+    request = JaxTrainRequest(
+        config=config, table_sizes=dict(table_sizes), train_files=[str(f) for f in train_files],
+        eval_files=[str(f) for f in eval_files], checkpoint_dir=str(checkpoint_dir), version=version,
+        warm_start=warm_start, layout=layout, num_rows=num_rows, spec=spec, log_every_steps=every,
+    )
+    with tempfile.TemporaryDirectory(prefix="ctr-jax-train-") as scratch:
+        request_file = Path(scratch) / "request.pkl"
+        request_file.write_bytes(pickle.dumps(request))
+        stderr_file = Path(scratch) / "stderr.log"
+        env = {**os.environ, "KERAS_BACKEND": "jax"}
+        with open(stderr_file, "w+") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "trainer.jax_train", str(request_file), scratch],
+                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+            )
+            assert child.stdout is not None
+            for line in child.stdout:
+                if not line.startswith(_STEP_MARK):
+                    continue
+                message = json.loads(line[len(_STEP_MARK):])
+                for callback in loggers:
+                    if message["epoch_end"] or message["step"] % callback.every_n_steps == 0:
+                        callback.step = message["step"]
+                        callback.log_fn(message["metrics"], message["step"])
+            code = child.wait()
+            stderr.seek(0)
+            log = stderr.read()
+        if code != 0:
+            raise RuntimeError(f"the JAX train step (python -m trainer.jax_train, KERAS_BACKEND=jax) exited with "
+                               f"code {code}; the end of its log:\n{log[-4000:]}")
+        summary = json.loads((Path(scratch) / RESULT_FILE).read_text())
+        with np.load(Path(scratch) / EVAL_FILE) as data:
+            eval_labels, eval_predictions = data["labels"], data["predictions"]
+    return TrainResult(model=load_checkpoint(Path(checkpoint_dir)), eval_labels=eval_labels,
+                       eval_predictions=eval_predictions, **summary)
+
+
+def train_model_jax(
+    config: TrainConfig,
+    table_sizes: Mapping[str, int],
+    train_files: Sequence[str],
+    eval_files: Sequence[str],
+    checkpoint_dir: Path,
+    callbacks: Sequence[Any] = (),
+    *,
+    version: str | None = None,
+    warm_start: Any = None,
+    layout: str = BLOCK_LAYOUT,
+    num_rows: int | None = None,
+    spec: FeatureSpec | None = None,
+    reader_workers: int | None = None,
+    steps_per_execution: int = 1,
+    to_device: Callable[[Any], Any] | None = None,
+) -> Any:
+    """`trainer.train.train_model` on the JAX backend, in this process (KERAS_BACKEND=jax; no TensorFlow):
+    the same arguments, checkpoint and TrainResult.
+
+    `reader_workers`: block reader processes (default: up to DEFAULT_READER_WORKERS, one per file at most, and
+    one when the epoch holds fewer than 4 batches a worker). `steps_per_execution` > 1 runs that many steps per
+    call into the compiled step (callbacks, progress saves included, then count calls, not steps).
+    `to_device`: what turns a batch in the readers' shared memory into the step's input (default: a completed
+    jax.device_put to the default device).
+    """
+    import jax
+    import keras
+
+    from components.delta import save_weights, weight_specs
+    from components.feature_spec import load_spec
+    from trainer.arguments import even_batch_size, resolve_batch_size
+    from trainer.block_reader import block_batches
+    from trainer.calibration import calibrate_level
+    from trainer.early_stopping import BestEpoch
+    from trainer.model_inputs import CRITEO_INPUTS, model_inputs
+    from trainer.models import build_model
+    from trainer.parallel_reader import parallel_block_batches
+    from trainer.progress import ProgressCheckpoint, clear_progress, read_progress
+    from trainer.train import (
+        MIXED_PRECISION_POLICY,
+        PROGRESS_DIR,
+        StepMetricsLogger,
+        ThroughputMeter,
+        TrainResult,
+        _input_hash,
+        _micro_batch_size,
+        _speed_flags,
+        compile_model,
+        load_checkpoint,
+        save_checkpoint,
+    )
+    from trainer.warm_start import warm_start_weights
+
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(f"train_model_jax needs the JAX backend (KERAS_BACKEND=jax), this process has "
+                           f"{keras.backend.backend()!r}; from a TensorFlow process call train_in_jax_process")
+    if layout != BLOCK_LAYOUT:
+        raise ValueError(f"train.backend=jax reads block samples ({BLOCK_LAYOUT!r}) only; these are {layout!r}: "
+                         "write them with features.samples_layout=block or train with train.backend=tensorflow")
+    inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
+    config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows))
+    micro_batch_size = _micro_batch_size(config)
+    if num_rows and config.micro_batches == 1:
+        micro_batch_size = even_batch_size(num_rows, micro_batch_size)
+    workers = reader_workers or min(DEFAULT_READER_WORKERS, os.cpu_count() or 1)
+    if num_rows:
+        workers = min(workers, max(1, num_rows // (4 * micro_batch_size)))
+    workers = max(1, min(workers, len(train_files)))
+    transfer = to_device or device_put_batch
+
+    checkpoint_dir = Path(checkpoint_dir)
+    progress_dir = checkpoint_dir / PROGRESS_DIR
+    identity = _input_hash(config, table_sizes, train_files, eval_files)
+    resumed = read_progress(progress_dir, identity)
+    keras.utils.set_random_seed(config.seed)
+    previous_policy = keras.config.dtype_policy()
+    if config.mixed_precision:
+        keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
+    warm_start_summary: dict[str, int] | None = None
+
+    def eval_batches() -> Iterator[Any]:
+        return block_batches(eval_files, config.batch_size, inputs=inputs)
+
+    try:
+        model = build_model(config, table_sizes, spec)
+        compile_model(model, dataclasses.replace(config, jit_compile=True), steps_per_execution=steps_per_execution)
+        if resumed is not None:
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(progress_dir / resumed.weights)
+        elif warm_start is not None:
+            previous = load_checkpoint(warm_start.checkpoint_dir)
+            warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
+        meter = ThroughputMeter()
+        saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
+        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta)
+        for callback in callbacks:
+            if isinstance(callback, StepMetricsLogger) and resumed is not None:
+                callback.step = resumed.global_step
+        history: dict[str, list[float]] = {}
+        first_epoch = resumed.epoch if resumed else 0
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            for epoch in range(first_epoch, config.epochs):
+                train_data: Iterator[Any] = parallel_block_batches(
+                    train_files, micro_batch_size, workers, transfer, shuffle=True, seed=config.seed + epoch,
+                    shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
+                )
+                if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
+                    train_data = itertools.islice(train_data, resumed.batches_done, None)
+                fitted = model.fit(train_data, validation_data=eval_batches(), initial_epoch=epoch, epochs=epoch + 1,
+                                   callbacks=[meter, saver, *callbacks], verbose=0)
+                for name, values in fitted.history.items():
+                    history.setdefault(name, []).extend(float(v) for v in values)
+                if best.update(epoch, {name: values[-1] for name, values in fitted.history.items()}, model):
+                    break
+            best_epoch = best.restore(model)
+            calibration = None
+            if config.calibrate:
+                rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
+                                        -(-config.calibration_rows // config.batch_size))
+                calibration = calibrate_level(model, rows)
+            labels, predictions = [], []
+            for features, batch_labels in eval_batches():
+                predictions.append(np.asarray(model.predict_on_batch(features)).reshape(-1))
+                labels.append(batch_labels)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    eval_labels = np.concatenate(labels).astype(np.float32)
+    eval_predictions = np.concatenate(predictions).astype(np.float32)
+    num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
+    speed_flags = {**_speed_flags(dataclasses.replace(config, jit_compile=True), 1),
+                   "backend": "jax", "row_sparse_updates": False, "reader_workers": workers,
+                   "steps_per_execution": steps_per_execution, "device": _device_kind(jax)}
+    kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])
+    save_checkpoint(
+        model,
+        checkpoint_dir,
+        version=version or identity,
+        extra_files=[weights_file],
+        spec_hash=(spec or load_spec("criteo")).hash(),
+        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
+                "warm_start": str(warm_start.checkpoint_dir) if warm_start_summary is not None else None},
+        row_counts={"train": num_train_examples, "eval": len(eval_labels)},
+        extra={
+            "train_config": dataclasses.asdict(config),
+            "table_sizes": dict(table_sizes),
+            "final_metrics": {name: values[kept] for name, values in history.items()},
+            "best_epoch": best_epoch,
+            "epochs_run": first_epoch + len(history.get("loss", [])),
+            "speed_flags": speed_flags,
+            "global_step": saver.global_step,
+            "resumed_from_step": resumed.global_step if resumed else None,
+            "warm_start": warm_start_summary,
+            "calibration": calibration,
+            "weight_specs": weight_specs(model),
+            # Checked by the tests: the JAX step must run where TensorFlow is not installed.
+            "tensorflow_imported": any(module is not None and (name == "tensorflow" or name.startswith("tensorflow."))
+                                       for name, module in list(sys.modules.items())),
+        },
+    )
+    clear_progress(progress_dir)
+    return TrainResult(
+        model=model, history=history, num_train_examples=num_train_examples,
+        examples_per_second=meter.examples_per_second(), eval_labels=eval_labels, eval_predictions=eval_predictions,
+        speed_flags=speed_flags, global_step=saver.global_step,
+        resumed_from_step=resumed.global_step if resumed else None, warm_start=warm_start_summary,
+        calibration=calibration, best_epoch=best_epoch,
+    )
+
+
+def device_put_batch(batch: Any) -> Any:
+    """A batch of the readers' shared memory on the default device, as a copy that has completed: the reader
+    reuses the slot as soon as this returns."""
+    import jax
+
+    if jax.default_backend() == "cpu":  # the CPU client may alias numpy memory instead of copying it
+        batch = jax.tree.map(np.array, batch)
+    return jax.block_until_ready(jax.device_put(batch))
+
+
+def _device_kind(jax: Any) -> str:
+    device = jax.devices()[0]
+    return f"{device.platform}: {getattr(device, 'device_kind', device)} x {jax.device_count()}"
+
+
+def _child_main(request_file: str, result_dir: str) -> int:
+    """The child of train_in_jax_process: trains, writes RESULT_FILE and EVAL_FILE into `result_dir`, and
+    reports step metrics on stdout (lines starting with _STEP_MARK); everything else goes to stderr."""
+    # As on a GPU host without TensorFlow, where it is installed too: Keras imports whatever TensorFlow it finds
+    # (keras.utils.set_random_seed seeds it), seconds and memory this process has no use for.
+    sys.modules.setdefault("tensorflow", None)  # type: ignore[arg-type]
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not mix with the metric lines
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    request: JaxTrainRequest = pickle.loads(Path(request_file).read_bytes())
+
+    from trainer.train import StepMetricsLogger
+
+    def emit(metrics: dict[str, float], step: int, epoch_end: bool = False) -> None:
+        channel.write(_STEP_MARK + json.dumps({"step": step, "metrics": metrics, "epoch_end": epoch_end}) + "\n")
+
+    class ReportedSteps(StepMetricsLogger):
+        def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+            emit({name: float(value) for name, value in (logs or {}).items()}, self.step, epoch_end=True)
+
+    callbacks = [ReportedSteps(emit, request.log_every_steps)] if request.log_every_steps else []
+    started = time.perf_counter()
+    result = train_model_jax(
+        request.config, request.table_sizes, request.train_files, request.eval_files,
+        Path(request.checkpoint_dir), callbacks, version=request.version, warm_start=request.warm_start,
+        layout=request.layout, num_rows=request.num_rows, spec=request.spec,
+    )
+    logger.info("JAX train step done in %.1f s, %.0f examples/s", time.perf_counter() - started,
+                result.examples_per_second)
+    out = Path(result_dir)
+    np.savez(out / EVAL_FILE, labels=result.eval_labels, predictions=result.eval_predictions)
+    fields = ("history", "num_train_examples", "examples_per_second", "speed_flags", "global_step",
+              "resumed_from_step", "warm_start", "calibration", "best_epoch")
+    (out / RESULT_FILE).write_text(json.dumps({name: getattr(result, name) for name in fields}))
+    channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m trainer.jax_train REQUEST RESULT_DIR (run by train_in_jax_process)")
+    sys.exit(_child_main(sys.argv[1], sys.argv[2]))
