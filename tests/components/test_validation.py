@@ -609,3 +609,37 @@ def test_partitions_read_together_read_as_each_alone(tmp_path, spec_name):
     assert sum(s[1] - s[0] for s in spans if isinstance(s, tuple)) == len(frame)
     # The well-formed ones were read together, ahead of those read alone: the last file's rows are not last.
     assert spans[-1][0] < max(s[0] for s in spans if isinstance(s, tuple))
+
+
+def test_event_streams_a_bad_click_minute_is_found_in_its_batch_and_impressions_go_one_by_one(tmp_path):
+    """The clicks' suite (per-row checks) runs over many minutes at once; the impressions' (a share of rows
+    may be null) cannot, and is run a minute at a time. Either way only the bad minute is quarantined."""
+    import pyarrow.parquet as pq
+
+    from components.config import EventsConfig
+    from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
+    from components.events import CLICKS, EVENT_FILE, TS, generate_events
+    from components.validation import SliceValidator
+
+    layout = Layout(tmp_path)
+    generate_events(GenerateConfig(start=START.isoformat(), minutes=12, rows_per_minute=40, seed=5), EventsConfig(),
+                    layout)
+    assert SliceValidator(CLICKS_DATASET).validates_batches
+    assert not SliceValidator(IMPRESSIONS_DATASET).validates_batches
+    minutes = [minute(i) for i in range(12)]
+    clicked = [i for i in range(12) if pq.read_table(layout.raw_events_minute_dir(CLICKS, minute(i)) / EVENT_FILE)
+               .num_rows]
+    bad = clicked[len(clicked) // 2]
+    path = layout.raw_events_minute_dir(CLICKS, minute(bad)) / EVENT_FILE
+    table = pq.read_table(path)
+    late = table.column(TS).to_numpy().copy()
+    late[0] += 120_000  # a click filed two minutes before its time
+    pq.write_table(table.set_column(table.schema.get_field_index(TS), TS, [late]), path)
+    with pytest.raises(DataValidationError, match=rf"(?s)1 clicks partition\(s\) failed.*{minute(bad):%H:%M}"):
+        validate_interval(layout, minutes, tmp_path / "clicks.json", dataset=CLICKS_DATASET)
+    report = json.loads((tmp_path / "clicks.json").read_text())
+    assert [f["minute"] for f in report["failed"]] == [minute(bad).isoformat()]
+    assert report["num_passed"] == 11 and report["missing"] == []
+    assert sorted(p.parent.name for p in (tmp_path / "quarantine").rglob(EVENT_FILE)) == [f"minute={minute(bad):%H%M}"]
+    impressions = validate_interval(layout, minutes, tmp_path / "impressions.json", dataset=IMPRESSIONS_DATASET)
+    assert (impressions["num_passed"], impressions["failed"]) == (12, [])
