@@ -659,8 +659,8 @@ def _validated_rows(directory: Path, checksum: str, dataset: PartitionedDataset)
     except (OSError, ValueError):
         return None
     if isinstance(previous, dict) and previous.get("sha256") == checksum \
-            and previous.get("suite_version") == dataset.suite_version:
-        return int(previous["num_rows"])
+            and previous.get("suite_version") == dataset.suite_version and isinstance(previous.get("num_rows"), int):
+        return previous["num_rows"]
     return None
 
 

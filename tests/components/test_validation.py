@@ -643,3 +643,17 @@ def test_event_streams_a_bad_click_minute_is_found_in_its_batch_and_impressions_
     assert sorted(p.parent.name for p in (tmp_path / "quarantine").rglob(EVENT_FILE)) == [f"minute={minute(bad):%H%M}"]
     impressions = validate_interval(layout, minutes, tmp_path / "impressions.json", dataset=IMPRESSIONS_DATASET)
     assert (impressions["num_passed"], impressions["failed"]) == (12, [])
+
+
+def test_a_marker_cut_short_by_a_crash_means_validate_again(tmp_path):
+    layout = Layout(tmp_path)
+    generate(GenerateConfig(start=START.isoformat(), minutes=2, rows_per_minute=20, seed=8), layout)
+    first = validate_interval(layout, [minute(0), minute(1)], tmp_path / "first.json")
+    assert first["num_validated_before"] == 0
+    (layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).write_text("")  # renamed in, its bytes never synced
+    (layout.raw_minute_dir(minute(1)) / VALIDATED_MARKER).write_text('{"sha256": "x"')
+    again = validate_interval(layout, [minute(0), minute(1)], tmp_path / "again.json")
+    assert (again["num_passed"], again["num_validated_before"], again["num_rows"]) == (2, 0, 40)
+    marker = json.loads((layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).read_text())
+    assert (marker["sha256"], marker["num_rows"]) == (file_sha256(_raw(layout, 0)), 20)
+    assert not list(layout.raw_minute_dir(minute(0)).glob(".*.tmp"))
