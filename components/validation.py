@@ -2,9 +2,11 @@
 
 Suites are code, one function per dataset (`raw_click_log_suite` here, the event streams' in
 components.event_validation); a `PartitionedDataset` says where a dataset's minute partitions live, how a
-partition is read for its suite, and where a failed one goes. Each minute partition is validated on its own so
-one bad minute is quarantined without touching the rest. A quarantined partition is moved, never deleted: the
-raw files and a report naming the failed expectations sit under <data_root>/quarantine/.
+partition is read for its suite, and where a failed one goes. Each minute partition gets its own verdict, so
+one bad minute is quarantined without touching the rest; partitions are validated many to a suite run where the
+suite allows it (validate_interval), and a failing batch is split until each failing partition is validated
+alone. A quarantined partition is moved, never deleted: the raw files and a report naming the failed
+expectations sit under <data_root>/quarantine/.
 """
 
 from __future__ import annotations
