@@ -14,6 +14,7 @@ Both pipelines ask their source the same questions and never branch on its name:
 - `rows(ctx, minutes, directory, holdout_fraction=None)`: the parsed rows of `minutes` (spark_jobs.raw.parse_raw's
   typed columns and `minute`), or None when there are none; with `holdout_fraction`, each row also says in
   HELD_OUT whether a stable hash split holds it out (about that fraction of the rows);
+  the spec's history features (spark_jobs.history) are computed there, point in time, for the click log;
 - `rows_come_shuffled`: whether `rows` are already in a pseudo-random order (the sample writer then keeps it);
 - `planted_auc(ctx, minutes, directory)`: the generator's own model on those minutes' labels, for generated
   data (None otherwise).
