@@ -190,11 +190,11 @@ def test_rows_with_history_reads_from_the_interval_start_without_a_state(spark, 
 
 
 def test_validation_and_the_raw_reader_expect_no_column_for_a_history(spark, tmp_path):
+    import great_expectations as gx
+
     from components.feature_spec import load_spec
     from components.validation import raw_click_log_suite
     from spark_jobs.raw import extract_raw, parse_raw
-
-    import great_expectations as gx
 
     gx.get_context(mode="ephemeral")  # GX builds suites only with an active context
     spec = load_spec("movielens")
