@@ -46,6 +46,12 @@ class Evaluation:
     num_examples: int
 
     @property
+    def label_mean_standard_error(self) -> float:
+        """The standard error of the held-out click rate as an estimate of the traffic's: sqrt(p (1 - p) / n)."""
+        p = min(max(self.mean_label, 0.0), 1.0)
+        return float(np.sqrt(p * (1.0 - p) / max(self.num_examples, 1)))
+
+    @property
     def calibration_error(self) -> float:
         """|mean prediction - mean label| / mean label."""
         return abs(self.mean_prediction - self.mean_label) / max(self.mean_label, 1e-12)
@@ -78,11 +84,17 @@ def check_gate(evaluation: Evaluation, gate: GateConfig, baseline: dict | None =
         failures.append(f"AUC {evaluation.auc:.4f} is below gate.min_auc={gate.min_auc}")
     if evaluation.logloss > gate.max_logloss:
         failures.append(f"logloss {evaluation.logloss:.4f} is above gate.max_logloss={gate.max_logloss}")
-    if evaluation.calibration_error > gate.max_calibration_error:
+    noise = gate.calibration_noise_z * evaluation.label_mean_standard_error
+    if evaluation.calibration_error > gate.max_calibration_error and \
+            abs(evaluation.mean_prediction - evaluation.mean_label) > noise:
         failures.append(
             f"calibration error {evaluation.calibration_error:.3f} (mean prediction {evaluation.mean_prediction:.4f} "
             f"vs mean label {evaluation.mean_label:.4f}) is above "
-            f"gate.max_calibration_error={gate.max_calibration_error}"
+            f"gate.max_calibration_error={gate.max_calibration_error}, and the difference is more than "
+            f"gate.calibration_noise_z={gate.calibration_noise_z} standard errors ({noise:.4f}) of the click rate of "
+            f"{evaluation.num_examples} held-out rows: the model's level is off on later traffic. When the click rate "
+            "drifts from the training rows to the held-out ones, a longer interval or more recent training rows "
+            "help; train.calibrate=true (the default) fits the level on the training rows"
         )
     if baseline is not None and gate.min_lift_auc > -1:
         low, high = baseline["lift_auc_ci95"]

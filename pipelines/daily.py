@@ -212,7 +212,7 @@ def baseline(ctx: RunContext) -> dict:
     The evaluate step reads it (lift_auc, and the gate's gate.min_lift_auc)."""
     import numpy as np
 
-    from components.baseline import LABEL, MINUTE, fit_baseline, row_tokens
+    from components.baseline import LABEL, MINUTE, fit_baseline_on_rows
     from components.manifest import write_json_atomic
 
     config = ctx.config.baseline
@@ -238,9 +238,9 @@ def baseline(ctx: RunContext) -> dict:
     ctx.progress("baseline: hashed logistic regression on %d of %d training rows, C from %s by logloss on the last "
                  "%.0f %% of them", len(frames["train"]), available, ",".join(map(str, config.regularization_grid)),
                  100 * config.validation_fraction)
-    result = fit_baseline(
-        row_tokens(frames["train"].to_dict("records"), ctx.spec), frames["train"][LABEL].to_numpy(),
-        row_tokens(frames["eval"].to_dict("records"), ctx.spec), frames["eval"][LABEL].to_numpy(),
+    result = fit_baseline_on_rows(
+        frames["train"].to_dict("records"), frames["train"][LABEL].to_numpy(),
+        frames["eval"].to_dict("records"), frames["eval"][LABEL].to_numpy(), ctx.spec,
         regularization_grid=config.regularization_grid, validation_fraction=config.validation_fraction,
         num_features=config.num_features, available_train_rows=available)
     directory = path.parent
@@ -249,13 +249,15 @@ def baseline(ctx: RunContext) -> dict:
              predictions=result.predictions)
     settings = {key: value for key, value in ctx.config.flat().items() if key.startswith("baseline.")}
     summary = {"kind": "hashed_logistic_regression", "library": "scikit-learn", **result.metrics(),
+               "feature_set": result.feature_set,
                "validation_auc_by_c": result.validation_auc_by_c,
                "validation_logloss_by_c": result.validation_logloss_by_c, "config": settings}
     write_json_atomic(path, summary)
     ctx.tracker.log_metrics({f"baseline.{k}": v for k, v in result.metrics().items()})
     ctx.tracker.log_artifact(path, "evaluation")
-    ctx.progress("baseline: AUC %.4f, logloss %.4f on %d held-out rows (C=%s), %.0f s", result.auc, result.logloss,
-                 result.eval_rows, result.regularization_c, time.monotonic() - started)
+    ctx.progress("baseline: AUC %.4f, logloss %.4f on %d held-out rows (C=%s, %s), %.0f s", result.auc,
+                 result.logloss, result.eval_rows, result.regularization_c, result.feature_set.replace("_", " "),
+                 time.monotonic() - started)
     return {"auc": result.auc, "logloss": result.logloss}
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -101,9 +102,9 @@ def test_evaluate_and_calibration_error():
 GATE = GateConfig(min_auc=0.6, max_logloss=0.5, max_calibration_error=0.25)
 
 
-def _evaluation(auc=0.8, logloss=0.4, mean_prediction=0.2, mean_label=0.2):
+def _evaluation(auc=0.8, logloss=0.4, mean_prediction=0.2, mean_label=0.2, num_examples=10_000):
     return Evaluation(
-        auc=auc, logloss=logloss, mean_prediction=mean_prediction, mean_label=mean_label, num_examples=100
+        auc=auc, logloss=logloss, mean_prediction=mean_prediction, mean_label=mean_label, num_examples=num_examples
     )
 
 
@@ -122,10 +123,36 @@ def test_gate_fails_high_logloss():
 
 
 def test_gate_fails_miscalibration():
-    assert check_gate(_evaluation(mean_prediction=0.3, mean_label=0.2), GATE) == [
-        "calibration error 0.500 (mean prediction 0.3000 vs mean label 0.2000) "
-        "is above gate.max_calibration_error=0.25"
-    ]
+    (failure,) = check_gate(_evaluation(mean_prediction=0.3, mean_label=0.2), GATE)
+    assert failure.startswith(
+        "calibration error 0.500 (mean prediction 0.3000 vs mean label 0.2000) is above "
+        "gate.max_calibration_error=0.25, and the difference is more than gate.calibration_noise_z=3.0 standard "
+        "errors (0.0120) of the click rate of 10000 held-out rows")
+
+
+def test_gate_leaves_a_level_within_the_click_rates_noise_alone():
+    # 2,000 held-out rows at a click rate of 0.0021 hold about 4 clicks: its standard error is 0.001, and a mean
+    # prediction of 0.0038 (81 % off) is within 3 of them. The same gap on 200,000 rows is not.
+    assert check_gate(_evaluation(mean_prediction=0.0038, mean_label=0.0021, num_examples=2000), GATE) == []
+    (failure,) = check_gate(_evaluation(mean_prediction=0.0038, mean_label=0.0021, num_examples=200_000), GATE)
+    assert failure.startswith("calibration error 0.810")
+
+
+def _comparison(lift, low, high):
+    return {"baseline_auc": 0.8 - lift, "lift_auc": lift, "lift_auc_ci95": [low, high]}
+
+
+def test_gate_refuses_a_model_worse_than_its_baseline_beyond_the_noise():
+    (failure,) = check_gate(_evaluation(), GATE, _comparison(-0.03, -0.045, -0.015))
+    assert failure.startswith(
+        "AUC 0.8000 is 0.0300 below its own baseline's 0.8300 (a hashed logistic regression on the same rows), and "
+        "even the top of the 95 % interval of the difference (-0.0450 to -0.0150) is below gate.min_lift_auc=0.0")
+    # Worse by a point estimate within the noise: not refused. Asked for a lift it lacks: refused.
+    assert check_gate(_evaluation(), GATE, _comparison(-0.005, -0.02, 0.01)) == []
+    demanding = dataclasses.replace(GATE, min_lift_auc=0.02)
+    assert len(check_gate(_evaluation(), demanding, _comparison(0.005, -0.005, 0.015))) == 1
+    off = dataclasses.replace(GATE, min_lift_auc=-1)
+    assert check_gate(_evaluation(), off, _comparison(-0.3, -0.4, -0.2)) == []
 
 
 def test_gate_fails_non_finite_metrics():

@@ -30,6 +30,11 @@ class CategoricalEmbedding(keras.layers.Layer):
 
     Row ids are not range-checked: an id past its feature's table reads the next feature's rows.
 
+    `row_l2` > 0 adds `row_l2` times the mean over the batch of the squared norms of the rows a training batch
+    read (`call`'s columns) as a loss: an L2 penalty on the rows in use, whose gradient touches only those rows,
+    so updates stay row-sparse and the rows no batch reads keep their values (a regularizer on the whole table
+    would move every row every step).
+
     Tables listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a
     MultiHashEmbedding of `num_hash_functions` tables of `num_hash_buckets` rows, combined by `hash_combiner`,
     for vocabularies too large to give every value a row of its own. Their `offsets` entry is -1.
@@ -46,10 +51,14 @@ class CategoricalEmbedding(keras.layers.Layer):
         num_hash_functions: int = 2,
         hash_combiner: str = "sum",
         feature_tables: Sequence[int] | None = None,
+        row_l2: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         require_integer_list("table_sizes", table_sizes)
+        if isinstance(row_l2, bool) or not isinstance(row_l2, int | float) or not row_l2 >= 0:
+            raise ValueError(f"`row_l2` must be a number >= 0. Received: row_l2={row_l2!r}")
+        self.row_l2 = float(row_l2)
         require_integer("embedding_dim", embedding_dim)
         num_features = len(table_sizes)  # tables, from here on
         if feature_tables is None:
@@ -122,7 +131,14 @@ class CategoricalEmbedding(keras.layers.Layer):
         for hashed in self.hashed_embeddings:
             hashed.build(tuple(input_shape[:-1]))
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        output = self._lookup(inputs)
+        if training and self.row_l2:
+            values = ops.cast(output, "float32")
+            self.add_loss(self.row_l2 * ops.mean(ops.sum(ops.square(values), axis=(-2, -1))))
+        return output
+
+    def _lookup(self, inputs: Any) -> Any:
         if not keras.backend.is_int_dtype(inputs.dtype):
             inputs = ops.cast(inputs, "int64")
         if not self._hashed_columns:
@@ -174,6 +190,7 @@ class CategoricalEmbedding(keras.layers.Layer):
                 "num_hash_functions": self.num_hash_functions,
                 "hash_combiner": self.hash_combiner,
                 "feature_tables": list(self.feature_tables),
+                "row_l2": self.row_l2,
             }
         )
         return config

@@ -95,6 +95,8 @@ def embedding_options(config: TrainConfig, inputs: ModelInputs = CRITEO_INPUTS,
     ModelInputs.embedding_options: shared tables, multi-hash per table), or the config's multi-hash
     compression of the tables in `train.multi_hash_features`."""
     options = dict(spec_options or {})
+    if config.embedding_l2:
+        options["row_l2"] = config.embedding_l2
     names = config.multi_hash_features
     if not names:
         return options
