@@ -174,3 +174,26 @@ def test_hashed_config_and_save_round_trip(tmp_path):
     model.save(tmp_path / "hashed.keras")
     loaded = keras.saving.load_model(tmp_path / "hashed.keras")
     np.testing.assert_array_equal(loaded.predict(data, verbose=0), model.predict(data, verbose=0))
+
+
+def test_row_l2_penalizes_the_rows_a_training_batch_reads_with_a_row_sparse_gradient():
+    layer = CategoricalEmbedding([5, 3], 2, row_l2=0.5, embeddings_initializer="ones")
+    ids = np.array([[0, 1], [2, 0]])
+    layer(ids, training=False)
+    assert layer.losses == []  # inference adds nothing
+    with tf.GradientTape() as tape:
+        layer(ids, training=True)
+        (loss,) = layer.losses
+    # Each row reads 2 rows of squared norm 2 (dim 2, ones): 0.5 * mean([4, 4]).
+    assert float(loss) == pytest.approx(2.0)
+    gradient = tape.gradient(loss, layer.embeddings)
+    assert isinstance(gradient, tf.IndexedSlices)
+    dense = tf.convert_to_tensor(gradient).numpy()
+    # Rows read: 0 and 2 of table 0 (rows 0, 2) and row 1 and 0 of table 1 (rows 6, 5); the rest untouched.
+    assert sorted(np.flatnonzero(np.abs(dense).sum(axis=1))) == [0, 2, 5, 6]
+    assert CategoricalEmbedding.from_config(layer.get_config()).row_l2 == 0.5
+
+
+def test_row_l2_must_be_a_non_negative_number():
+    with pytest.raises(ValueError, match=re.escape("`row_l2` must be a number >= 0. Received: row_l2=-0.1")):
+        CategoricalEmbedding([5], 2, row_l2=-0.1)

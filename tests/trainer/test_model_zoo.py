@@ -262,3 +262,24 @@ def test_a_spec_that_pins_another_embedding_width_is_refused_naming_the_feature(
                             {"name": "user", "kind": "categorical", "embedding_dim": 8},
                             {"name": "price", "kind": "dense", "transform": "buckets", "num_buckets": 4}]}))
     assert model.embedding.table_sizes == [10, 6]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", sorted(MODEL_CLASSES))
+def test_embedding_l2_reaches_the_loss_fit_minimizes_in_every_model(name, sequences):
+    """`fit` passes training=True only to a model whose call takes `training`: without it the embedding's row
+    L2 was never added and train.embedding_l2 did nothing."""
+    (features, labels), _ = sequences
+    batch = {key: values[:256] for key, values in features.items()}
+    if name not in ("din", "dien"):
+        batch = {key: batch[key] for key in ("dense", "categorical")}
+    losses = {}
+    for l2 in (0.0, 1.0):
+        config = dataclasses.replace(SMALL, model=name, embedding_l2=l2)
+        keras.utils.set_random_seed(config.seed)
+        model = build_model(config, table_sizes(NUM_ITEMS))
+        compile_model(model, config)
+        losses[l2] = model.fit(batch, labels[:256], batch_size=256, epochs=1, verbose=0).history["loss"][0]
+        assert model.embedding.row_l2 == l2
+    # The same first step but for the penalty: 26 looked-up rows of about 8 * 0.05**2 / 3 each, times 1.0.
+    assert losses[1.0] - losses[0.0] == pytest.approx(26 * 8 * 0.05**2 / 3, rel=0.2)

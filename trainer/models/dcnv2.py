@@ -50,7 +50,7 @@ class DCNv2(CTRModel):
         )
         self.head = probability_head()
 
-    def call(self, inputs: dict[str, Any]) -> Any:
+    def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         x0 = self.feature_input(inputs)
         crossed = self.cross_network(x0)
         hidden = self.deep_network(crossed)

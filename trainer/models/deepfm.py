@@ -44,7 +44,7 @@ class DeepFM(CTRModel):
         self.deep_logit = keras.layers.Dense(1, dtype="float32", name="deep_logit")
         self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
 
-    def call(self, inputs: dict[str, Any]) -> Any:
+    def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         embedded = self.embed(inputs)
         linear = self.linear(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
         pairwise = self.factorization_machine(embedded)

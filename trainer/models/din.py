@@ -62,7 +62,7 @@ class DIN(CTRModel):
         self.deep_network = mlp(self.mlp_units, "deep_network")
         self.head = probability_head()
 
-    def call(self, inputs: dict[str, Any]) -> Any:
+    def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         embedded = self.embed(inputs)
         target = ops.take(embedded, self.item_feature, axis=1)
         behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)

@@ -50,7 +50,7 @@ class DLRM(CTRModel):
         self.over_arch = mlp(self.top_mlp_units, "over_arch")
         self.head = probability_head()
 
-    def call(self, inputs: dict[str, Any]) -> Any:
+    def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         dense = self.dense_arch(inputs[DENSE_INPUT])
         interactions = self.interaction(ops.concatenate([ops.expand_dims(dense, 1), self.embed(inputs)], axis=1))
         return self.head(self.over_arch(ops.concatenate([dense, interactions], axis=-1)))

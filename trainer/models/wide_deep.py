@@ -42,7 +42,7 @@ class WideDeep(CTRModel):
         self.deep_logit = keras.layers.Dense(1, dtype="float32", name="deep_logit")
         self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
 
-    def call(self, inputs: dict[str, Any]) -> Any:
+    def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         wide = self.wide(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
         deep = self.deep_logit(self.deep_network(flatten_features(self.embed(inputs), inputs[DENSE_INPUT])))
         return self.head(ops.add(wide, deep))
