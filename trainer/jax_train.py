@@ -178,12 +178,12 @@ def train_model_jax(
         StepMetricsLogger,
         ThroughputMeter,
         TrainResult,
-        _input_hash,
-        _micro_batch_size,
-        _speed_flags,
         compile_model,
+        input_hash,
         load_checkpoint,
+        micro_batch_size_of,
         save_checkpoint,
+        speed_flags_of,
     )
     from trainer.warm_start import warm_start_weights
 
@@ -195,7 +195,7 @@ def train_model_jax(
                          "write them with features.samples_layout=block or train with train.backend=tensorflow")
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
     config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows))
-    micro_batch_size = _micro_batch_size(config)
+    micro_batch_size = micro_batch_size_of(config)
     if num_rows and config.micro_batches == 1:
         micro_batch_size = even_batch_size(num_rows, micro_batch_size)
     workers = reader_workers or min(DEFAULT_READER_WORKERS, os.cpu_count() or 1)
@@ -206,7 +206,7 @@ def train_model_jax(
 
     checkpoint_dir = Path(checkpoint_dir)
     progress_dir = checkpoint_dir / PROGRESS_DIR
-    identity = _input_hash(config, table_sizes, train_files, eval_files)
+    identity = input_hash(config, table_sizes, train_files, eval_files)
     resumed = read_progress(progress_dir, identity)
     keras.utils.set_random_seed(config.seed)
     previous_policy = keras.config.dtype_policy()
@@ -264,7 +264,7 @@ def train_model_jax(
     eval_labels = np.concatenate(labels).astype(np.float32)
     eval_predictions = np.concatenate(predictions).astype(np.float32)
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
-    speed_flags = {**_speed_flags(dataclasses.replace(config, jit_compile=True), 1),
+    speed_flags = {**speed_flags_of(dataclasses.replace(config, jit_compile=True), 1),
                    "backend": "jax", "row_sparse_updates": False, "reader_workers": workers,
                    "steps_per_execution": steps_per_execution, "device": _device_kind(jax)}
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1

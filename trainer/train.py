@@ -55,7 +55,7 @@ class TrainResult:
     # Eval labels and predicted probabilities, both float32 [n] and in eval-file order.
     eval_labels: np.ndarray
     eval_predictions: np.ndarray
-    # The speed settings in effect (see _speed_flags), for the run's log.
+    # The speed settings in effect (see speed_flags_of), for the run's log.
     speed_flags: dict[str, Any]
     # Training batches applied in all (micro-batches when micro_batches > 1).
     global_step: int = 0
@@ -184,13 +184,13 @@ def train_model(
 
     # train.batch_size=0 is chosen from the rows; the checkpoint's manifest records the size used.
     config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows))
-    micro_batch_size = _micro_batch_size(config)
+    micro_batch_size = micro_batch_size_of(config)
     if num_rows and config.micro_batches == 1:
         # Equal batches: an epoch's last step is not taken on a handful of rows.
         micro_batch_size = even_batch_size(num_rows, micro_batch_size)
     checkpoint_dir = Path(checkpoint_dir)
     progress_dir = checkpoint_dir / PROGRESS_DIR
-    identity = _input_hash(config, table_sizes, train_files, eval_files)
+    identity = input_hash(config, table_sizes, train_files, eval_files)
     resumed = read_progress(progress_dir, identity)
     keras.utils.set_random_seed(config.seed)
     previous_policy = keras.config.dtype_policy()
@@ -255,7 +255,7 @@ def train_model(
         keras.config.set_dtype_policy(previous_policy)
     eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
-    speed_flags = _speed_flags(config, strategy.num_replicas_in_sync)
+    speed_flags = speed_flags_of(config, strategy.num_replicas_in_sync)
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
     from components.delta import save_weights
@@ -352,7 +352,7 @@ def dense_accumulation_warning(config: TrainConfig, tables: Sequence[tuple[int, 
             "not fit in memory, set train.micro_batches=1")
 
 
-def _micro_batch_size(config: TrainConfig) -> int:
+def micro_batch_size_of(config: TrainConfig) -> int:
     if config.micro_batches < 1 or config.batch_size % config.micro_batches:
         raise ValueError(
             f"train.micro_batches={config.micro_batches} must be >= 1 and divide train.batch_size="
@@ -372,7 +372,7 @@ def _distribution_strategy() -> Any:
     return tf.distribute.get_strategy()
 
 
-def _speed_flags(config: TrainConfig, num_replicas: int) -> dict[str, Any]:
+def speed_flags_of(config: TrainConfig, num_replicas: int) -> dict[str, Any]:
     """The speed settings a run used, as they took effect (not only as configured)."""
     return {
         "batch_size": config.batch_size,
@@ -400,7 +400,7 @@ def save_checkpoint(model: keras.Model, directory: Path, *, version: str, extra_
                           **manifest)
 
 
-def _input_hash(
+def input_hash(
     config: TrainConfig, table_sizes: Mapping[str, int], train_files: Sequence[str], eval_files: Sequence[str]
 ) -> str:
     identity = {

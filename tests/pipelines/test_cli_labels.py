@@ -38,7 +38,7 @@ def test_promote_labels_a_version_stable_and_refuses_a_missing_one(
 
     assert (promoted, missing, rolled, newest) == (0, 1, 0, 0)
     assert printed.startswith("promoted version 100; labels now {'stable': '100', 'canary': '101'}")
-    assert refused.startswith("ctr: model store: cannot promote version 7 of 'ctr': it is not in ")
+    assert refused.startswith("ctr-pipeline: model store: cannot promote version 7 of 'ctr': it is not in ")
     assert store.labels("ctr") == {"stable": "100"}
 
 
