@@ -150,7 +150,8 @@ def histories(spec: FeatureSpec, rows: list[dict[str, str]]) -> list[dict[str, l
 
 def instances(spec: FeatureSpec, rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     extra = histories(spec, rows)
-    return [{**spec.request_instance({**row, **{k: v for k, v in more.items()}}), **more}
+    # An empty field is a missing value, as JSON clients send it (null).
+    return [{**spec.request_instance({**{k: (v if v != "" else None) for k, v in row.items()}, **more}), **more}
             for row, more in zip(rows, extra, strict=True)]
 
 
@@ -348,7 +349,9 @@ def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool) -
     train_rows, test_rows = rows[:cut], rows[cut:]
     train_csv = work / "train.csv"
     write_csv(train_csv, header, train_rows)
-    ingest = ["--rows-per-minute", str(source["rows_per_minute"])] if "rows_per_minute" in source else []
+    # A log without a timestamp column is placed by row order from a fixed first minute.
+    ingest = (["--start", "2026-01-01T00:00", "--rows-per-minute", str(source["rows_per_minute"])]
+              if "rows_per_minute" in source else [])
     test_labels = labels_of(spec, test_rows)
     log(f"{name}: {len(train_rows)} training rows, {len(test_rows)} test rows ({int(test_labels.sum())} clicks)")
 
@@ -417,19 +420,26 @@ def main() -> int:
     unknown = sorted(set(names) - set(sources))
     if unknown:
         parser.error(f"unknown datasets {unknown}; choose from {sorted(sources)}")
+    command = "make bench-real" + (" (" + " ".join(sys.argv[1:]) + ")" if sys.argv[1:] else "")
     results: dict[str, Any] = {}
+    output_path = Path(args.output)
+    if args.only and output_path.exists():
+        # A run of some datasets keeps the others' results as their own runs wrote them (each says its command).
+        results = json.loads(output_path.read_text()).get("datasets", {})
     try:
         for name in names:
             try:
-                results[name] = run_dataset(name, sources[name], work / name, variants=not args.no_variants)
+                results[name] = {**run_dataset(name, sources[name], work / name, variants=not args.no_variants),
+                                 "command": command, "date": time.strftime("%Y-%m-%d %H:%M")}
             except Exception as err:  # noqa: BLE001 - one dataset's failure is its result; the others still run
                 log(f"{name}: failed: {err}")
-                results[name] = {"failed": f"{type(err).__name__}: {err}"}
+                results[name] = {"failed": f"{type(err).__name__}: {err}", "command": command,
+                                 "date": time.strftime("%Y-%m-%d %H:%M")}
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     output = {
-        "command": "make bench-real" + (" (" + " ".join(sys.argv[1:]) + ")" if sys.argv[1:] else ""),
+        "command": command,
         "date": time.strftime("%Y-%m-%d"), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "test_fraction": TEST_FRACTION, "defaults_only": True, "datasets": results,
         "seconds": time.monotonic() - started,
