@@ -325,7 +325,7 @@ def test_the_airflow_and_mlflow_uis_show_the_runs_and_the_model(stack, monkeypat
             form.get_by_text("Epochs", exact=True).first.wait_for(timeout=30_000)
             for field in ("Model", "Learning rate", "Feature spec", "Source"):
                 assert form.get_by_text(field, exact=True).count() >= 1, field
-            assert form.get_by_text("Empty: the configured value (3).", exact=False).count() >= 1
+            assert form.get_by_text("Empty: the configured value (20).", exact=False).count() >= 1
             page.screenshot(path=str(ARTIFACTS / "airflow-ctr_daily-trigger-form.png"))
 
             page = browser.new_context(viewport={"width": 1600, "height": 1000}, http_credentials={
