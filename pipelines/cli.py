@@ -180,6 +180,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"nothing to do: {err}")
         return 0
     print(json.dumps(outputs, indent=2, default=str))
+    report = outputs.get("evaluate") if isinstance(outputs, dict) else None
+    if isinstance(report, dict) and report.get("baseline"):
+        from pipelines.daily import baseline_line
+
+        metrics = report["metrics"]
+        print(baseline_line(metrics["auc"], metrics["logloss"], report["baseline"]))
     return 0
 
 
