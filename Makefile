@@ -10,7 +10,7 @@ BENCH = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" python
 PYTEST_ARGS ?=
 
 .PHONY: help env test test-unit lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -109,6 +109,10 @@ bench-gpu:
 	@$(WITH_ENV); KERAS_BACKEND=jax $(BENCH) bench/bench_gpu.py $(BENCH_GPU_ARGS)
 
 # The pipeline's JAX train step (train.backend=jax) on the criteo spec's DCNv2-small, from block TFRecords.
+# A first training over months of sparse minute partitions against the same rows in one day (bench/results/history.json).
+bench-history:
+	@$(WITH_ENV); $(BENCH) bench/bench_history.py $(BENCH_HISTORY_ARGS)
+
 # Real logs (MovieLens 100K and the Open Bandit Dataset from their wheels, the samples in ../shared/data), defaults
 # only: the served model against a hashed logistic regression on later rows (bench/results/real.json).
 bench-real:
