@@ -162,8 +162,6 @@ def train_model_jax(
     import jax
     import keras
 
-    from components.delta import save_weights, weight_specs
-    from components.feature_spec import load_spec
     from trainer.arguments import even_batch_size, resolve_batch_size
     from trainer.block_reader import block_batches
     from trainer.calibration import calibrate_level
@@ -182,8 +180,8 @@ def train_model_jax(
         input_hash,
         load_checkpoint,
         micro_batch_size_of,
-        save_checkpoint,
         speed_flags_of,
+        write_training_checkpoint,
     )
     from trainer.warm_start import warm_start_weights
 
@@ -269,34 +267,17 @@ def train_model_jax(
                    "steps_per_execution": steps_per_execution, "device": _device_kind(jax)}
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])
-    save_checkpoint(
-        model,
-        checkpoint_dir,
-        version=version or identity,
-        extra_files=[weights_file],
-        spec_hash=(spec or load_spec("criteo")).hash(),
-        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
-                "warm_start": str(warm_start.checkpoint_dir) if warm_start_summary is not None else None},
-        row_counts={"train": num_train_examples, "eval": len(eval_labels)},
-        extra={
-            "train_config": dataclasses.asdict(config),
-            "table_sizes": dict(table_sizes),
-            "final_metrics": {name: values[kept] for name, values in history.items()},
-            "best_epoch": best_epoch,
-            "epochs_run": first_epoch + len(history.get("loss", [])),
-            "speed_flags": speed_flags,
-            "global_step": saver.global_step,
-            "resumed_from_step": resumed.global_step if resumed else None,
-            "warm_start": warm_start_summary,
-            "calibration": calibration,
-            "weight_specs": weight_specs(model),
-            # Checked by the tests: the JAX step must run where TensorFlow is not installed.
-            "tensorflow_imported": any(module is not None and (name == "tensorflow" or name.startswith("tensorflow."))
-                                       for name, module in list(sys.modules.items())),
-        },
-    )
+    write_training_checkpoint(
+        model, checkpoint_dir, config=config, version=version or identity, spec=spec, table_sizes=table_sizes,
+        train_files=train_files, eval_files=eval_files,
+        warm_start=warm_start if warm_start_summary is not None else None, warm_start_summary=warm_start_summary,
+        num_train_examples=num_train_examples, num_eval_examples=len(eval_labels), history=history, kept=kept,
+        best_epoch=best_epoch, first_epoch=first_epoch, speed_flags=speed_flags, global_step=saver.global_step,
+        resumed_from_step=resumed.global_step if resumed else None, calibration=calibration,
+        # Checked by the tests: the JAX step must run where TensorFlow is not installed.
+        extra={"tensorflow_imported": any(module is not None and (name == "tensorflow"
+                                                                  or name.startswith("tensorflow."))
+                                          for name, module in list(sys.modules.items()))})
     clear_progress(progress_dir)
     return TrainResult(
         model=model, history=history, num_train_examples=num_train_examples,

@@ -258,36 +258,13 @@ def train_model(
     speed_flags = speed_flags_of(config, strategy.num_replicas_in_sync)
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
-    from components.delta import save_weights
-    from trainer.export import weight_specs
-
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for delta exports
-    save_checkpoint(
-        model,
-        checkpoint_dir,
-        version=version or identity,
-        extra_files=[weights_file],
-        spec_hash=(spec or load_spec("criteo")).hash(),
-        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
-                "warm_start": str(warm_start.checkpoint_dir) if warm_start_summary is not None else None},
-        row_counts={"train": num_train_examples, "eval": len(eval_labels)},
-        extra={
-            "train_config": dataclasses.asdict(config),
-            "table_sizes": dict(table_sizes),
-            # The kept epoch's metrics (the last epoch's when early stopping is off or the best epoch ran before
-            # a resume).
-            "final_metrics": {name: values[kept] for name, values in history.items()},
-            "best_epoch": best_epoch,
-            "epochs_run": first_epoch + len(history.get("loss", [])),
-            "speed_flags": speed_flags,
-            "global_step": saver.global_step,
-            "resumed_from_step": resumed.global_step if resumed else None,
-            "warm_start": warm_start_summary,
-            "calibration": calibration,
-            "weight_specs": weight_specs(model),
-        },
-    )
+    write_training_checkpoint(
+        model, checkpoint_dir, config=config, version=version or identity, spec=spec, table_sizes=table_sizes,
+        train_files=train_files, eval_files=eval_files,
+        warm_start=warm_start if warm_start_summary is not None else None, warm_start_summary=warm_start_summary,
+        num_train_examples=num_train_examples, num_eval_examples=len(eval_labels), history=history, kept=kept,
+        best_epoch=best_epoch, first_epoch=first_epoch, speed_flags=speed_flags, global_step=saver.global_step,
+        resumed_from_step=resumed.global_step if resumed else None, calibration=calibration)
     clear_progress(progress_dir)  # the checkpoint supersedes it
     return TrainResult(
         model=model,
@@ -302,6 +279,48 @@ def train_model(
         warm_start=warm_start_summary,
         calibration=calibration,
         best_epoch=best_epoch,
+    )
+
+
+def write_training_checkpoint(
+    model: keras.Model, checkpoint_dir: Path, *, config: TrainConfig, version: str, spec: FeatureSpec | None,
+    table_sizes: Mapping[str, int], train_files: Sequence[str], eval_files: Sequence[str],
+    warm_start: WarmStart | None, warm_start_summary: dict[str, int] | None, num_train_examples: int,
+    num_eval_examples: int, history: Mapping[str, list[float]], kept: int, best_epoch: int | None, first_epoch: int,
+    speed_flags: Mapping[str, Any], global_step: int, resumed_from_step: int | None,
+    calibration: dict[str, float] | None, extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """model.keras, the weights file deltas diff against, and the checkpoint's manifest (kind "checkpoint"),
+    written last: what a training run leaves, on either backend (train_model, trainer.jax_train). `kept` indexes
+    `history`'s lists: the kept epoch's metrics (the last epoch's when early stopping is off or the best epoch
+    ran before a resume). Returns the manifest."""
+    from components.delta import save_weights, weight_specs
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for delta exports
+    return save_checkpoint(
+        model,
+        checkpoint_dir,
+        version=version,
+        extra_files=[weights_file],
+        spec_hash=(spec or load_spec("criteo")).hash(),
+        inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
+                "warm_start": str(warm_start.checkpoint_dir) if warm_start is not None else None},
+        row_counts={"train": num_train_examples, "eval": num_eval_examples},
+        extra={
+            "train_config": dataclasses.asdict(config),
+            "table_sizes": dict(table_sizes),
+            "final_metrics": {name: values[kept] for name, values in history.items()},
+            "best_epoch": best_epoch,
+            "epochs_run": first_epoch + len(history.get("loss", [])),
+            "speed_flags": dict(speed_flags),
+            "global_step": global_step,
+            "resumed_from_step": resumed_from_step,
+            "warm_start": warm_start_summary,
+            "calibration": calibration,
+            "weight_specs": weight_specs(model),
+            **(extra or {}),
+        },
     )
 
 
