@@ -305,15 +305,55 @@ def serve_and_score(work: Path, batches: list[list[dict[str, Any]]]) -> tuple[np
         server_log.close()
 
 
-def lightgbm_scores(spec: FeatureSpec, train: list[dict[str, Any]], train_labels: np.ndarray,
-                    test: list[dict[str, Any]]) -> np.ndarray | None:
-    """LightGBM on the same features (categoricals as category codes, lists left out), its rounds chosen by
-    early stopping on the last 10 % of the training rows; None when the package is not installed."""
+LIGHTGBM = "lightgbm==4.7.0"
+LIGHTGBM_CACHE = Path(os.environ.get("CTR_PIPELINE_CACHE", Path.home() / ".cache" / "ctr-pipeline")) / "bench-wheels"
+
+
+def import_lightgbm() -> tuple[Any, str]:
+    """LightGBM for the second baseline, and how it was found: the environment's own when it has one, else its
+    wheel downloaded from the package index (`pip download --no-deps`, cached) and unpacked beside the cache, the
+    way the datasets are fetched: the project does not depend on it. (None, why) when neither works."""
     try:
         import lightgbm
-        import pandas as pd
+        return lightgbm, "installed"
     except ImportError:
-        return None
+        pass
+    from components.datasets import DatasetError, pip_command
+    version = LIGHTGBM.split("==")[1]
+    unpacked = LIGHTGBM_CACHE / f"lightgbm-{version}"
+    if not (unpacked / "lightgbm" / "__init__.py").is_file():
+        try:
+            command = [*pip_command(), "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+                       LIGHTGBM, "-d", str(LIGHTGBM_CACHE)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        except (DatasetError, subprocess.TimeoutExpired) as err:
+            return None, f"not run: {err}"
+        wheels = sorted(LIGHTGBM_CACHE.glob(f"lightgbm-{version}-*.whl"))
+        if done.returncode or not wheels:
+            return None, f"not run: could not download {LIGHTGBM} ({(done.stderr or done.stdout).strip()[-200:]})"
+        import zipfile
+        partial = unpacked.with_name(unpacked.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        with zipfile.ZipFile(wheels[-1]) as archive:
+            archive.extractall(partial)
+        shutil.rmtree(unpacked, ignore_errors=True)
+        partial.rename(unpacked)
+    sys.path.insert(0, str(unpacked))
+    try:
+        import lightgbm
+    except (ImportError, OSError) as err:
+        return None, f"not run: {LIGHTGBM} does not load here ({err})"
+    return lightgbm, f"{LIGHTGBM} from the package index"
+
+
+def lightgbm_scores(spec: FeatureSpec, train: list[dict[str, Any]], train_labels: np.ndarray,
+                    test: list[dict[str, Any]]) -> tuple[np.ndarray | None, str]:
+    """LightGBM on the same features (categoricals as category codes, lists left out), its rounds chosen by
+    early stopping on the last 10 % of the training rows; (None, why) when it cannot be had."""
+    lightgbm, how = import_lightgbm()
+    if lightgbm is None:
+        return None, how
+    import pandas as pd
     columns = [f.name for f in spec.features if isinstance(f, DenseFeature | CategoricalFeature)
                and getattr(f, "derivation", "") != "buckets"]
     frame = pd.DataFrame([{c: row.get(c) for c in columns} for row in train + test])
@@ -325,12 +365,13 @@ def lightgbm_scores(spec: FeatureSpec, train: list[dict[str, Any]], train_labels
     model = lightgbm.LGBMClassifier(n_estimators=1000, learning_rate=0.05, num_leaves=31, verbose=-1)
     model.fit(x_train.iloc[:cut], train_labels[:cut], eval_set=[(x_train.iloc[cut:], train_labels[cut:])],
               callbacks=[lightgbm.early_stopping(50, verbose=False)])
-    return model.predict_proba(x_test)[:, 1]
+    return model.predict_proba(x_test)[:, 1], how
 
 
 # ---------------------------------------------------------------------------------------------------------
 
-def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool) -> dict[str, Any]:
+def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool,
+                overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     if "fetch" in source:
@@ -356,6 +397,7 @@ def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool) -
     log(f"{name}: {len(train_rows)} training rows, {len(test_rows)} test rows ({int(test_labels.sum())} clicks)")
 
     def served(run_work: Path, run_spec: str, extra: list[str]) -> dict[str, Any]:
+        extra = [arg for override in overrides for arg in ("--set", override)] + extra
         run_spec_parsed = load_spec(run_spec)
         outcome = product_run(run_work, run_spec, train_csv, ingest, extra)
         if outcome["published"]:
@@ -392,9 +434,10 @@ def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool) -
         out.update(auc=product["auc"], logloss=product["logloss"], lift_auc=product["auc"] - baseline.auc,
                    lift_auc_ci95=[low, high])
     out["product"] = product
-    gbm = lightgbm_scores(spec, all_parsed[:cut], labels_of(spec, train_rows), all_parsed[cut:])
+    gbm, how = lightgbm_scores(spec, all_parsed[:cut], labels_of(spec, train_rows), all_parsed[cut:])
     out["lightgbm_auc"] = roc_auc(test_labels, gbm) if gbm is not None else None
-    out["lightgbm"] = "ran" if gbm is not None else "not installed (not in requirements.lock)"
+    out["lightgbm_logloss"] = log_loss(test_labels, gbm) if gbm is not None else None
+    out["lightgbm"] = how
     if variants and spec.histories:
         din = served(work / "din", spec_arg, ["--set", "train.model=din"])
         no_history = served(work / "no_history", str(without_histories(spec, work)), [])
@@ -412,6 +455,9 @@ def main() -> int:
     parser.add_argument("--keep", metavar="DIR", help="work here and keep it (default: a temporary directory)")
     parser.add_argument("--no-variants", action="store_true", help="MovieLens without the DIN and no-history runs")
     parser.add_argument("--output", default=str(RESULTS))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every product run (not the defaults: for trying settings; the result "
+                             "records it under product.overrides)")
     args = parser.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-real-"))
     started = time.monotonic()
@@ -429,7 +475,8 @@ def main() -> int:
     try:
         for name in names:
             try:
-                results[name] = {**run_dataset(name, sources[name], work / name, variants=not args.no_variants),
+                results[name] = {**run_dataset(name, sources[name], work / name, variants=not args.no_variants,
+                                             overrides=tuple(args.overrides)),
                                  "command": command, "date": time.strftime("%Y-%m-%d %H:%M")}
             except Exception as err:  # noqa: BLE001 - one dataset's failure is its result; the others still run
                 log(f"{name}: failed: {err}")

@@ -170,6 +170,10 @@ class TrainConfig:
     # L2 on the embedding rows a training batch reads (trainer/layers/categorical_embedding.py row_l2): the
     # mean over the batch of their squared norms, times this, added to the loss; row-sparse like the updates.
     embedding_l2: float = 0.0
+    # The share of a training batch's categorical values read as the shared rare row, the row every value never
+    # seen in training reads at serving (trainer/layers/categorical_embedding.py rare_row_rate). 0 leaves that
+    # row trained only by the values below the admission count.
+    rare_row_rate: float = 0.0
     # XLA. Off by default: on CPU it made the demo's training 1.5x slower (28.6-29.7 K vs 43.8-45.2 K
     # examples/s, `ctr run daily --steps train --set train.jit_compile=...`). Turn it on for GPUs.
     jit_compile: bool = False
@@ -214,6 +218,11 @@ class TrainConfig:
 @dataclass(frozen=True)
 class GateConfig:
     min_auc: float = 0.60
+    # ... refused only when the AUC is below min_auc by more than this many of its standard errors (Hanley and
+    # McNeil's, from the numbers of held-out clicks and non-clicks): the Open Bandit logs' held-out slice holds
+    # about 8 clicks, where an AUC's standard error is near 0.1 and a good model measures 0.527 by chance. With
+    # thousands of clicks the allowance is under 0.02. 0 gives the bare threshold.
+    auc_noise_z: float = 1.96
     max_logloss: float = 0.69
     # |mean prediction - mean label| / mean label
     max_calibration_error: float = 0.15

@@ -115,7 +115,32 @@ def test_gate_passes_a_good_model():
 
 
 def test_gate_fails_low_auc():
-    assert check_gate(_evaluation(auc=0.55), GATE) == ["AUC 0.5500 is below gate.min_auc=0.6"]
+    (failure,) = check_gate(_evaluation(auc=0.55), GATE)
+    # 2,000 clicks and 8,000 non-clicks: the AUC's standard error is 0.0073, so 1.96 of them do not reach 0.6.
+    assert failure.startswith("AUC 0.5500 is below gate.min_auc=0.6 by more than gate.auc_noise_z=1.96 standard "
+                              "errors (0.0143) of an AUC on 10000 held-out rows with a click rate of 0.2000")
+    assert check_gate(_evaluation(auc=0.55), dataclasses.replace(GATE, auc_noise_z=0.0)) != []
+
+
+def test_gate_leaves_an_auc_within_its_noise_alone():
+    # The Open Bandit logs' held-out slice: 2,000 rows with 8 clicks. An AUC of 0.527 there is within two standard
+    # errors of 0.6; the same AUC on 100 times the rows is not.
+    assert check_gate(_evaluation(auc=0.527, mean_label=0.004, mean_prediction=0.004, num_examples=2000), GATE) == []
+    (failure,) = check_gate(_evaluation(auc=0.527, mean_label=0.004, mean_prediction=0.004, num_examples=200_000),
+                            GATE)
+    assert failure.startswith("AUC 0.5270 is below gate.min_auc=0.6")
+
+
+@pytest.mark.parametrize(("positives", "negatives", "shift"), [(8, 1992, 0.3), (200, 800, 1.0), (2000, 2000, 0.5)])
+def test_auc_standard_error_matches_the_spread_of_the_auc_over_resampled_slices(positives, negatives, shift):
+    """Hanley and McNeil's standard error against the spread of the AUC over 400 slices drawn the same way."""
+    rng = np.random.default_rng(0)
+    labels = np.r_[np.ones(positives), np.zeros(negatives)]
+    aucs = [roc_auc(labels, np.r_[rng.normal(shift, 1, positives), rng.normal(0, 1, negatives)]) for _ in range(400)]
+    mean_auc = float(np.mean(aucs))
+    evaluation = _evaluation(auc=mean_auc, mean_label=positives / (positives + negatives),
+                             num_examples=positives + negatives)
+    assert evaluation.auc_standard_error == pytest.approx(float(np.std(aucs)), rel=0.2)
 
 
 def test_gate_fails_high_logloss():

@@ -197,3 +197,56 @@ def test_row_l2_penalizes_the_rows_a_training_batch_reads_with_a_row_sparse_grad
 def test_row_l2_must_be_a_non_negative_number():
     with pytest.raises(ValueError, match=re.escape("`row_l2` must be a number >= 0. Received: row_l2=-0.1")):
         CategoricalEmbedding([5], 2, row_l2=-0.1)
+
+
+def test_rare_row_rate_reads_values_as_the_rare_row_in_training_only():
+    layer = CategoricalEmbedding([10, 10], 2, rare_row_rate=0.25, rare_row=0, missing_row=1, seed=3)
+    ids = np.tile(np.array([[5, 1]]), (4000, 1))  # a value in column 0, the missing row in column 1
+    first = np.asarray(layer(ids, training=True))
+    table = np.asarray(layer.embeddings)
+    as_rare = np.all(first[:, 0] == table[0], axis=1)
+    assert 0.22 < as_rare.mean() < 0.28  # about a quarter of the values
+    assert np.all(first[~as_rare, 0] == table[5])
+    assert np.all(first[:, 1] == table[11])  # a missing value stays missing (row 1 of table 1)
+    second = np.asarray(layer(ids, training=True))
+    assert not np.array_equal(np.all(second[:, 0] == table[0], axis=1), as_rare)  # drawn anew every batch
+    assert np.all(np.asarray(layer(ids, training=False))[:, 0] == table[5])  # evaluation and serving: as is
+    assert np.all(np.asarray(layer(ids))[:, 0] == table[5])
+    copy = CategoricalEmbedding.from_config(layer.get_config())
+    assert (copy.rare_row_rate, copy.rare_row, copy.missing_row, copy.seed) == (0.25, 0, 1, 3)
+    # The generator's state is not a weight: deltas, warm starts and checkpoints see the same weights as before.
+    assert [w.name for w in layer.weights] == ["embeddings"]
+
+
+def test_rare_row_rate_trains_the_row_unseen_values_read():
+    """Every training value is admitted (rows 2 and 3): without the rate the rare row never moves, so a value
+    first seen at serving reads its random initial value; with it, the rare row learns."""
+    import keras
+
+    from components.config import TrainConfig
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.models import build_model
+    from trainer.train import compile_model
+
+    rng = np.random.default_rng(0)
+    features = {"dense": rng.standard_normal((512, 26)).astype("float32"),
+                "categorical": rng.integers(2, 4, (512, 26)).astype("int64")}
+    labels = rng.integers(0, 2, 512).astype("float32")
+    moved = {}
+    for rate in (0.0, 0.2):
+        config = TrainConfig(mlp_units=(16, 8), rare_row_rate=rate)
+        keras.utils.set_random_seed(0)
+        model = build_model(config, {name: 10 for name in CATEGORICAL_FEATURES})
+        compile_model(model, config)
+        before = np.asarray(model.embedding.embeddings)[model.embedding.offsets]  # row 0 of every table
+        model.fit(features, labels, batch_size=64, verbose=0)
+        after = np.asarray(model.embedding.embeddings)[model.embedding.offsets]
+        moved[rate] = int((after != before).any(axis=1).sum())
+        assert model.embedding.rare_row_rate == rate
+    assert moved == {0.0: 0, 0.2: 26}
+
+
+def test_rare_row_rate_must_be_below_one():
+    with pytest.raises(ValueError, match=re.escape("`rare_row_rate` must be a number in [0, 1). Received: "
+                                                   "rare_row_rate=1.0")):
+        CategoricalEmbedding([5], 2, rare_row_rate=1.0)

@@ -90,7 +90,9 @@ def raw_request(categorical: np.ndarray) -> dict[str, tf.Tensor]:
 def model_and_state():
     state = feature_state()
     keras.utils.set_random_seed(3)
-    model = build_model(TrainConfig(embedding_dim=4, num_cross_layers=1, mlp_units=(8,)), state.table_sizes())
+    # rare_row_rate: a model that draws in training exports like any other (its draws' state is no weight).
+    model = build_model(TrainConfig(embedding_dim=4, num_cross_layers=1, mlp_units=(8,), rare_row_rate=0.1),
+                        state.table_sizes())
     # Spread the embeddings so that a wrong row anywhere changes the probability visibly.
     embeddings = model.embedding.embeddings
     embeddings.assign(np.random.default_rng(0).normal(0, 0.8, embeddings.shape).astype("float32"))

@@ -35,6 +35,13 @@ class CategoricalEmbedding(keras.layers.Layer):
     so updates stay row-sparse and the rows no batch reads keep their values (a regularizer on the whole table
     would move every row every step).
 
+    `rare_row_rate` > 0: in training, each value of `call`'s columns other than `missing_row` is read as
+    `rare_row` with this probability (drawn anew every batch). The rare row is what a value never seen in
+    training reads at serving; without this it learns only from the few training values below the admission
+    count, so on a log whose later rows bring many new users it is close to its random initial value and their
+    predictions are arbitrary. With it the rare row learns the average effect of an unknown value, the way
+    dropout trains a layer to work without some of its inputs. Evaluation and serving read every row as is.
+
     Tables listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a
     MultiHashEmbedding of `num_hash_functions` tables of `num_hash_buckets` rows, combined by `hash_combiner`,
     for vocabularies too large to give every value a row of its own. Their `offsets` entry is -1.
@@ -52,6 +59,10 @@ class CategoricalEmbedding(keras.layers.Layer):
         hash_combiner: str = "sum",
         feature_tables: Sequence[int] | None = None,
         row_l2: float = 0.0,
+        rare_row_rate: float = 0.0,
+        rare_row: int = 0,
+        missing_row: int = 1,
+        seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -59,6 +70,17 @@ class CategoricalEmbedding(keras.layers.Layer):
         if isinstance(row_l2, bool) or not isinstance(row_l2, int | float) or not row_l2 >= 0:
             raise ValueError(f"`row_l2` must be a number >= 0. Received: row_l2={row_l2!r}")
         self.row_l2 = float(row_l2)
+        if (isinstance(rare_row_rate, bool) or not isinstance(rare_row_rate, int | float)
+                or not 0 <= rare_row_rate < 1):
+            raise ValueError(f"`rare_row_rate` must be a number in [0, 1). Received: rare_row_rate={rare_row_rate!r}")
+        if not (is_integer(rare_row) and is_integer(missing_row) and rare_row >= 0 and missing_row >= 0):
+            raise ValueError(f"`rare_row` and `missing_row` must be row ids >= 0. Received: {rare_row!r}, "
+                             f"{missing_row!r}")
+        self.rare_row_rate = float(rare_row_rate)
+        self.rare_row = int(rare_row)
+        self.missing_row = int(missing_row)
+        self.seed = seed
+        self.seed_generator = None  # made in build, so that an unbuilt copy (from_config) makes no variable
         require_integer("embedding_dim", embedding_dim)
         num_features = len(table_sizes)  # tables, from here on
         if feature_tables is None:
@@ -130,13 +152,27 @@ class CategoricalEmbedding(keras.layers.Layer):
             )
         for hashed in self.hashed_embeddings:
             hashed.build(tuple(input_shape[:-1]))
+        if self.rare_row_rate:
+            # Only a layer that draws has a generator. Its state is a variable but not one of `weights`, so
+            # deltas, warm starts and weight files see the same weights with and without it.
+            self.seed_generator = keras.random.SeedGenerator(self.seed, name="rare_row_draws")
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
+        if training and self.rare_row_rate:
+            inputs = self._as_rare(inputs)
         output = self._lookup(inputs)
         if training and self.row_l2:
             values = ops.cast(output, "float32")
             self.add_loss(self.row_l2 * ops.mean(ops.sum(ops.square(values), axis=(-2, -1))))
         return output
+
+    def _as_rare(self, ids: Any) -> Any:
+        """`ids` with each value other than `missing_row` replaced by `rare_row` with probability rare_row_rate."""
+        if not keras.backend.is_int_dtype(ids.dtype):
+            ids = ops.cast(ids, "int64")
+        draws = keras.random.uniform(ops.shape(ids), seed=self.seed_generator)
+        replace = ops.logical_and(ops.less(draws, self.rare_row_rate), ops.not_equal(ids, self.missing_row))
+        return ops.where(replace, ops.cast(self.rare_row, ids.dtype), ids)
 
     def _lookup(self, inputs: Any) -> Any:
         if not keras.backend.is_int_dtype(inputs.dtype):
@@ -191,6 +227,10 @@ class CategoricalEmbedding(keras.layers.Layer):
                 "hash_combiner": self.hash_combiner,
                 "feature_tables": list(self.feature_tables),
                 "row_l2": self.row_l2,
+                "rare_row_rate": self.rare_row_rate,
+                "rare_row": self.rare_row,
+                "missing_row": self.missing_row,
+                "seed": self.seed,
             }
         )
         return config

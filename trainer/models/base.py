@@ -49,9 +49,12 @@ class CTRModel(keras.Model):
         )
         self.num_fields = num_fields(self.embedding, self.bags)
 
-    def embed(self, inputs: dict[str, Any]) -> Any:
-        """[B, num_fields, dim]: the categorical columns' embeddings, then one pooled vector per bag."""
-        return embed_fields(self.embedding, inputs, self.bags)
+    def embed(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
+        """[B, num_fields, dim]: the categorical columns' embeddings, then one pooled vector per bag.
+
+        `training` is passed down explicitly: the JAX trainer calls the model's `call` itself
+        (`stateless_call`), so nothing sets the call context from which a layer would otherwise read it."""
+        return embed_fields(self.embedding, inputs, self.bags, training)
 
     def build(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         # Explicit so a loaded .keras model gets its weights before they are restored.

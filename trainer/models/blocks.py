@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from components.config import TrainConfig
+from components.feature_spec import RARE_ROW
 from trainer.arguments import is_integer
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import (
@@ -77,9 +78,10 @@ def pooled_bags(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: S
     return out
 
 
-def embed_fields(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: Sequence[dict[str, Any]]) -> Any:
+def embed_fields(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: Sequence[dict[str, Any]],
+                 training: bool | None = None) -> Any:
     """[B, F + len(bags), dim]: the categorical columns' embeddings, then one pooled vector per bag."""
-    embedded = embedding(inputs[CATEGORICAL_INPUT])
+    embedded = embedding(inputs[CATEGORICAL_INPUT], training=training)
     if not bags:
         return embedded
     return ops.concatenate([embedded, *pooled_bags(embedding, inputs, bags)], axis=1)
@@ -97,6 +99,9 @@ def embedding_options(config: TrainConfig, inputs: ModelInputs = CRITEO_INPUTS,
     options = dict(spec_options or {})
     if config.embedding_l2:
         options["row_l2"] = config.embedding_l2
+    if config.rare_row_rate:
+        options.update(rare_row_rate=config.rare_row_rate, rare_row=RARE_ROW, missing_row=PADDING_ROW,
+                       seed=config.seed)
     names = config.multi_hash_features
     if not names:
         return options

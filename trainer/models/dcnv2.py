@@ -51,14 +51,14 @@ class DCNv2(CTRModel):
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
-        x0 = self.feature_input(inputs)
+        x0 = self.feature_input(inputs, training)
         crossed = self.cross_network(x0)
         hidden = self.deep_network(crossed)
         return self.head(hidden)
 
-    def feature_input(self, inputs: dict[str, Any]) -> Any:
+    def feature_input(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         """Flattened embeddings of the categorical features, then the dense features: [B, width]."""
-        flat = ops.reshape(self.embed(inputs), (-1, self.num_fields * self.embedding_dim))
+        flat = ops.reshape(self.embed(inputs, training), (-1, self.num_fields * self.embedding_dim))
         dense = ops.cast(inputs[DENSE_INPUT], flat.dtype)
         return ops.concatenate([flat, dense], axis=-1)
 

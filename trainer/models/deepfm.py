@@ -45,7 +45,7 @@ class DeepFM(CTRModel):
         self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
-        embedded = self.embed(inputs)
+        embedded = self.embed(inputs, training)
         linear = self.linear(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
         pairwise = self.factorization_machine(embedded)
         deep = self.deep_logit(self.deep_network(flatten_features(embedded, inputs[DENSE_INPUT])))

@@ -88,7 +88,7 @@ class DIEN(CTRModel):
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
-        embedded = self.embed(inputs)
+        embedded = self.embed(inputs, training)
         target = ops.take(embedded, self.item_feature, axis=1)
         behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)
         interests = self.interest_extractor(behaviours, mask=valid)

@@ -44,7 +44,7 @@ class WideDeep(CTRModel):
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         wide = self.wide(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
-        deep = self.deep_logit(self.deep_network(flatten_features(self.embed(inputs), inputs[DENSE_INPUT])))
+        deep = self.deep_logit(self.deep_network(flatten_features(self.embed(inputs, training), inputs[DENSE_INPUT])))
         return self.head(ops.add(wide, deep))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
