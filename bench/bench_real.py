@@ -405,6 +405,7 @@ def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool,
             batches_rows = instances(run_spec_parsed, train_rows + test_rows)[len(train_rows):]
             batches = [batches_rows[i:i + PREDICT_BATCH] for i in range(0, len(batches_rows), PREDICT_BATCH)]
             scores, seconds = serve_and_score(run_work, batches)
+            np.savez(run_work / "test_scores.npz", labels=test_labels, scores=scores)  # kept with --keep
             outcome.update(auc=roc_auc(test_labels, scores), logloss=log_loss(test_labels, scores),
                            mean_prediction=float(scores.mean()), scoring_seconds=seconds)
             outcome["_scores"] = scores

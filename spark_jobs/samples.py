@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
 from components.block_codec import (
     BLOCK_CATEGORICAL_KEY,
@@ -33,7 +33,7 @@ from components.block_codec import (
     encode_blocks,
     frame_records,
 )
-from components.feature_spec import BUCKET_DERIVATION, FeatureSpec
+from components.feature_spec import BUCKET_DERIVATION, RARE_ROW, FeatureSpec
 from components.feature_state import (
     FeatureState,
     bucket_values,
@@ -53,6 +53,8 @@ LAYOUTS = {"block": BLOCK_LAYOUT, "row": ROW_LAYOUT}
 SHARD_SCHEMA = StructType([
     StructField("split", IntegerType()), StructField("file", StringType()), StructField("rows", LongType()),
     StructField("positives", LongType()), StructField("blocks", LongType()),
+    # Per categorical column (spec order): rows whose value reads the shared rare row (rare or unseen).
+    StructField("rare", ArrayType(LongType())),
 ])
 # When one job writes several splits (write_splits), each row's split: its index into the output directories.
 SPLIT_COLUMN = "_split"
@@ -117,7 +119,7 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
     # few days) are never read here: with them the function of a state from 2 M rows pickled to 7.2 MB.
     state = dataclasses.replace(state, vocabularies={}, candidates=state.candidates.schema.empty_table())
 
-    def encode(table: pa.Table) -> tuple[list[bytes], np.ndarray]:
+    def encode(table: pa.Table) -> tuple[list[bytes], np.ndarray, np.ndarray]:
         labels = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
         num = len(labels)
         dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
@@ -129,9 +131,10 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
             for n, source, lookup in categorical
         ], axis=1) if categorical else np.zeros((num, 0), np.int64)
         id_lists = {n: list_rows(table.column(n), *lookup, length) for n, length, lookup in lists}
+        rare = (ids == RARE_ROW).sum(axis=0)
         if layout == "block":
-            return encode_blocks(labels, dense, ids, block_rows, id_lists), labels
-        return encode_rows(labels, dense, ids, PER_COLUMN), labels
+            return encode_blocks(labels, dense, ids, block_rows, id_lists), labels, rare
+        return encode_rows(labels, dense, ids, PER_COLUMN), labels, rare
 
     class ShardFile:
         """One output's shard of this partition: rows gathered into whole blocks, framed and written."""
@@ -141,9 +144,11 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
             self.handle = open(self.tmp, "wb")  # noqa: SIM115 (closed in finish)
             self.pending: list[pa.RecordBatch] = []
             self.pending_rows = self.rows = self.positives = self.blocks = 0
+            self.rare = np.zeros(len(categorical), dtype=np.int64)
 
         def flush(self, table: pa.Table) -> None:
-            records, labels = encode(table)
+            records, labels, rare = encode(table)
+            self.rare += rare
             self.handle.write(frame_records(records))
             self.rows += len(labels)
             self.positives += int(labels.sum())
@@ -188,9 +193,10 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
         if done:
             yield pa.RecordBatch.from_pylist(
                 [{"split": index, "file": name, "rows": shard.rows, "positives": shard.positives,
-                  "blocks": shard.blocks} for index, shard in done],
+                  "blocks": shard.blocks, "rare": shard.rare.tolist()} for index, shard in done],
                 schema=pa.schema([("split", pa.int32()), ("file", pa.string()), ("rows", pa.int64()),
-                                  ("positives", pa.int64()), ("blocks", pa.int64())]),
+                                  ("positives", pa.int64()), ("blocks", pa.int64()),
+                                  ("rare", pa.list_(pa.int64()))]),
             )
 
     return write_partition
@@ -303,7 +309,9 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
                     key=lambda r: (r["split"], r["file"]))
     manifests = {}
     for index, name in enumerate(names):
-        own = [{k: v for k, v in s.items() if k != "split"} for s in shards if s["split"] == index]
+        own = [{k: v for k, v in s.items() if k not in ("split", "rare")} for s in shards if s["split"] == index]
+        rare = [s["rare"] for s in shards if s["split"] == index]
+        rare_counts = np.sum(rare, axis=0, dtype=np.int64) if rare else np.zeros(len(spec.categorical), np.int64)
         num_rows = sum(s["rows"] for s in own)
         (staging[name] / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block"
                                                  else row_schema(state))
@@ -313,6 +321,9 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
             row_counts={"rows": num_rows, "positives": sum(s["positives"] for s in own)},
             extra={"split": name, "layout": layout_name, "block_rows": block_rows if layout == "block" else 1,
                    "shards": own, "compression": "none", "feature_state_version": state.version,
+                   # Rows whose value reads the shared rare row, per categorical column: the training rows' share
+                   # against the held-out rows' says how often serving will meet values training never saw.
+                   "rare_rows": dict(zip(spec.categorical_names, rare_counts.tolist(), strict=True)),
                    "feature_spec": {"name": spec.name, "hash": spec.hash()}},
         )
     for name, (_, directory) in splits.items():

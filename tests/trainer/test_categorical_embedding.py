@@ -246,7 +246,18 @@ def test_rare_row_rate_trains_the_row_unseen_values_read():
     assert moved == {0.0: 0, 0.2: 26}
 
 
-def test_rare_row_rate_must_be_below_one():
-    with pytest.raises(ValueError, match=re.escape("`rare_row_rate` must be a number in [0, 1). Received: "
-                                                   "rare_row_rate=1.0")):
-        CategoricalEmbedding([5], 2, rare_row_rate=1.0)
+def test_rare_row_rate_per_column():
+    layer = CategoricalEmbedding([10, 10, 10], 2, rare_row_rate=[0.5, 0.0, 0.1], seed=1)
+    out = np.asarray(layer(np.tile(np.array([[5, 5, 5]]), (4000, 1)), training=True))
+    table = np.asarray(layer.embeddings)
+    shares = [np.all(out[:, column] == table[10 * column], axis=1).mean() for column in range(3)]
+    assert 0.47 < shares[0] < 0.53 and shares[1] == 0.0 and 0.08 < shares[2] < 0.12
+    assert CategoricalEmbedding.from_config(layer.get_config()).rare_row_rate == [0.5, 0.0, 0.1]
+    assert not CategoricalEmbedding([10], 2, rare_row_rate=[0.0]).draws_rare_rows
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, [0.1, 0.2], True])
+def test_rare_row_rate_must_be_below_one_and_one_per_column(rate):
+    with pytest.raises(ValueError, match=re.escape("`rare_row_rate` must be a number in [0, 1), or one per input "
+                                                   f"column. Received: rare_row_rate={rate!r}")):
+        CategoricalEmbedding([5, 5, 5], 2, rare_row_rate=rate)

@@ -35,8 +35,8 @@ class CategoricalEmbedding(keras.layers.Layer):
     so updates stay row-sparse and the rows no batch reads keep their values (a regularizer on the whole table
     would move every row every step).
 
-    `rare_row_rate` > 0: in training, each value of `call`'s columns other than `missing_row` is read as
-    `rare_row` with this probability (drawn anew every batch). The rare row is what a value never seen in
+    `rare_row_rate` > 0 (one number, or one per input column): in training, each value of `call`'s columns
+    other than `missing_row` is read as `rare_row` with this probability (its column's; drawn anew every batch). The rare row is what a value never seen in
     training reads at serving; without this it learns only from the few training values below the admission
     count, so on a log whose later rows bring many new users it is close to its random initial value and their
     predictions are arbitrary. With it the rare row learns the average effect of an unknown value, the way
@@ -70,13 +70,15 @@ class CategoricalEmbedding(keras.layers.Layer):
         if isinstance(row_l2, bool) or not isinstance(row_l2, int | float) or not row_l2 >= 0:
             raise ValueError(f"`row_l2` must be a number >= 0. Received: row_l2={row_l2!r}")
         self.row_l2 = float(row_l2)
-        if (isinstance(rare_row_rate, bool) or not isinstance(rare_row_rate, int | float)
-                or not 0 <= rare_row_rate < 1):
-            raise ValueError(f"`rare_row_rate` must be a number in [0, 1). Received: rare_row_rate={rare_row_rate!r}")
+        rates = list(rare_row_rate) if isinstance(rare_row_rate, list | tuple) else [rare_row_rate]
+        if (not rates or any(isinstance(r, bool) or not isinstance(r, int | float) or not 0 <= r < 1 for r in rates)
+                or len(rates) not in (1, len(feature_tables) if feature_tables is not None else len(table_sizes))):
+            raise ValueError(f"`rare_row_rate` must be a number in [0, 1), or one per input column. Received: "
+                             f"rare_row_rate={rare_row_rate!r}")
         if not (is_integer(rare_row) and is_integer(missing_row) and rare_row >= 0 and missing_row >= 0):
             raise ValueError(f"`rare_row` and `missing_row` must be row ids >= 0. Received: {rare_row!r}, "
                              f"{missing_row!r}")
-        self.rare_row_rate = float(rare_row_rate)
+        self.rare_row_rate = float(rates[0]) if len(rates) == 1 else [float(r) for r in rates]
         self.rare_row = int(rare_row)
         self.missing_row = int(missing_row)
         self.seed = seed
@@ -132,6 +134,10 @@ class CategoricalEmbedding(keras.layers.Layer):
         self._feature_order = np.argsort(self._tabled_columns + self._hashed_columns).astype(np.int64)
 
     @property
+    def draws_rare_rows(self) -> bool:
+        return bool(np.any(np.asarray(self.rare_row_rate) > 0))
+
+    @property
     def num_features(self) -> int:
         """Input columns."""
         return len(self.feature_tables)
@@ -152,13 +158,13 @@ class CategoricalEmbedding(keras.layers.Layer):
             )
         for hashed in self.hashed_embeddings:
             hashed.build(tuple(input_shape[:-1]))
-        if self.rare_row_rate:
+        if self.draws_rare_rows:
             # Only a layer that draws has a generator. Its state is a variable but not one of `weights`, so
             # deltas, warm starts and weight files see the same weights with and without it.
             self.seed_generator = keras.random.SeedGenerator(self.seed, name="rare_row_draws")
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
-        if training and self.rare_row_rate:
+        if training and self.draws_rare_rows:
             inputs = self._as_rare(inputs)
         output = self._lookup(inputs)
         if training and self.row_l2:
@@ -171,7 +177,8 @@ class CategoricalEmbedding(keras.layers.Layer):
         if not keras.backend.is_int_dtype(ids.dtype):
             ids = ops.cast(ids, "int64")
         draws = keras.random.uniform(ops.shape(ids), seed=self.seed_generator)
-        replace = ops.logical_and(ops.less(draws, self.rare_row_rate), ops.not_equal(ids, self.missing_row))
+        rates = ops.convert_to_tensor(np.asarray(self.rare_row_rate, dtype="float32"))
+        replace = ops.logical_and(ops.less(draws, rates), ops.not_equal(ids, self.missing_row))
         return ops.where(replace, ops.cast(self.rare_row, ids.dtype), ids)
 
     def _lookup(self, inputs: Any) -> Any:

@@ -99,9 +99,9 @@ def embedding_options(config: TrainConfig, inputs: ModelInputs = CRITEO_INPUTS,
     options = dict(spec_options or {})
     if config.embedding_l2:
         options["row_l2"] = config.embedding_l2
-    if config.rare_row_rate:
-        options.update(rare_row_rate=config.rare_row_rate, rare_row=RARE_ROW, missing_row=PADDING_ROW,
-                       seed=config.seed)
+    rates = list(config.rare_row_rates) or config.rare_row_rate
+    if any(rate > 0 for rate in (rates if isinstance(rates, list) else [rates])):
+        options.update(rare_row_rate=rates, rare_row=RARE_ROW, missing_row=PADDING_ROW, seed=config.seed)
     names = config.multi_hash_features
     if not names:
         return options
