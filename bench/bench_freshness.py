@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import shutil
 import signal
 import socket
@@ -47,6 +48,7 @@ from components.layout import Layout
 from components.live_traffic import write_live_minute, write_live_minutes
 from components.model_store import open_model_store
 from pipelines.airflow_env import airflow_environment, prepare_database
+from pipelines.step_auth import SECRET_VARIABLE
 from pipelines.step_client import address_file
 from pipelines.step_worker import rss_mib
 
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     env = airflow_environment(config, api_port=api_port)
     env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
     env["AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL"] = "3600"
+    env[SECRET_VARIABLE] = secrets.token_urlsafe(24)  # the step worker's and its tasks', for this run only
     processes = Processes(logs)
     started = time.time()
     first_live = minute_floor(started)

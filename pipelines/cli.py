@@ -276,12 +276,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """The step worker in the foreground: Airflow's minute-run tasks hand it their steps (pipelines/step_worker.py).
     SIGTERM, SIGINT and SIGHUP stop it (status 0)."""
     from components.stopping import StopRequested, stop_on_signals
+    from pipelines.step_auth import required_worker_secret
     from pipelines.step_worker import serve
 
     config = _config(args)
+    secret = required_worker_secret(os.environ)
     try:
         with stop_on_signals():
-            again = serve(config, args.host, args.port, advertise=args.advertise,
+            again = serve(config, args.host, args.port, advertise=args.advertise, secret=secret,
                           ready=lambda address: print(f"ctr: step worker for {config.paths.root} on {address[0]}:"
                                                       f"{address[1]}", flush=True))
     except StopRequested:
@@ -449,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", parents=[common], help="run minute-run steps for Airflow's tasks in one warm "
                                                         "process")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only); clients "
+                                                       "must hold CTR_STEP_WORKER_SECRET, as the worker does")
     p.add_argument("--port", type=int, default=0, help="TCP port (default: any free one, announced in "
                                                        "<data_root>/worker/step-worker.json)")
     p.add_argument("--advertise", help="the host name tasks connect to (default: --host), e.g. the service's "

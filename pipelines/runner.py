@@ -13,6 +13,7 @@ from components.config import PipelineConfig, load_config
 from components.interval import Interval
 from pipelines import step_client
 from pipelines.context import RunContext, Step
+from pipelines.step_auth import worker_secret
 
 log = logging.getLogger(__name__)
 worker_log = logging.getLogger("ctr.step_worker")  # a step's log lines as the step worker sends them
@@ -130,23 +131,25 @@ def run_airflow_step(pipeline: str, step_name: str, context: Mapping[str, Any],
     (step,) = select_steps(pipeline, [step_name])
     on_worker = pipeline in step_client.PIPELINES and ctx.config.incremental.step_worker
     request: dict[str, Any] = {}
+    secret: bytes | None = None
     if on_worker:
         overrides, env = _task_config_inputs(pipeline, context, environ)
         request = {"pipeline": pipeline, "step": step_name, "run_id": ctx.run_id, "dag_id": ctx.dag_id,
                    "start": ctx.interval.start.isoformat(), "end": ctx.interval.end.isoformat(),
                    "overrides": overrides, "environ": env, "run_ahead": ctx.config.incremental.run_ahead}
+        secret = worker_secret(os.environ if environ is None else environ)
     if step.sensor:
         answer = hold_sensor(ctx, step)
         if answer and on_worker and ctx.config.incremental.run_ahead:
             try:
-                step_client.notify_done(ctx.config.paths.root, request)
+                step_client.notify_done(ctx.config.paths.root, request, secret)
             except step_client.WorkerUnavailable as err:  # the next task runs its step where it can
                 worker_log.debug("%s: the steps after %s start with their tasks", err, step_name)
         return answer
     if on_worker:
         try:
             return step_client.run_on_worker(ctx.config.paths.root, request,
-                                             lambda level, text: worker_log.log(level, "%s", text))
+                                             lambda level, text: worker_log.log(level, "%s", text), secret)
         except step_client.WorkerUnavailable as err:
             ctx.progress("%s; the step runs in this task's process", err)
     return run_steps(ctx, [step])[step_name]

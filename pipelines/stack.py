@@ -43,6 +43,7 @@ from pathlib import Path
 from components.config import PipelineConfig, load_config
 from pipelines import step_client
 from pipelines.airflow_env import airflow_environment, prepare_database
+from pipelines.step_auth import SECRET_VARIABLE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +70,8 @@ STACK_DEFAULTS: dict[str, str] = {
 # Generated once into the secrets file unless the environment sets them.
 SECRET_KEYS = ("_AIRFLOW_WWW_USER_PASSWORD", "POSTGRES_PASSWORD", "MLFLOW_DB_PASSWORD", "S3_ACCESS_KEY_ID",
                "S3_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
-               "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "MLFLOW_FLASK_SERVER_SECRET_KEY")
+               "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "MLFLOW_FLASK_SERVER_SECRET_KEY",
+               SECRET_VARIABLE)
 USERS = {"_AIRFLOW_WWW_USER_USERNAME": "airflow", "MLFLOW_TRACKING_USERNAME": "admin"}
 BUCKETS = ("models", "mlflow")
 START_MARKER = "\n==== "  # begins the line `up` writes into a service's log before starting it
@@ -197,7 +199,8 @@ def pipeline_config(settings: StackSettings) -> PipelineConfig:
 
 def client_environment(settings: StackSettings) -> dict[str, str]:
     """What a client of the stack needs (tasks, `ctr` commands, the model server): where everything is, and the
-    credentials of S3 and MLflow. `ctr-pipeline stack env` prints it."""
+    credentials of S3, MLflow and the step worker (which the worker gets too). `ctr-pipeline stack env` prints
+    it."""
     config = pipeline_config(settings)
     s = settings.secrets
     return {
@@ -215,6 +218,7 @@ def client_environment(settings: StackSettings) -> dict[str, str]:
         "_AIRFLOW_WWW_USER_PASSWORD": s["_AIRFLOW_WWW_USER_PASSWORD"],
         "CTR_AIRFLOW_API_URL": settings.url("AIRFLOW_API_PORT"),
         "CTR_SERVING_URL": settings.url("SERVING_PORT"),
+        SECRET_VARIABLE: s[SECRET_VARIABLE],
     }
 
 
@@ -305,7 +309,8 @@ def services(settings: StackSettings) -> list[Service]:
                            settings.values["CTR_STACK_REDIS"],
                            lambda: _log_says(home / "logs" / "airflow-worker.log", " ready."),
                            after=("airflow-api-server",)))
-    # The minute DAG's steps, run warm for its tasks (pipelines/step_worker.py), with the tasks' environment.
+    # The minute DAG's steps, run warm for its tasks (pipelines/step_worker.py), with the tasks' environment and
+    # so their CTR_STEP_WORKER_SECRET; on loopback, its default.
     data_root = pipeline_config(settings).paths.root
     out.append(Service("step-worker", [python, "-m", "pipelines.cli", "worker"], client,
                        f"{step_client.address_file(data_root)}", lambda: _step_worker_ready(data_root),

@@ -20,6 +20,12 @@ over, the worker starts the steps after it without waiting for their tasks; a ta
 that run's log lines and outcome instead of running it again. It takes Airflow's hand-offs (0.3-0.6 s each)
 out of a minute's freshness; `incremental.run_ahead=false` turns it off.
 
+Who may use it: the worker listens on loopback unless told otherwise (`--host`; the compose stack's service
+listens on its private network), and before it reads a request the client proves that it holds the shared secret,
+`CTR_STEP_WORKER_SECRET` (pipelines/step_auth.py). A client without it, or with another, is refused before its
+request is read, and the worker logs who was refused and why. `ctr-pipeline stack up` generates the secret and
+gives it to the worker and the tasks; docker-compose.yml refuses to start without it.
+
 Finding it: the worker writes `<data_root>/worker/step-worker.json` (host, port, pid) once it listens and
 removes it when it stops. A task whose data root has no answering worker runs the step itself, as before
 (logged once per task), so a worker is a speed-up, never a dependency. `incremental.step_worker=false` turns
@@ -59,6 +65,7 @@ from typing import Any
 from pipelines import arrivals, idle_gc
 from pipelines.idle_gc import IdleCollector
 from pipelines.run_ahead import Outcome, RunAhead
+from pipelines.step_auth import Refused, verify_client
 from pipelines.step_client import PIPELINES, address_file, error_types, send_message
 
 log = logging.getLogger(__name__)
@@ -127,11 +134,17 @@ class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
+        server = self.server
+        try:
+            if not verify_client(self.connection, server.secret):  # a health check's connect-and-close
+                return
+        except Refused as err:
+            log.warning("refused the client at %s:%d: %s; nothing of its request runs", *self.client_address[:2], err)
+            return
         line = self.rfile.readline()
-        if not line.strip():  # a health check's connect-and-close, or a client that sent nothing
+        if not line.strip():  # a client that sent nothing after the handshake
             return
         request = json.loads(line)
-        server = self.server
         if request.get("notice") == "done":  # a sensor's task: its wait is over (pipelines/run_ahead.py)
             if not server.recycling.is_set():
                 server.start(server.ahead.notice(request))
@@ -164,10 +177,11 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], max_rss_mib: float | None,
-                 collector: IdleCollector | None = None) -> None:
+                 collector: IdleCollector | None = None, *, secret: bytes) -> None:
         from pipelines.runner import pipeline_steps
 
         super().__init__(address, _Handler)
+        self.secret = secret
         self.thread_logs = _ThreadLogs()
         self.max_rss_mib = max_rss_mib
         self.recycling = threading.Event()
@@ -258,16 +272,16 @@ def warm_up() -> None:
 
 
 def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple[str, int]], None] | None = None,
-          stop: threading.Event | None = None, advertise: str | None = None) -> bool:
-    """Serves steps until `stop` is set (or forever), announcing the address in the data root's address file
-    (`advertise`, or the host it listens on, and the port). Returns True when it stopped to start over (its
-    memory went over incremental.step_worker_max_rss_mib), False when stopped."""
+          stop: threading.Event | None = None, advertise: str | None = None, *, secret: bytes) -> bool:
+    """Serves steps until `stop` is set (or forever) to the clients that prove they hold `secret`, announcing the
+    address in the data root's address file (`advertise`, or the host it listens on, and the port). Returns True
+    when it stopped to start over (its memory went over incremental.step_worker_max_rss_mib), False when stopped."""
     warm_up()
     collector = IdleCollector(automatic=not config.incremental.worker_idle_gc)
     collector.install()
     if not collector.automatic:
         collector.collect_idle("warmed up")
-    server = _Server((host, port), config.incremental.step_worker_max_rss_mib, collector)
+    server = _Server((host, port), config.incremental.step_worker_max_rss_mib, collector, secret=secret)
     logging.getLogger().addHandler(server.thread_logs)
     # The steps' progress lines and the worker's go to the tasks; validation on arrival and the garbage
     # collections to the worker's log.

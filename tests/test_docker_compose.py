@@ -35,8 +35,13 @@ EXPECTED_SERVICES = AIRFLOW_LONG_RUNNING | ONE_SHOT | {
 TASK_RUNNERS = {"airflow-scheduler", "airflow-worker"}
 CTR_HOME = "/var/lib/ctr"
 
-# ${NAME}, ${NAME:-default}, ${NAME-default}; `$${NAME}` is an escaped literal for the container's shell.
-VARIABLE = re.compile(r"(?<!\$)\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
+# Variables without a default, which `config` and `up` refuse to go without, and the value the checks give them.
+REQUIRED = {"CTR_STEP_WORKER_SECRET": "step-worker-secret-of-the-checks"}
+REQUIRED_DEFAULT = "none; required"  # what the header says of a required variable's default
+
+# ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}; `$${NAME}` is an escaped literal for the container's
+# shell.
+VARIABLE = re.compile(r"(?<!\$)\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}")
 HEADER_NAME = re.compile(r"^# (?P<name>_?[A-Z][A-Z0-9_]*)\s+- ")
 HEADER_DEFAULT = re.compile(r"^#\s+Default: (?P<default>.*)$")
 
@@ -75,14 +80,17 @@ def compose_command() -> str:
     return path
 
 
-def run_compose(tmp_path_factory: pytest.TempPathFactory, *args: str, **variables: str):
-    """Runs docker-compose on the file with only `variables` set, ignoring the caller's shell and .env."""
+def run_compose(tmp_path_factory: pytest.TempPathFactory, *args: str, **variables: str | None):
+    """Runs docker-compose on the file with only `variables` and the REQUIRED ones set (None unsets one), ignoring
+    the caller's shell and .env."""
     documented = documented_variables(split_header(COMPOSE_FILE.read_text())[0])
     env = {
         key: value for key, value in os.environ.items()
         if key not in documented and not key.startswith("COMPOSE_")
     }
+    env.update(REQUIRED)
     env.update(variables)
+    env = {key: value for key, value in env.items() if value is not None}
     empty_env_file = tmp_path_factory.mktemp("compose") / "empty.env"
     empty_env_file.write_text("")
     return subprocess.run(
@@ -178,8 +186,11 @@ def test_airflow_services_wait_for_healthy_postgres_and_init(services):
 def test_the_step_worker_runs_steps_as_the_task_runners_would_and_is_found_by_its_service_name(services):
     worker = services["step-worker"]
     for name in TASK_RUNNERS:
-        for key in ("CTR_HOME", "CTR_MODEL_STORE", "SPARK_REMOTE", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID"):
+        for key in ("CTR_HOME", "CTR_MODEL_STORE", "SPARK_REMOTE", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID",
+                    "CTR_STEP_WORKER_SECRET"):
             assert worker["environment"][key] == services[name]["environment"][key], (name, key)
+    assert worker["environment"]["CTR_STEP_WORKER_SECRET"] == REQUIRED["CTR_STEP_WORKER_SECRET"]
+    assert "ports" not in worker  # reached on the stack's network only, by clients that hold the secret
     assert f"ctr-home:{CTR_HOME}:rw" in worker["volumes"]
     command = worker["command"]
     assert command[:2] == ["ctr-pipeline", "worker"] and command[command.index("--advertise") + 1] == "step-worker"
@@ -274,12 +285,23 @@ def test_an_empty_s3_endpoint_selects_aws(tmp_path_factory):
     assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == ""
 
 
+def test_without_the_step_workers_secret_compose_stops_and_says_which_variable(tmp_path_factory):
+    result = run_compose(tmp_path_factory, "config", "-q", CTR_STEP_WORKER_SECRET=None)
+    assert result.returncode != 0
+    assert "set CTR_STEP_WORKER_SECRET, the step worker's shared secret" in result.stderr
+
+
 def test_every_variable_is_documented_in_the_header_with_its_default():
     header, body = split_header(COMPOSE_FILE.read_text())
     documented = documented_variables(header)
     used: dict[str, set[str]] = {}
     for match in VARIABLE.finditer(body):
         assert match["op"], f"${{{match['name']}}} has no default; give it one and document it"
+        if match["op"].endswith("?"):
+            assert match["name"] in REQUIRED, f"${{{match['name']}}} is required; add it to REQUIRED"
+            assert match["name"] in match["default"], f"the error of ${{{match['name']}}} must name it"
+            used.setdefault(match["name"], set()).add(REQUIRED_DEFAULT)
+            continue
         used.setdefault(match["name"], set()).add(match["default"])
     undocumented = set(used) - set(documented)
     assert not undocumented, f"variables used but not listed in the header: {sorted(undocumented)}"

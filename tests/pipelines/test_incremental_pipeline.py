@@ -188,7 +188,7 @@ def test_a_damaged_checkpoint_is_detected_and_the_chain_goes_on_from_its_parent(
 def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcomes(chain, caplog):
     """Airflow's tasks hand their steps to a warm step worker: outputs come back, the step's log lines are
     printed by the task, domain errors keep their type, other errors come with the worker's traceback, and with
-    the worker gone the task runs the step itself."""
+    the worker gone (or refusing a task without its secret) the task runs the step itself."""
     import threading
     import time
 
@@ -197,10 +197,14 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
     from pipelines.runner import run_airflow_step
 
     config, layout, store = chain["config"], chain["layout"], chain["store"]
+    secret = "step-worker-secret-of-the-tests"
+    task_environ = {"CTR_HOME": str(layout.root), "CTR_STEP_WORKER_SECRET": secret}
     stop = threading.Event()
     up = threading.Event()
     worker = threading.Thread(target=step_worker.serve, args=(config,), kwargs={"ready": lambda _: up.set(),
-                                                                                "stop": stop}, daemon=True)
+                                                                                "stop": stop,
+                                                                                "secret": secret.encode()},
+                              daemon=True)
     worker.start()
     assert up.wait(120), "the step worker did not come up"
     address = step_client.worker_address(config.paths.root)
@@ -213,7 +217,7 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
                "environ": {}}
     lines: list[str] = []
     outputs = {step.name: step_client.run_on_worker(layout.root, {**request, "step": step.name},
-                                                    lambda level, text: lines.append(text))
+                                                    lambda level, text: lines.append(text), secret.encode())
                for step in select_steps("incremental", None) if not step.sensor}
     assert outputs["publish"]["version"] == "202601010019" and store.latest("ctr") == "202601010019"
     assert store.manifest("ctr", "202601010019")["minutes"] == ["2026-01-01T00:18:00+00:00"]
@@ -226,11 +230,12 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
                "params": {}}
     caplog.set_level("INFO")
     with pytest.raises(NothingToLearn, match="already holds data up to 2026-01-01T00:19:00"):
-        run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
+        run_airflow_step("incremental", "plan", context, environ=task_environ)
     assert any(r.name == "ctr.step_worker" and "step plan started" in r.getMessage() for r in caplog.records)
 
     with pytest.raises(step_client.StepWorkerError, match=r"(?s)ValueError: .*on the step worker at .*Traceback"):
-        step_client.run_on_worker(layout.root, {**request, "pipeline": "daily", "step": "train"}, lambda *_: None)
+        step_client.run_on_worker(layout.root, {**request, "pipeline": "daily", "step": "train"}, lambda *_: None,
+                                  secret.encode())
 
     # Steps ahead of their tasks (pipelines/run_ahead.py): the sensor's yes starts the minute in the worker, which
     # publishes it before any task asks; each task then gets its step's lines and outcome from that run, once.
@@ -238,14 +243,14 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
     write_minute(config.generate, layout, 19, minute.start)
     ahead = {**request, "run_id": "worker-0019", "start": minute.start.isoformat(), "end": minute.end.isoformat(),
              "run_ahead": True}
-    step_client.notify_done(layout.root, {**ahead, "step": "wait_for_data"})
+    step_client.notify_done(layout.root, {**ahead, "step": "wait_for_data"}, secret.encode())
     deadline = time.monotonic() + 300
     while store.latest("ctr") != "202601010020" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert store.latest("ctr") == "202601010020", "the minute's steps did not run ahead of their tasks"
     lines.clear()
     taken = {step.name: step_client.run_on_worker(layout.root, {**ahead, "step": step.name},
-                                                  lambda level, text: lines.append(text))
+                                                  lambda level, text: lines.append(text), secret.encode())
              for step in select_steps("incremental", None) if not step.sensor}
     assert taken["publish"]["version"] == "202601010020" and taken["publish"]["uri"]
     assert taken["samples"]["train"] + taken["samples"]["holdout"] == 2000
@@ -255,25 +260,33 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
     # A retry of a task (or one cleared after the run) runs its step again, and nothing after it runs ahead.
     lines.clear()
     assert step_client.run_on_worker(layout.root, {**ahead, "step": "gate"},
-                                     lambda level, text: lines.append(text)) == taken["gate"]
+                                     lambda level, text: lines.append(text), secret.encode()) == taken["gate"]
     assert any("incremental/gate of worker-0019: started" in line for line in lines)
     assert not any("ahead" in line for line in lines)
     # An Airflow sensor task's yes is what starts a run ahead: here the minute is learned already, so the plan
     # that ran ahead ends in NothingToLearn, which the plan task raises as itself.
     context = {**context, "run_id": "worker-again-ahead"}
     caplog.clear()
-    assert run_airflow_step("incremental", "wait_for_data", context, environ={"CTR_HOME": str(layout.root)}) is True
+    assert run_airflow_step("incremental", "wait_for_data", context, environ=task_environ) is True
     with pytest.raises(NothingToLearn):
-        run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
+        run_airflow_step("incremental", "plan", context, environ=task_environ)
     assert any("incremental/plan of worker-again-ahead: started ahead of its task" in r.getMessage()
                for r in caplog.records)
+    # A task without the worker's secret is refused before it connects, and runs its step itself.
+    caplog.clear()
+    with pytest.raises(NothingToLearn):
+        run_airflow_step("incremental", "plan", {**context, "run_id": "no-secret"},
+                         environ={"CTR_HOME": str(layout.root)})
+    assert any("CTR_STEP_WORKER_SECRET is not set in this task's environment" in r.getMessage()
+               and "the step runs in this task's process" in r.getMessage() for r in caplog.records)
+    assert not any(r.name == "ctr.step_worker" for r in caplog.records)
 
     stop.set()
     worker.join(30)
     assert not step_client.address_file(layout.root).exists()
     caplog.clear()
     with pytest.raises(NothingToLearn):
-        run_airflow_step("incremental", "plan", context, environ={"CTR_HOME": str(layout.root)})
+        run_airflow_step("incremental", "plan", context, environ=task_environ)
     assert any("the step runs in this task's process" in r.getMessage() for r in caplog.records)
     assert not any(r.name == "ctr.step_worker" for r in caplog.records)
 

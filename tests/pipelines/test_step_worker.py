@@ -1,5 +1,6 @@
-"""The step worker's side of things that need no minute chain: finding it, errors that cross the wire, and
-starting over when its memory grows. tests/pipelines/test_incremental_pipeline.py runs a whole minute on it."""
+"""The step worker's side of things that need no minute chain: finding it, who it refuses, errors that cross the
+wire, and starting over when its memory grows. tests/pipelines/test_incremental_pipeline.py runs a whole minute on
+it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import time
 import pytest
 
 from components.config import load_config
-from pipelines import step_client, step_worker
+from pipelines import cli, step_auth, step_client, step_worker
 
 pytestmark = pytest.mark.integration  # a real worker on a loopback port
 
+SECRET = b"step-worker-secret-of-the-tests"
 REQUEST = {"pipeline": "daily", "step": "train", "run_id": "r", "start": "2026-01-01T00:00:00+00:00",
            "end": "2026-01-02T00:00:00+00:00", "overrides": {}, "environ": {}}
 
@@ -26,7 +28,7 @@ def start_worker(config):
     stop, up, result = threading.Event(), threading.Event(), {}
 
     def run() -> None:
-        result["again"] = step_worker.serve(config, ready=lambda _: up.set(), stop=stop)
+        result["again"] = step_worker.serve(config, ready=lambda _: up.set(), stop=stop, secret=SECRET)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -36,7 +38,7 @@ def start_worker(config):
 
 def test_without_a_worker_answering_the_task_is_told_so(tmp_path):
     with pytest.raises(step_client.WorkerUnavailable, match="step-worker.json is absent"):
-        step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+        step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
     with socket.socket() as closed:  # a worker that died and left its address behind
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
@@ -44,7 +46,112 @@ def test_without_a_worker_answering_the_task_is_told_so(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"host": "127.0.0.1", "port": port, "pid": 1}))
     with pytest.raises(step_client.WorkerUnavailable, match=f"127.0.0.1:{port} does not answer"):
-        step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+        step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
+
+
+def test_the_worker_listens_on_loopback_unless_told_otherwise(tmp_path):
+    config = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
+    stop, thread, _ = start_worker(config)
+    try:
+        assert step_client.worker_address(tmp_path)[0] == "127.0.0.1"
+    finally:
+        stop.set()
+        thread.join(30)
+    assert cli.build_parser().parse_args(["worker"]).host == "127.0.0.1"
+
+
+def test_a_client_without_the_secret_is_refused_before_its_request_is_read_and_nothing_runs(tmp_path, caplog):
+    """A client that connects and sends a step, as a task did before the handshake, hears the worker's challenge
+    and then the connection closes: no answer, no step; the worker's log says whom it refused and why. A task
+    with the right secret is served as before."""
+    config = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
+    plan = {**REQUEST, "pipeline": "incremental", "step": "plan", "end": "2026-01-01T00:01:00+00:00",
+            "overrides": {"paths.data_root": str(tmp_path)}}
+    caplog.set_level(logging.INFO, logger="pipelines.step_worker")
+    stop, thread, _ = start_worker(config)
+    address = step_client.worker_address(tmp_path)
+    try:
+        sent = (json.dumps(plan) + "\n").encode()
+        with socket.create_connection(address, timeout=30) as stranger:
+            port = stranger.getsockname()[1]
+            stranger.sendall(sent)
+            heard = b""
+            while chunk := stranger.recv(4096):
+                heard += chunk
+        assert heard[4:].startswith(b"#CHALLENGE#") and len(heard) == 4 + len(b"#CHALLENGE#") + 20  # then closed
+        refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused the client at")]
+        # The request's first 4 bytes, read as the length of an answer.
+        assert refused == [f"refused the client at 127.0.0.1:{port}: it sent something other than an answer to the "
+                           f"challenge (a message of {int.from_bytes(sent[:4], 'big')} bytes where the handshake "
+                           "sends at most 256): a client without CTR_STEP_WORKER_SECRET or the handshake; nothing "
+                           "of its request runs"]
+        assert not any(": started" in r.getMessage() for r in caplog.records)
+        # The worker goes on serving those that hold the secret.
+        with pytest.raises(step_client.StepWorkerError, match="ValueError: the step worker runs the steps of"):
+            step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_a_task_with_another_secret_or_none_is_refused_and_told_why(tmp_path, caplog):
+    config = load_config(overrides={"paths.data_root": str(tmp_path)}, environ={})
+    caplog.set_level(logging.INFO, logger="pipelines.step_worker")
+    stop, thread, _ = start_worker(config)
+    try:
+        with pytest.raises(step_client.WorkerRefused,
+                           match=r"127\.0\.0\.1:\d+: it refused this task's CTR_STEP_WORKER_SECRET \(the worker "
+                                 r"holds another secret\)"):
+            step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, b"another-secret-of-the-tests")
+        # The worker logs the refusal once it sent it, which may be just after the task heard it.
+        deadline = time.monotonic() + 10
+        while not any("does not match CTR_STEP_WORKER_SECRET: the client holds another secret" in r.getMessage()
+                      for r in caplog.records):
+            assert time.monotonic() < deadline, "the worker did not log why it refused the task"
+            time.sleep(0.05)
+        with pytest.raises(step_client.WorkerRefused, match="CTR_STEP_WORKER_SECRET is not set in this task's"):
+            step_client.notify_done(tmp_path, {**REQUEST, "step": "wait_for_data"}, None)
+        assert not any(": started" in r.getMessage() for r in caplog.records)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_a_worker_without_the_secret_does_not_start_and_says_how_to_set_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("CTR_HOME", str(tmp_path))
+    monkeypatch.delenv("CTR_STEP_WORKER_SECRET", raising=False)
+    assert cli.main(["worker"]) == 2
+    assert "configuration error: CTR_STEP_WORKER_SECRET is not set: the step worker refuses every task without " \
+           "it; set it, the same, in the worker's environment and in the Airflow tasks'" in capsys.readouterr().err
+    monkeypatch.setenv("CTR_STEP_WORKER_SECRET", "short")
+    assert cli.main(["worker"]) == 2
+    assert "CTR_STEP_WORKER_SECRET is 5 characters long, expected at least 16" in capsys.readouterr().err
+    assert not step_client.address_file(tmp_path).exists()
+
+
+def test_the_handshake_proves_the_secret_both_ways_without_sending_it():
+    sent: list[bytes] = []
+
+    class Recording(socket.socket):
+        def sendall(self, data, *args) -> None:
+            sent.append(bytes(data))
+            super().sendall(data, *args)
+
+    worker_side, task_side = socket.socketpair()
+    task = Recording(fileno=task_side.detach())
+    outcome: dict[str, bool] = {}
+    thread = threading.Thread(target=lambda: outcome.update(ok=step_auth.verify_client(worker_side, SECRET)))
+    thread.start()
+    try:
+        step_auth.prove_to_worker(task, SECRET)  # raises Refused if the worker's answer were wrong
+        thread.join(10)
+    finally:
+        worker_side.close()
+        task.close()
+    assert outcome == {"ok": True}
+    # Its answer, its own challenge, its welcome of the worker's answer: none holds the secret.
+    assert [data[4:14] for data in sent[1:]] == [b"#CHALLENGE", b"#WELCOME#"] and len(sent) == 3
+    assert not any(SECRET in data for data in sent)
 
 
 def test_an_error_comes_back_with_its_type_and_the_workers_traceback(tmp_path):
@@ -54,7 +161,7 @@ def test_an_error_comes_back_with_its_type_and_the_workers_traceback(tmp_path):
         with pytest.raises(step_client.StepWorkerError,
                            match=r"(?s)^ValueError: the step worker runs the steps of \['incremental'\], not of "
                                  r"'daily'.*--- on the step worker at 127\.0\.0\.1:\d+:.*Traceback"):
-            step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+            step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
     finally:
         stop.set()
         thread.join(30)
@@ -77,12 +184,13 @@ def test_health_checks_and_tasks_that_go_away_leave_the_worker_answering(tmp_pat
                 "overrides": {"paths.data_root": str(tmp_path)}}
         with socket.create_connection(address, timeout=5) as gone:
             gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+            step_auth.prove_to_worker(gone, SECRET)
             gone.sendall((json.dumps(plan) + "\n").encode())
         answered = threading.Event()
 
         def ask() -> None:
             with pytest.raises(step_client.StepWorkerError, match="ValueError"):
-                step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+                step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
             answered.set()
 
         threading.Thread(target=ask, daemon=True).start()
@@ -100,7 +208,7 @@ def test_a_worker_over_its_memory_limit_stops_taking_steps_and_starts_over(tmp_p
     address = step_client.worker_address(tmp_path)
     try:
         with pytest.raises(step_client.StepWorkerError):  # one step ends: the worker is over 1 MiB
-            step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+            step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
         thread.join(30)
     finally:
         stop.set()
@@ -124,7 +232,7 @@ def test_the_worker_collects_garbage_after_warming_up_and_after_a_failed_step_wh
         try:
             assert gc.isenabled() is not idle_gc  # CPython's own collections are off while the worker serves
             with pytest.raises(step_client.StepWorkerError):  # a step that fails ends its run: nothing follows it
-                step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None)
+                step_client.run_on_worker(tmp_path, REQUEST, lambda *_: None, SECRET)
             deadline = time.monotonic() + 30
             while idle_gc and "idle (after a run)" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -141,7 +249,7 @@ def test_the_worker_collects_garbage_after_warming_up_and_after_a_failed_step_wh
 
 
 def test_a_run_ends_with_its_pipelines_last_step():
-    server = step_worker._Server(("127.0.0.1", 0), None)
+    server = step_worker._Server(("127.0.0.1", 0), None, secret=SECRET)
     try:
         assert server._ends_run({"pipeline": "incremental", "step": "publish"})
         assert not server._ends_run({"pipeline": "incremental", "step": "train"})
