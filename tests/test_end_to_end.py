@@ -21,7 +21,9 @@ from components.synthetic import generate
 from pipelines.airflow_env import airflow_environment, prepare_database
 from pipelines.run_params import DAILY, params_from_overrides
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Its fixture runs the whole daily DAG under `airflow dags test`, bounded by its subprocesses' own limits (45 minutes
+# in all), not by pyproject's 15 minutes for one test.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2700)]
 
 DAY = Interval.day("2026-01-01")
 OVERRIDES = {

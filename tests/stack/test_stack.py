@@ -29,6 +29,9 @@ from tests.webhook_receiver import webhook_receiver
 pytestmark = [
     pytest.mark.stack,
     pytest.mark.skipif(os.environ.get("CTR_TEST_STACK") != "1", reason="the whole stack: run `make test-stack`"),
+    # Bringing the stack up and down and the waits below allow up to about an hour in all (pyproject's 15 minutes
+    # is for one test of the suite).
+    pytest.mark.timeout(3600),
 ]
 REPO = Path(__file__).resolve().parents[2]
 
