@@ -315,11 +315,16 @@ def train(ctx: RunContext) -> dict:
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})
-    if result.calibration is not None:
+    calibration = result.calibration
+    if calibration is not None and calibration.get("held_out"):
+        ctx.progress("train: calibrated on %d held-out rows (every other one): logit scale %.3f, shift %+.3f; "
+                     "logloss on the other %d %.4f -> %.4f", calibration["rows"], calibration["scale"],
+                     calibration["shift"], calibration["check_rows"], calibration["check_logloss_before"],
+                     calibration["check_logloss_after"])
+    elif calibration is not None:
         ctx.progress("train: level calibrated on %d training rows: mean prediction %.4f -> %.4f (click rate %.4f), "
-                     "logit shift %+.3f", result.calibration["rows"], result.calibration["prediction_mean_before"],
-                     result.calibration["prediction_mean_after"], result.calibration["label_mean"],
-                     result.calibration["shift"])
+                     "logit shift %+.3f", calibration["rows"], calibration["prediction_mean_before"],
+                     calibration["prediction_mean_after"], calibration["label_mean"], calibration["shift"])
         tracker.log_metrics({f"train.calibration.{k}": v for k, v in result.calibration.items()})
     if result.warm_start is not None:
         ctx.progress("train: warm-started from %s: %s", warm_start.checkpoint_dir,

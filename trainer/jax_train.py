@@ -164,7 +164,7 @@ def train_model_jax(
 
     from trainer.arguments import even_batch_size, resolve_batch_size
     from trainer.block_reader import block_batches
-    from trainer.calibration import calibrate_level
+    from trainer.calibration import calibrate
     from trainer.early_stopping import BestEpoch
     from trainer.model_inputs import CRITEO_INPUTS, model_inputs
     from trainer.models import build_model
@@ -252,7 +252,8 @@ def train_model_jax(
             if config.calibrate:
                 rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
                                         -(-config.calibration_rows // config.batch_size))
-                calibration = calibrate_level(model, rows)
+                calibration = calibrate(model, rows, eval_batches() if config.calibrate_on == "held_out" else None,
+                                        config.calibration_min_clicks)
             labels, predictions = [], []
             for features, batch_labels in eval_batches():
                 predictions.append(np.asarray(model.predict_on_batch(features)).reshape(-1))

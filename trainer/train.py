@@ -23,7 +23,7 @@ from components.config import TrainConfig
 from components.feature_spec import FeatureSpec, load_spec
 from components.manifest import read_manifest, write_manifest
 from trainer.arguments import even_batch_size, require_integer, resolve_batch_size
-from trainer.calibration import calibrate_level
+from trainer.calibration import calibrate
 from trainer.early_stopping import BestEpoch
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
@@ -249,7 +249,9 @@ def train_model(
             if config.calibrate:
                 rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
                                        inputs=inputs)
-                calibration = calibrate_level(model, rows.take(-(-config.calibration_rows // config.batch_size)))
+                calibration = calibrate(model, rows.take(-(-config.calibration_rows // config.batch_size)),
+                                        eval_data if config.calibrate_on == "held_out" else None,
+                                        config.calibration_min_clicks)
             eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
     finally:
         keras.config.set_dtype_policy(previous_policy)
