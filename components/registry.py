@@ -34,7 +34,7 @@ DESCRIPTION = ("CTR models published to the model store by the daily pipeline. A
 def _client(config: PipelineConfig) -> Any:
     from mlflow.tracking import MlflowClient
 
-    from components.tracking import apply_http_limits
+    from components.mlflow_settings import apply_http_limits
 
     if config.tracking_uri.startswith(("http://", "https://")):
         apply_http_limits(config)
@@ -66,7 +66,7 @@ def register(config: PipelineConfig, run_id: str, store_version: str, store_uri:
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        from components.tracking import using_tracking_uri
+        from components.mlflow_settings import using_tracking_uri
 
         with using_tracking_uri(config.tracking_uri):  # a models:/ source is looked up through it
             version = client.create_model_version(

@@ -15,19 +15,19 @@ import hashlib
 import json
 import logging
 import math
-import os
 import socket
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from components.config import PipelineConfig
+from components.mlflow_settings import apply_http_limits
 from components.tracking_outbox import Outbox, PendingRun
 
 log = logging.getLogger(__name__)
@@ -46,32 +46,10 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 DELIVERED_LATE_TAG = "ctr.tracking.delivered_late"
 DATABASE_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 
-
-@contextlib.contextmanager
-def using_tracking_uri(uri: str) -> Iterator[None]:
-    """MLflow's fluent API (log_model) and the registry's resolution of `models:/` sources read the tracking URI
-    from a process-wide global and MLFLOW_TRACKING_URI. This points both at `uri` for the block and puts back
-    what was there, so the caller's process (and the config it reads from the environment) is left as it was."""
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
-
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
-    try:
-        with _use_tracking_uri(uri):
-            yield
-    finally:
-        if saved is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved
-
-
-def apply_http_limits(config: PipelineConfig) -> None:
-    """Bounds MLflow's HTTP retries and timeout for this process (MLflow reads them from the environment at each
-    call): its default retries a refused connection for about 4 minutes, which would stall every minute run
-    for as long as a tracking server is away."""
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(config.tracking.http_max_retries)
-    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(math.ceil(config.tracking.http_timeout_s)))
+# Logs an exported version to a run as an MLflow model: (run id, tracking URI, the version's directory, example
+# rows) -> MLflow's ModelInfo. The served model's pyfunc is serving's (serving.pyfunc.log_model), a layer above
+# this one, so whoever makes a Tracker hands it in (pipelines.context.log_served_model).
+ModelLogger = Callable[[str, str, Path, list[dict[str, Any]]], Any]
 
 
 def server_answers(uri: str, timeout_s: float) -> bool:
@@ -102,8 +80,10 @@ class Tracker:
     """One pipeline run's MLflow run. Every call is an op (a JSON-able dict) applied to the server, or, while
     the server does not answer, appended to the outbox (components.tracking_outbox) and delivered later."""
 
-    def __init__(self, config: PipelineConfig, run_key: str, run_name: str, tags: Mapping[str, str]):
+    def __init__(self, config: PipelineConfig, run_key: str, run_name: str, tags: Mapping[str, str],
+                 model_logger: ModelLogger | None = None):
         self._config = config
+        self._model_logger = model_logger
         self._strict = config.tracking.strict
         self._uri = config.tracking_uri
         self._experiment = config.tracking.experiment
@@ -148,7 +128,7 @@ class Tracker:
             return None
         if self._outbox.pending():
             self._guard("delivering the outbox", deliver_outbox, self._config,
-                        budget_s=self._config.tracking.flush_budget_s)
+                        budget_s=self._config.tracking.flush_budget_s, model_logger=self._model_logger)
         try:
             return self._start()
         except Exception as err:  # noqa: BLE001 - sorted below: an outage, or an error to log (or raise if strict)
@@ -247,7 +227,8 @@ class Tracker:
                           "artifact_path": str(Path(artifact_file).parent) if "/" in artifact_file else None})
 
     def log_model(self, directory: Path, store_version: str, store_uri: str, example_rows: list[dict]) -> None:
-        """Logs an exported version as the run's pyfunc model and registers it (components.registry)."""
+        """Logs an exported version as the run's pyfunc model (with the tracker's model logger) and registers it
+        (components.registry)."""
         self._submit({"op": "log_model", "directory": str(directory), "store_version": store_version,
                       "store_uri": store_uri, "example_rows": example_rows})
 
@@ -375,14 +356,16 @@ class Tracker:
 
     def _log_model(self, op: dict[str, Any]) -> None:
         from components.registry import register
-        from serving.pyfunc import log_model
 
         directory = Path(op["directory"])
         if not directory.is_dir():
             log.warning("MLflow log_model skipped: the exported version %s is gone", directory)
             return
+        if self._model_logger is None:
+            raise ValueError(f"this tracker was made without a model logger, so it cannot log {directory} as a "
+                             "model; pass Tracker(..., model_logger=pipelines.context.log_served_model)")
         # Raising (registering as if strict) lets an outage keep the call for later, as for every other call.
-        logged = log_model(self.run_id, self._uri, directory, op["example_rows"])
+        logged = self._model_logger(self.run_id, self._uri, directory, op["example_rows"])
         strict = dataclasses.replace(self._config, tracking=dataclasses.replace(self._config.tracking, strict=True))
         registered = register(strict, self.run_id, op["store_version"], op["store_uri"], model_uri=logged.model_uri,
                               model_id=logged.model_id)
@@ -401,10 +384,12 @@ class Delivery:
     # was delivering them)
 
 
-def deliver_outbox(config: PipelineConfig, budget_s: float | None = None) -> Delivery:
+def deliver_outbox(config: PipelineConfig, budget_s: float | None = None, *,
+                   model_logger: ModelLogger | None) -> Delivery:
     """Delivers the outbox's waiting runs, oldest first, in the order their calls were made, until done, the
     server stops answering, or `budget_s` is spent. A call the server refuses while it answers (an error, not an
-    outage) is logged and dropped, so one bad call cannot block the rest."""
+    outage) is logged and dropped, so one bad call cannot block the rest. `model_logger` logs the waiting
+    models (Tracker's)."""
     outbox = Outbox(outbox_dir(config))
     deadline = None if budget_s is None else time.monotonic() + budget_s
     runs = calls = 0
@@ -414,7 +399,7 @@ def deliver_outbox(config: PipelineConfig, budget_s: float | None = None) -> Del
         with outbox.take(path) as run:
             if run is None:
                 continue
-            delivered = _deliver(config, run, deadline)
+            delivered = _deliver(config, run, deadline, model_logger)
             run.settle(delivered)
             calls += delivered
             if delivered < len(run.ops):
@@ -427,10 +412,11 @@ def deliver_outbox(config: PipelineConfig, budget_s: float | None = None) -> Del
     return Delivery(runs=runs, calls=calls, pending_runs=pending_runs)
 
 
-def _deliver(config: PipelineConfig, run: PendingRun, deadline: float | None) -> int:
+def _deliver(config: PipelineConfig, run: PendingRun, deadline: float | None,
+             model_logger: ModelLogger | None) -> int:
     header = run.header
     tracker = Tracker(dataclasses.replace(config, tracking=dataclasses.replace(config.tracking, strict=False)),
-                      header["run_key"], header["run_name"], header.get("tags", {}))
+                      header["run_key"], header["run_name"], header.get("tags", {}), model_logger=model_logger)
     try:
         tracker._start(reopen=False, start_time_ms=header.get("start_time_ms"))
     except Exception as err:  # noqa: BLE001 - the server went away again: nothing delivered, all kept

@@ -246,6 +246,7 @@ def cmd_tracking(args: argparse.Namespace) -> int:
     """What waits in the tracking outbox, and (flush) delivering it now rather than at the next run."""
     from components.tracking import deliver_outbox, outbox_dir, server_answers
     from components.tracking_outbox import Outbox
+    from pipelines.context import log_served_model
 
     config = _config(args)
     outbox = Outbox(outbox_dir(config))
@@ -257,7 +258,7 @@ def cmd_tracking(args: argparse.Namespace) -> int:
         print(f"ctr: tracking: nothing answers at {config.tracking_uri}; they stay where they are, and the next "
               "run that reaches it delivers them", file=sys.stderr)
         return 1
-    delivery = deliver_outbox(config)
+    delivery = deliver_outbox(config, model_logger=log_served_model)
     print(f"delivered {delivery.calls} call(s); {delivery.runs} run(s) complete, {delivery.pending_runs} still "
           "waiting")
     return 0 if delivery.pending_runs == 0 else 1

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
+from typing import Any
 
 from components.config import PipelineConfig
 from components.interval import Interval
@@ -33,6 +35,14 @@ class Step:
     outlets: tuple[str, ...] = ()
     # MLflow system metrics (CPU, memory, disk, network, GPU) are sampled on the run while the step runs.
     system_metrics: bool = False
+
+
+def log_served_model(run_id: str, tracking_uri: str, directory: Path, example_rows: list[dict[str, Any]]) -> Any:
+    """The runs' model logger (components.tracking.ModelLogger): an exported version as the served model's pyfunc
+    (serving.pyfunc), imported only when a model is logged (MLflow's pyfunc is a heavy import for a minute task)."""
+    from serving.pyfunc import log_model
+
+    return log_model(run_id, tracking_uri, directory, example_rows)
 
 
 def step_upstream(steps: Sequence[Step]) -> dict[str, tuple[str, ...]]:
@@ -87,7 +97,7 @@ class RunContext:
         if self.dag_id:
             tags.update({"airflow.dag_id": self.dag_id, "airflow.run_id": self.run_id})
         tracker = Tracker(self.config, run_key=self.run_key, run_name=f"{self.pipeline} {self.interval.tag}",
-                          tags=tags)
+                          tags=tags, model_logger=log_served_model)
         tracker.start()
         return tracker
 

@@ -81,7 +81,7 @@ def log_model(run_id: str, tracking_uri: str, directory: Path, example_rows: lis
     example = pd.DataFrame([{name: row.get(name) for name in loaded.input_specs} for row in example_rows]) \
         if example_rows else None
     root = Path(__file__).resolve().parent.parent
-    from components.tracking import using_tracking_uri
+    from components.mlflow_settings import using_tracking_uri
 
     with using_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id):
         return _log(root, directory, loaded, example)

@@ -1,4 +1,5 @@
-"""The house rules that can be checked by reading the code: no module reaches into another's private names."""
+"""The house rules that can be checked by reading the code: no module reaches into another's private names, and
+components (the steps) import no layer above them."""
 
 from __future__ import annotations
 
@@ -17,8 +18,32 @@ def private_imports(path: Path, root: Path = ROOT) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
             found += [f"{path.relative_to(root)}:{node.lineno} {alias.name}" for alias in node.names
-                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+                      if _is_private(alias.name)]
     return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def project_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a project package in `path`, at module level or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return [(line, module) for line, module in found if module.split(".")[0] in PACKAGES]
+
+
+@pytest.mark.unit
+def test_components_import_no_other_package_of_the_project():
+    """The steps sit below pipelines, trainer, serving and the Spark jobs: what they need from a layer above comes
+    in as an argument (components.tracking's model logger, for instance)."""
+    hits = [f"{path.relative_to(ROOT)}:{line} {module}" for path in (ROOT / "components").rglob("*.py")
+            for line, module in project_imports(path) if module.split(".")[0] != "components"]
+    assert hits == []
 
 
 @pytest.mark.unit

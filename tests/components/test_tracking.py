@@ -199,3 +199,33 @@ def test_experiments_made_through_a_tracking_server_keep_the_servers_artifact_lo
     remote = Tracker(_config(tmp_path, **{"tracking.tracking_uri": "http://127.0.0.1:5000"}), "k", "n", {})
     assert local._artifact_root == (tmp_path / "mlflow" / "artifacts").as_uri()
     assert remote._artifact_root is None  # the server's own (the stack's proxies artifacts to S3)
+
+
+def test_a_model_is_logged_by_the_trackers_model_logger_and_registered(data_root, client, tmp_path):
+    """components never imports serving: the served model's pyfunc comes in as the tracker's model logger."""
+    from types import SimpleNamespace
+
+    from components.registry import STORE_VERSION_TAG
+
+    exported = tmp_path / "202601020000"
+    exported.mkdir()
+    (exported / "manifest.json").write_text("{}")
+    calls = []
+
+    def model_logger(run_id, tracking_uri, directory, example_rows):
+        calls.append((run_id, tracking_uri, directory, example_rows))
+        client.log_artifacts(run_id, str(directory), "model")
+        return SimpleNamespace(model_uri=f"runs:/{run_id}/model", model_id=None)
+
+    config = _config(data_root)
+    tracker = Tracker(config, "model-run", "model", {}, model_logger=model_logger)
+    run_id = tracker.start()
+    tracker.log_model(exported, "202601020000", "file:///store/ctr/202601020000", [{"I1": 1}])
+    assert calls == [(run_id, config.tracking_uri, exported, [{"I1": 1}])]
+    registered = client.get_run(run_id).data.tags["model.registered_version"]
+    assert client.get_model_version("ctr", registered).tags[STORE_VERSION_TAG] == "202601020000"
+
+    without = Tracker(config, "model-run", "model", {})
+    without.start()
+    with pytest.raises(ValueError, match="this tracker was made without a model logger, so it cannot log "):
+        without.log_model(exported, "202601020000", "file:///store/ctr/202601020000", [])

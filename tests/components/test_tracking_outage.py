@@ -164,7 +164,7 @@ def test_a_server_lost_in_the_middle_of_a_run_costs_seconds_and_loses_nothing(se
     assert Outbox(outbox_dir(config)).count() == (1, 3)
 
     server.start()
-    delivery = deliver_outbox(config)
+    delivery = deliver_outbox(config, model_logger=None)
     assert (delivery.runs, delivery.calls, delivery.pending_runs) == (1, 3, 0)
     client = MlflowClient(server.url)
     run = _run(client, "ctr_daily/scheduled__1")
@@ -185,7 +185,7 @@ def test_a_call_the_server_refuses_is_dropped_without_blocking_the_rest(server, 
     outbox.append(header, {"op": "log_metrics", "metrics": {"auc?<bad>": 0.5}, "step": 0, "time_ms": now})
     outbox.append(header, {"op": "set_tags", "tags": {"after": "yes"}, "time_ms": now})
     server.start()
-    assert deliver_outbox(config).pending_runs == 0
+    assert deliver_outbox(config, model_logger=None).pending_runs == 0
     run = _run(MlflowClient(server.url), "ctr_daily/refused")
     assert run.data.params == {"ok": "1"} and run.data.metrics == {} and run.data.tags["after"] == "yes"
     assert run.info.start_time == 1_700_000_000_000

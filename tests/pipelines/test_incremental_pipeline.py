@@ -102,6 +102,7 @@ def test_minute_runs_are_tracked_under_their_daily_run(chain):
     experiment = client.get_experiment_by_name(chain["config"].tracking.experiment).experiment_id
     runs = {r.data.tags[RUN_KEY_TAG]: r for r in client.search_runs([experiment])}
     daily = runs["ctr_daily/test-daily"]
+    assert daily.data.tags["model.registered_version"] == "1"  # logged by the run's model logger (serving.pyfunc)
     minutes = [r for key, r in runs.items() if key.startswith("ctr_incremental/")]
     assert len(minutes) == 2
     for run in minutes:
