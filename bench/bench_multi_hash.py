@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import rankdata
 
 from components.block_codec import encode_blocks, frame_records
 from components.config import TrainConfig
+from components.evaluation import roc_auc
 from components.schema import CATEGORICAL_FEATURES, DENSE_INPUT_DIM, NUM_DENSE, NUM_RESERVED_ROWS
 from trainer.optimizers import EMBEDDING_VARIABLE_NAME
 from trainer.train import train_model
@@ -79,13 +79,6 @@ def planted_rows(num_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.n
 def write_blocks(path: Path, labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray) -> str:
     path.write_bytes(frame_records(encode_blocks(labels, dense, categorical, BLOCK_ROWS)))
     return str(path)
-
-
-def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    ranks = rankdata(scores)
-    positive = labels == 1
-    num_positive, num_negative = positive.sum(), (~positive).sum()
-    return float((ranks[positive].sum() - num_positive * (num_positive + 1) / 2) / (num_positive * num_negative))
 
 
 def train_and_measure(config: TrainConfig, files: dict[str, str], directory: Path) -> dict[str, float]:

@@ -530,14 +530,17 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _proc_start(pid: int) -> str | None:
+    """The process's start time (psutil's create_time), which tells it from a later process given the same
+    pid; None when it is gone or has exited and awaits its parent (a zombie)."""
+    import psutil
+
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return None
+        return f"{process.create_time():.2f}"
+    except (psutil.Error, OSError):
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):  # exited, not yet reaped by `up`, its parent
-        return None
-    return fields[19]  # field 22, the start time in clock ticks since boot
 
 
 def _pid_file(settings: StackSettings, name: str) -> Path:

@@ -59,7 +59,6 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pipelines import arrivals, idle_gc
@@ -106,15 +105,14 @@ def run_request(request: Mapping[str, Any]) -> Any:
     return run_steps(ctx, [step])[step.name]
 
 
-def rss_mib(pid: int | str = "self") -> float | None:
-    """A process's resident memory (Linux; this process's by default), or None where /proc does not say."""
+def rss_mib(pid: int | None = None) -> float | None:
+    """A process's resident memory in MiB (this process's by default), or None where it cannot be read."""
+    import psutil
+
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except (psutil.Error, OSError):
+        return None
 
 
 def _drop_spark_session() -> None:

@@ -167,29 +167,21 @@ def _port_taken_message(port: int) -> str:
 
 
 def _listener_pid(port: int) -> tuple[int, str] | None:
-    """(pid, command line) of a process of this user listening on TCP `port`, from /proc; None if none is
-    found (another user's process, or no /proc)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()  # sl, local address:port (hex), remote, state (0A: LISTEN), ..., inode (10th)
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{fields[9]}]")
-    if not inodes:
+    """(pid, command line) of a process of this user listening on TCP `port` (psutil); None if none is found
+    (another user's process, whose pid is hidden)."""
+    import psutil
+
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
         return None
-    for process in Path("/proc").iterdir():
-        if not process.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd) in inodes for fd in (process / "fd").iterdir()):
-                return int(process.name), (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                    errors="replace").strip()
-        except OSError:
-            continue  # another user's process, or one that exited while we looked
+    for connection in connections:
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port \
+                and connection.pid:
+            try:
+                return connection.pid, " ".join(psutil.Process(connection.pid).cmdline()).strip()
+            except (psutil.Error, OSError):
+                return connection.pid, ""
     return None
 
 

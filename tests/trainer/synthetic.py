@@ -65,10 +65,7 @@ def write_block_files(rows: Rows, directory: Path, num_files: int, block_rows: i
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve by the rank-sum formula (scores assumed free of ties)."""
-    ranks = np.empty(len(scores))
-    ranks[np.argsort(scores)] = np.arange(1, len(scores) + 1)
-    positive = labels == 1
-    num_positive, num_negative = positive.sum(), (~positive).sum()
-    positive_rank_sum = ranks[positive].sum() - num_positive * (num_positive + 1) / 2
-    return float(positive_rank_sum / (num_positive * num_negative))
+    """Area under the ROC curve, from scikit-learn: a reference independent of components.evaluation's."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(np.asarray(labels).ravel(), np.asarray(scores).ravel()))
