@@ -42,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_serving import stop_server  # noqa: E402
 from components.baseline import bootstrap_auc_difference, fit_baseline_on_rows  # noqa: E402
 from components.config import PipelineConfig  # noqa: E402
 from components.evaluation import log_loss, roc_auc  # noqa: E402
@@ -297,11 +298,7 @@ def serve_and_score(work: Path, batches: list[list[dict[str, Any]]]) -> tuple[np
                 predictions.extend(np.asarray(answer.json()["predictions"], np.float64).reshape(-1).tolist())
         return np.asarray(predictions), time.monotonic() - started
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         server_log.close()
 
 

@@ -16,70 +16,57 @@ pytestmark = [
 ]
 
 
-def test_dcnv2_trains_with_row_sparse_effect_on_jax():
-    script = textwrap.dedent(
-        """
-        import keras
-        import numpy as np
+# A DCNv2 on the criteo columns and 256 rows whose categorical values read rows 2 and 3 only; `body` trains it
+# and prints what the test reads.
+SETUP = """
+import keras
+import numpy as np
 
-        from components.config import TrainConfig
-        from components.schema import CATEGORICAL_FEATURES
-        from trainer.models import build_model
-        from trainer.train import compile_model
+from components.config import TrainConfig
+from components.schema import CATEGORICAL_FEATURES
+from trainer.models import build_model
+from trainer.train import compile_model
 
-        assert keras.backend.backend() == "jax"
-        config = TrainConfig(mlp_units=(16, 8), micro_batches=2, jit_compile=True)
-        model = build_model(config, {name: 10 for name in CATEGORICAL_FEATURES})
-        compile_model(model, config)
-        rng = np.random.default_rng(0)
-        features = {
-            "dense": rng.standard_normal((256, 26)).astype("float32"),
-            "categorical": rng.integers(2, 4, (256, 26)).astype("int32"),  # rows 2 and 3 only
-        }
-        before = keras.ops.convert_to_numpy(model.embedding.embeddings)
-        history = model.fit(features, rng.integers(0, 2, 256).astype("float32"), batch_size=64, verbose=0)
-        after = keras.ops.convert_to_numpy(model.embedding.embeddings)
-        print(int((after != before).any(axis=1).sum()), int(history.history["num_examples"][0]))
-        """
-    )
+assert keras.backend.backend() == "jax"
+config = TrainConfig(mlp_units=(16, 8), jit_compile=True, {settings})
+model = build_model(config, {{name: 10 for name in CATEGORICAL_FEATURES}})
+compile_model(model, config)
+rng = np.random.default_rng(0)
+features = {{
+    "dense": rng.standard_normal((256, 26)).astype("float32"),
+    "categorical": rng.integers(2, 4, (256, 26)).astype("int32"),  # rows 2 and 3 only
+}}
+"""
+
+
+def run_on_jax(settings: str, body: str) -> list[str]:
+    """What the script prints, run in a child process with KERAS_BACKEND=jax."""
+    script = SETUP.format(settings=settings) + textwrap.dedent(body)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
         env={**os.environ, "KERAS_BACKEND": "jax"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["52", "256"]  # 2 rows x 26 features moved; all 256 examples seen
+    return done.stdout.split()
+
+
+def test_dcnv2_trains_with_row_sparse_effect_on_jax():
+    printed = run_on_jax("micro_batches=2", """
+        before = keras.ops.convert_to_numpy(model.embedding.embeddings)
+        history = model.fit(features, rng.integers(0, 2, 256).astype("float32"), batch_size=64, verbose=0)
+        after = keras.ops.convert_to_numpy(model.embedding.embeddings)
+        print(int((after != before).any(axis=1).sum()), int(history.history["num_examples"][0]))
+        """)
+    assert printed == ["52", "256"]  # 2 rows x 26 features moved; all 256 examples seen
 
 
 def test_rare_row_rate_trains_the_rare_rows_under_jit_on_jax():
     """The draws come from a Keras SeedGenerator, whose state JAX's jitted train step carries as a variable."""
-    script = textwrap.dedent(
-        """
-        import keras
-        import numpy as np
-
-        from components.config import TrainConfig
-        from components.schema import CATEGORICAL_FEATURES
-        from trainer.models import build_model
-        from trainer.train import compile_model
-
-        config = TrainConfig(mlp_units=(16, 8), jit_compile=True, rare_row_rate=0.2)
-        model = build_model(config, {name: 10 for name in CATEGORICAL_FEATURES})
-        compile_model(model, config)
-        rng = np.random.default_rng(0)
-        features = {
-            "dense": rng.standard_normal((256, 26)).astype("float32"),
-            "categorical": rng.integers(2, 4, (256, 26)).astype("int32"),  # rows 2 and 3 only
-        }
+    printed = run_on_jax("rare_row_rate=0.2", """
         rare = model.embedding.offsets
         before = keras.ops.convert_to_numpy(model.embedding.embeddings)[rare]
         model.fit(features, rng.integers(0, 2, 256).astype("float32"), batch_size=64, verbose=0)
         after = keras.ops.convert_to_numpy(model.embedding.embeddings)[rare]
         print(int((after != before).any(axis=1).sum()))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "KERAS_BACKEND": "jax"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["26"]  # the rare row of every table moved
+        """)
+    assert printed == ["26"]  # the rare row of every table moved
