@@ -24,13 +24,18 @@ Phases, in one run:
   call in this process (on the server's core, the same batches' arguments built beforehand); the ratio of their
   p99s. `overhead_ratio_100_separate_phases` is the closed loop's p99 over the in-process phase's, measured
   minutes apart on one batch, as the runs before the paired phase computed it;
-- open loop at rising rates of 100-candidate requests until the server saturates: the highest rate held at
-  p99 <= 10 ms, as candidates/s;
-- swaps: an open loop at half that rate while three full models, each followed by a delta on it, are
-  published 6 s apart; the p99 of the requests sent in the 3 s after a publish (pooled by kind) over the p99
-  of the others; and the server's garbage collections over 0.1 s, during the swaps and in the whole run
-  (`swaps.server_gc_pauses`, from its log), each of which stopped every request in flight; every request
-  of the phase drawn against time, by the version that answered it, in results/serving_swaps.png;
+- open loop at rising rates of 100-candidate requests until the server saturates, latency from each request's
+  scheduled send time (bench/loadgen.py): the highest rate that it and every lower rate held at p99 <= 10 ms
+  with every request answered (`max_rate_per_s_at_p99_10ms`);
+- under load: 3,000 requests of 100 candidates at half that rate (`loaded_p99_ms_100`, the goal's figure:
+  p99 <= 5 ms; skipped requests count as failed);
+- swaps: an open loop at the same rate while three full models, each followed by a delta on it, are
+  published, each 6 s after the one before answered; a swap's window runs from its publish to 3 s after the
+  new version's first answer; the p99 of the requests due in the windows (pooled by kind) over the p99 of
+  the others (`swap_p99_ratio`); a version never served fails the run (`swaps_all_served`); and the server's
+  garbage collections over 0.1 s, during the swaps and in the whole run (`swaps.server_gc_pauses`, from its
+  log), each of which stopped every request in flight; every request of the phase drawn against time, by the
+  version that answered it, in results/serving_swaps.png;
 - closed loop at 100 candidates again after the swaps, on the last version published, a delta on a full model
   (`after_deltas_*`): what a server of minute-level deltas answers with most of the time.
 
@@ -80,7 +85,10 @@ FIRST_VERSION = "202601010000"
 # The swap phase publishes SWAP_ROUNDS full models, each followed by a delta on it: versions 202601010100,
 # 202601010101, 202601010200, ...
 SWAP_ROUNDS = 3
-SWAP_WINDOW_S = 3.0  # requests sent this long after a publish count as during its swap
+SWAP_WINDOW_S = 3.0  # requests due this long after a new version's first answer still count as during its swap
+STEADY_S = 6.0  # steady state before each publish (after the one before was served)
+SWAP_TIMEOUT_S = 60.0  # a version not answering this long after its publish was never served
+LOADED_REQUESTS = 3000  # requests of the loaded phase, at half the highest rate held
 P99_LIMIT_MS = 10.0
 SATURATED_P99_MS = 50.0
 IN_PROCESS_BLOCK = 20
@@ -408,91 +416,144 @@ def grpc_closed_loop(port: int, requests: dict[int, list[Any]], repeats: int) ->
     return out
 
 
-def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float) -> dict[str, Any]:
-    """Rising rates of 100-candidate requests (x1.4 each step) until the server saturates (a request skipped
-    or failed, or p99 over SATURATED_P99_MS); the highest rate whose p99 stayed within P99_LIMIT_MS. A low
-    rate can miss the limit where a higher one holds it: between requests far apart the cores go idle, and
-    waking them costs milliseconds on a shared virtual machine (docs/serving.md), so the scan does not stop
-    at the first step over the limit."""
+def hundreds(instances: list[dict]) -> Callable[[int], list[dict]]:
+    """Request i's 100 candidates: a window of `instances` that moves by 100 each request."""
     def make(index: int) -> list[dict]:
         offset = (index * 100) % (len(instances) - 100)
         return instances[offset:offset + 100]
+    return make
 
-    steps, held, failed = [], None, 0
+
+def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float) -> dict[str, Any]:
+    """Rising rates of 100-candidate requests (x1.4 each step) until the server saturates (p99 over
+    SATURATED_P99_MS, or requests skipped or failed), latency from each request's scheduled send time.
+
+    `max_rate_per_s_at_p99_10ms`: the highest rate such that it and every lower rate tried held p99 <= P99_LIMIT_MS
+    with every request answered; None when the first rate missed. `max_candidates_per_s_at_p99_10ms` keeps the
+    definition of the runs before (kept beside, not a goal): the highest rate whose p99 from the actual send
+    time held the limit, even above a rate that missed it."""
+    make = hundreds(instances)
+    steps, held, held_service, failed, missed = [], None, None, 0, False
     rate = start_rate
     while rate < 10_000:
         result = run_load(url, make, rate_per_s=rate, duration_s=seconds, concurrency=16, timeout_s=10.0)
         failed += result.failed_requests
-        p99 = result.latency_p99_ms
+        p99, service_p99 = result.latency_p99_ms, result.service_percentile_ms(99)
         steps.append({"rate_per_s": round(rate, 1), "p50_ms": result.latency_p50_ms, "p99_ms": p99,
-                      "sent": result.num_requests, "skipped": result.skipped, "failed": result.failed_requests})
-        print(f"  open loop {rate:7.1f} req/s: p50 {result.latency_p50_ms:.2f} ms, p99 {p99:.2f} ms, "
-              f"skipped {result.skipped}, failed {result.failed_requests}", flush=True)
-        if p99 is None or p99 > SATURATED_P99_MS or result.skipped or result.failed_requests:
+                      "service_p99_ms": service_p99, "sent": result.num_requests, "skipped": result.skipped,
+                      "failed": result.failed_requests})
+        print(f"  open loop {rate:7.1f} req/s: p50 {result.latency_p50_ms:.2f} ms, p99 {p99:.2f} ms (from the send: "
+              f"{service_p99:.2f} ms), skipped {result.skipped}, failed {result.failed_requests}", flush=True)
+        if p99 is None or p99 > SATURATED_P99_MS or result.unanswered:
             break
-        if p99 <= P99_LIMIT_MS:
+        if p99 <= P99_LIMIT_MS and not missed:
             held = rate
+        missed = missed or p99 > P99_LIMIT_MS
+        if service_p99 is not None and service_p99 <= P99_LIMIT_MS:
+            held_service = rate
         rate *= 1.4
     return {"steps": steps, "max_rate_per_s_at_p99_10ms": held,
-            "max_candidates_per_s_at_p99_10ms": None if held is None else held * 100, "failed_requests": failed}
+            "max_candidates_per_s_at_p99_10ms": None if held_service is None else held_service * 100,
+            "failed_requests": failed}
 
 
-def swaps(url: str, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float,
+def loaded(url: str, instances: list[dict], rate: float, requests: int) -> dict[str, Any]:
+    """`requests` requests of 100 candidates at a fixed `rate`, latency from each one's scheduled send time;
+    skipped and failed requests counted together as unanswered."""
+    result = run_load(url, hundreds(instances), rate_per_s=rate, duration_s=requests / rate + 1.0,
+                      max_requests=requests, concurrency=16, timeout_s=10.0)
+    return {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
+            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
+            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
+
+
+def swaps(url: str, port: int, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float,
           plot_path: Path | None = None) -> dict[str, Any]:
-    """An open loop at `rate` while SWAP_ROUNDS full models, each followed by a delta on it, are published
-    6 s apart. The requests sent in the SWAP_WINDOW_S after each full publish are pooled into `full_swap`,
-    after each delta publish into `delta_swap`; every other request after the first second is steady state."""
-    def make(index: int) -> list[dict]:
-        offset = (index * 100) % (len(instances) - 100)
-        return instances[offset:offset + 100]
+    """An open loop at `rate` while SWAP_ROUNDS full models, each followed by a delta on it, are published.
 
+    Each publish waits for the one before to answer (at most SWAP_TIMEOUT_S) and then STEADY_S more, so every
+    version gets its own swap. A swap's window runs from its publish to SWAP_WINDOW_S after the first request
+    the new version answered (by scheduled send time): it holds the load and the switch, wherever they fall.
+    The requests in the windows of full publishes are pooled into `full_swap`, of delta publishes into
+    `delta_swap`; every other request after the first second is steady state. `all_served` is false when a
+    version published never answered a request. `publish_window_p99_ms` keeps the definition of the runs before
+    (the SWAP_WINDOW_S after each publish, latency from the actual send), for comparison."""
     published: list[tuple[str, str, float]] = []  # (kind, version, when)
+    stop = threading.Event()
     time.sleep(2.0)  # the open loop's last step went past saturation: its backlog drains first
 
+    def wait_served(version: str) -> None:
+        deadline = time.time() + SWAP_TIMEOUT_S
+        while time.time() < deadline:
+            try:
+                if served_version(port) == version:
+                    return
+            except Exception:  # noqa: BLE001 - a status poll that fails mid-swap is retried; the load records tell
+                pass
+            time.sleep(0.05)
+
     def publish() -> None:
-        for (full_version, full), (delta_version, delta) in models["rounds"]:
-            time.sleep(6.0)
-            published.append(("full", full_version, time.time()))
-            store.publish(MODEL_NAME, full_version, full)
-            time.sleep(6.0)
-            published.append(("delta", delta_version, time.time()))
-            store.publish(MODEL_NAME, delta_version, delta)
+        try:
+            for (full_version, full), (delta_version, delta) in models["rounds"]:
+                for kind, version, directory in (("full", full_version, full), ("delta", delta_version, delta)):
+                    time.sleep(STEADY_S)
+                    published.append((kind, version, time.time()))
+                    store.publish(MODEL_NAME, version, directory)
+                    wait_served(version)
+            time.sleep(STEADY_S)
+        finally:
+            stop.set()
 
     thread = threading.Thread(target=publish, daemon=True)
     thread.start()
-    result = run_load(url, make, rate_per_s=rate, duration_s=12.0 * SWAP_ROUNDS + 8.0, concurrency=16,
-                      timeout_s=10.0)
+    longest_s = SWAP_ROUNDS * 2 * (STEADY_S + SWAP_TIMEOUT_S) + 2 * STEADY_S  # the publisher's stop ends it sooner
+    result = run_load(url, hundreds(instances), rate_per_s=rate, duration_s=longest_s, concurrency=16,
+                      timeout_s=10.0, stop_event=stop)
     thread.join()
     records = [r for r in result.records if r.status == 200]
-    start = result.records[0].sent_at_s + 1.0 if result.records else 0.0
+    start = result.records[0].scheduled_at_s + 1.0 if result.records else 0.0
+    windows = []  # (kind, version, published, first answer or None, window end)
+    for kind, version, when in published:
+        first = min((r.scheduled_at_s for r in records if r.version == version), default=None)
+        end = (first if first is not None else when + SWAP_TIMEOUT_S) + SWAP_WINDOW_S
+        windows.append((kind, version, when, first, end))
 
     def during(kind: str | None, record: Any) -> bool:
-        return any(when <= record.sent_at_s < when + SWAP_WINDOW_S for k, _, when in published
+        return any(begin <= record.scheduled_at_s < end for k, _, begin, _, end in windows
                    if kind is None or k == kind)
 
-    steady = [r.latency_s * 1000 for r in records if r.sent_at_s >= start and not during(None, r)]
+    def during_publish_window(kind: str, record: Any) -> bool:
+        return any(when <= record.sent_at_s < when + SWAP_WINDOW_S for k, _, when in published if k == kind)
+
+    steady = [r for r in records if r.scheduled_at_s >= start and not during(None, r)]
     out: dict[str, Any] = {"rate_per_s": rate, "rounds": SWAP_ROUNDS, "failed_requests": result.failed_requests,
-                           "skipped": result.skipped, "steady": percentiles(steady)}
+                           "skipped": result.skipped, "unanswered": result.unanswered,
+                           "steady": percentiles([r.latency_s * 1000 for r in steady]),
+                           "all_served": all(first is not None for *_, first, _ in windows),
+                           "never_served": [version for _, version, _, first, _ in windows if first is None]}
+    publish_steady = [r.service_s * 1000 for r in records if r.sent_at_s >= start
+                      and not any(during_publish_window(k, r) for k in ("full", "delta"))]
+    out["publish_window_steady_p99_ms"] = percentiles(publish_steady)["p99_ms"] if publish_steady else None
     for kind in ("full", "delta"):
         latencies = [r.latency_s * 1000 for r in records if during(kind, r)]
         out[f"{kind}_swap"] = percentiles(latencies) if latencies else None
-        # When each new version first answered, seconds after its publish.
-        answered = []
-        for k, version, when in published:
-            if k == kind:
-                first = next((sent for sent, v in result.versions if v == version), None)
-                answered.append(None if first is None else round(first - when, 2))
         if out[f"{kind}_swap"] is not None:
-            out[f"{kind}_swap"]["answered_after_s"] = answered
+            # When each new version first answered, seconds after its publish (None: never).
+            out[f"{kind}_swap"]["answered_after_s"] = [None if first is None else round(first - when, 2)
+                                                       for k, _, when, first, _ in windows if k == kind]
+        old = [r.service_s * 1000 for r in records if during_publish_window(kind, r)]
+        out[f"{kind}_swap_publish_window_p99_ms"] = percentiles(old)["p99_ms"] if old else None
     out["versions_seen"] = sorted({v for _, v in result.versions if v})
     if plot_path is not None:
-        out["plot"] = plot_swaps(records, published, start, plot_path)
+        out["plot"] = plot_swaps(records, windows, start, plot_path)
     return out
 
 
-def plot_swaps(records: list[Any], published: list[tuple[str, str, float]], start: float, path: Path) -> str:
-    """Each request of the swap phase as a point (when it was sent, its latency), coloured by the version that
-    answered, with every publish marked and its window shaded: the picture of what a swap costs, and when."""
+def plot_swaps(records: list[Any], windows: list[tuple[str, str, float, float | None, float]], start: float,
+               path: Path) -> str:
+    """Each request of the swap phase as a point (when it was due, its latency), coloured by the version that
+    answered, with every publish marked and its window (to SWAP_WINDOW_S after the version's first answer)
+    shaded: the picture of what a swap costs, and when."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -504,17 +565,18 @@ def plot_swaps(records: list[Any], published: list[tuple[str, str, float]], star
     fig, ax = plt.subplots(figsize=(11, 3.6))
     colors = plt.get_cmap("tab10")
     for index, version in enumerate(versions):
-        points = [(r.sent_at_s - origin, r.latency_s * 1000) for r in records if r.version == version]
+        points = [(r.scheduled_at_s - origin, r.latency_s * 1000) for r in records if r.version == version]
         ax.scatter([p[0] for p in points], [p[1] for p in points], s=5, color=colors(index % 10), label=version)
-    for kind, version, when in published:
-        ax.axvspan(when - origin, when - origin + SWAP_WINDOW_S, color="0.85" if kind == "full" else "0.93",
-                   zorder=0)
+    for kind, version, when, first, end in windows:
+        ax.axvspan(when - origin, end - origin, color="0.85" if kind == "full" else "0.93", zorder=0)
         ax.axvline(when - origin, color="black" if kind == "full" else "0.5", linewidth=0.8)
-        ax.text(when - origin, 1.02, f"{kind} {version[-4:]}", transform=ax.get_xaxis_transform(), fontsize=7)
+        label = f"{kind} {version[-4:]}" + ("" if first is not None else " (never served)")
+        ax.text(when - origin, 1.02, label, transform=ax.get_xaxis_transform(), fontsize=7)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_xlabel("seconds into the swap phase (a line: a publish; shaded: its window)")
+    ax.set_xlabel(f"seconds into the swap phase, by scheduled send time (a line: a publish; shaded: its window, "
+                  f"to {SWAP_WINDOW_S:g} s after the version's first answer)")
     ax.set_ylabel("latency (ms)")
     ax.legend(title="answered by", fontsize=7, title_fontsize=7, markerscale=3, loc="upper right")
     ax.grid(alpha=0.3, which="both")
@@ -609,6 +671,8 @@ def main() -> int:
                         "(1 candidate: the same; 1,000: a tenth)")
     parser.add_argument("--state-rows", type=int, default=20_000, help="generated rows the vocabularies hold")
     parser.add_argument("--step-seconds", type=float, default=5.0, help="length of each open-loop rate step")
+    parser.add_argument("--loaded-requests", type=int, default=LOADED_REQUESTS,
+                        help=f"requests of the loaded phase (default {LOADED_REQUESTS})")
     parser.add_argument("--keep", metavar="DIR", help="work here and keep it (default: a temporary directory)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                         help="serving.precision of the server (results: serving.json for float32, "
@@ -672,14 +736,21 @@ def main() -> int:
             print("open loop at rising rates ...", flush=True)
             start_rate = max(5.0, 0.2 * 1000.0 / closed[100]["p50_ms"])
             opened = open_loop(url, instances, start_rate, args.step_seconds)
-            swap_rate = max(2.0, 0.5 * (opened["max_rate_per_s_at_p99_10ms"] or start_rate))
+            # Half the highest rate held (the lowest rate tried when none held: the goal is then not met).
+            load_rate = 0.5 * (opened["max_rate_per_s_at_p99_10ms"] or opened["steps"][0]["rate_per_s"])
+            time.sleep(2.0)  # the scan's last step went past saturation: its backlog drains first
+            print(f"{args.loaded_requests} requests at {load_rate:.1f} req/s ...", flush=True)
+            under_load = loaded(url, instances, load_rate, args.loaded_requests)
+            print(f"  p50 {under_load['p50_ms']:.2f} ms, p99 {under_load['p99_ms']:.2f} ms (from the send: "
+                  f"{under_load['service_p99_ms']:.2f} ms), unanswered {under_load['unanswered']}", flush=True)
+            swap_rate = load_rate
             print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
             server_log = work / "server.log"
             log_before = server_log.stat().st_size
             results = Path(__file__).parent / "results"
             plot = results / ("serving_swaps.png" if args.precision == "float32" else
                               f"serving_{args.precision}_swaps.png")
-            swapped = swaps(url, instances, store, models, swap_rate, plot_path=plot)
+            swapped = swaps(url, port, instances, store, models, swap_rate, plot_path=plot)
             swapped["server_gc_pauses"] = slow_collections(server_log, log_before)
             collections = slow_collections(server_log)
             print(f"  the server's garbage collections of {SLOW_GC_S} s or more, during the swaps / in the whole run: "
@@ -701,6 +772,7 @@ def main() -> int:
 
     steady_p99 = swapped["steady"]["p99_ms"]
     swap_p99 = max((swapped[k] or {}).get("p99_ms", 0.0) for k in ("full_swap", "delta_swap"))
+    publish_window_p99 = max(swapped[f"{k}_swap_publish_window_p99_ms"] or 0.0 for k in ("full", "delta"))
     # The in-process baseline is the call the server makes (the packed endpoint at its precision), a stricter
     # one than the TF-Serving signature (inprocess_signature_*), timed in blocks alternated with the served
     # requests, on the same batches (paired_overhead). `overhead_ratio_100_separate_phases` is the ratio as
@@ -741,23 +813,41 @@ def main() -> int:
         **{f"grpc_p50_ms_{size}": closed_grpc[size]["p50_ms"] for size in SIZES},
         **{f"grpc_p99_ms_{size}": closed_grpc[size]["p99_ms"] for size in SIZES},
         "grpc_overhead_ratio_100": closed_grpc[100]["p99_ms"] / inprocess[100][served_call]["p99_ms"],
+        # Under load: an open loop at half the highest rate held, latency from the scheduled send time.
+        "loaded_p50_ms_100": under_load["p50_ms"],
+        "loaded_p99_ms_100": under_load["p99_ms"],
+        "loaded_rate_per_s": under_load["rate_per_s"],
+        "loaded_requests": under_load["requests"],
+        "max_rate_per_s_at_p99_10ms": opened["max_rate_per_s_at_p99_10ms"],
+        # The runs before's definition (the best rate held, latency from the actual send), kept beside.
         "max_candidates_per_s_at_p99_10ms": opened["max_candidates_per_s_at_p99_10ms"],
         "swap_p99_ratio": swap_p99 / steady_p99 if steady_p99 else None,
+        "swaps_all_served": swapped["all_served"],
+        # The runs before's definition (the 3 s after each publish, latency from the actual send), kept beside.
+        "swap_p99_ratio_publish_window": (publish_window_p99 / swapped["publish_window_steady_p99_ms"]
+                                          if swapped["publish_window_steady_p99_ms"] else None),
+        # Every request due in a measured phase that got no 200, skipped ones included; the open-loop scan's
+        # skips past saturation are its measurement, not failures (open_loop.steps has them).
         "failed_requests": sum(closed[s]["failed_requests"] + closed_grpc[s]["failed_requests"] for s in SIZES)
         + closed_httpx["failed_requests"]
         + paired["failed_requests"]
         + opened["failed_requests"]
-        + swapped["failed_requests"]
+        + under_load["unanswered"]
+        + swapped["unanswered"]
         + after_deltas["failed_requests"],
-        "goals": {"p99_ms_100_at_most_5": closed[100]["p99_ms"] <= 5.0,
+        "goals": {"loaded_p99_ms_100_at_most_5": bool(under_load["p99_ms"] is not None
+                                                      and under_load["p99_ms"] <= 5.0),
+                  "p99_ms_100_at_most_5": closed[100]["p99_ms"] <= 5.0,
                   "overhead_ratio_100_at_most_1.5": overhead <= 1.5,
-                  "swap_p99_ratio_at_most_2": bool(steady_p99 and swap_p99 / steady_p99 <= 2.0)},
+                  "swap_p99_ratio_at_most_2": bool(steady_p99 and swap_p99 / steady_p99 <= 2.0),
+                  "swaps_all_served": swapped["all_served"]},
         "closed_loop": {str(k): v for k, v in closed.items()},
         "closed_loop_grpc": {str(k): v for k, v in closed_grpc.items()},
         "closed_loop_after_deltas": {"100": after_deltas},
         "paired_100": paired,
         "in_process": {str(k): v for k, v in inprocess.items()},
         "open_loop": opened,
+        "loaded": under_load,
         "swaps": swapped,
         "model": {"name": "dcnv2", **{k: v for k, v in models.items() if k not in ("first", "rounds")}},
         "server": {"cores": [SERVER_CORE] if cores > 1 else "all", "pinned_with": "taskset" if shutil.which("taskset")
@@ -774,6 +864,9 @@ def main() -> int:
     out = Path(__file__).parent / "results" / name
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
+    if not swapped["all_served"]:
+        print(f"FAILED: versions published and never served: {', '.join(swapped['never_served'])}", file=sys.stderr)
+        return 1
     return 0
 
 

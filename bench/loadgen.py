@@ -1,9 +1,13 @@
 """A bounded, open-loop load generator for the model server's predict endpoint.
 
 Requests leave on a fixed schedule (one every 1 / rate_per_s seconds from the start), whatever the server's
-latency, so a slow server shows up as latency and skips rather than as a lower send rate. At most
-`concurrency` requests are in flight: a request due while all slots are busy is counted as skipped, never
-queued, so memory and the backlog stay bounded however slow the server gets.
+latency, so a slow server shows up as latency and skips rather than as a lower send rate. A request's latency
+runs from its scheduled send time, not from when a thread got round to sending it: a send delayed by a busy
+client or a late tick counts against the request, as it would for the user who asked at that moment (the
+time from the actual send is kept beside, as `service_s`). At most `concurrency` requests are in flight: a
+request due while all slots are busy is counted as skipped, never queued, so memory and the backlog stay
+bounded however slow the server gets; `unanswered` counts skipped and failed requests together, which is how a
+benchmark should count them (a skipped request is one the server did not answer in time).
 
     result = run_load("http://127.0.0.1:8501/v1/models/ctr:predict", lambda i: [instances[i % len(instances)]],
                       rate_per_s=20, duration_s=600)
@@ -30,10 +34,12 @@ MODEL_VERSION_HEADER = "X-Model-Version"
 @dataclass(frozen=True)
 class RequestRecord:
     sent_at_s: float  # epoch seconds when the request left
-    latency_s: float  # until the response (or the error)
+    latency_s: float  # from its scheduled send time until the response (or the error)
     status: int | None  # None when no response came (timeout, refused connection)
     version: str | None  # the X-Model-Version header of the response, if any
     error: str = ""  # the exception, for requests that got no response
+    scheduled_at_s: float = 0.0  # epoch seconds when the schedule said it should leave
+    service_s: float = 0.0  # from when it left until the response: the latency without the client's delays
 
 
 @dataclass
@@ -41,11 +47,22 @@ class LoadResult:
     num_requests: int  # requests sent (skipped ones are not sent)
     failed_requests: int  # non-200 responses, timeouts and connection errors
     skipped: int  # requests due while `concurrency` were already in flight
-    latency_p50_ms: float | None  # over the 200 responses; None when there were none
+    latency_p50_ms: float | None  # over the 200 responses, from the scheduled send time; None when there were none
     latency_p99_ms: float | None
     versions: list[tuple[float, str | None]]  # (sent_at_s, X-Model-Version) of each 200 response, by send time
     elapsed_s: float
     records: list[RequestRecord] = field(default_factory=list)  # every sent request, by send time
+
+    @property
+    def unanswered(self) -> int:
+        """Requests due that got no 200: the skipped ones and the failed ones."""
+        return self.skipped + self.failed_requests
+
+    def service_percentile_ms(self, q: float) -> float | None:
+        """Percentile `q` of the 200 responses' time from the actual send (the definition before the scheduled
+        send time was the origin); None when there were none."""
+        values = [r.service_s * 1000.0 for r in self.records if r.status == 200]
+        return float(np.percentile(values, q)) if values else None
 
     @property
     def status_counts(self) -> dict[str, int]:
@@ -59,16 +76,18 @@ class LoadResult:
             "num_requests": self.num_requests,
             "failed_requests": self.failed_requests,
             "skipped": self.skipped,
+            "unanswered": self.unanswered,
             "latency_p50_ms": self.latency_p50_ms,
             "latency_p99_ms": self.latency_p99_ms,
+            "service_p99_ms": self.service_percentile_ms(99),
             "elapsed_s": self.elapsed_s,
             "status_counts": self.status_counts,
             "versions": [[sent_at, version] for sent_at, version in self.versions],
         }
         if include_records:
             out["records"] = [
-                {"sent_at_s": r.sent_at_s, "latency_ms": r.latency_s * 1000.0, "status": r.status,
-                 "version": r.version, "error": r.error}
+                {"sent_at_s": r.sent_at_s, "scheduled_at_s": r.scheduled_at_s, "latency_ms": r.latency_s * 1000.0,
+                 "service_ms": r.service_s * 1000.0, "status": r.status, "version": r.version, "error": r.error}
                 for r in self.records
             ]
         return out
@@ -114,17 +133,21 @@ def run_load(
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     with httpx.Client(timeout=timeout_s, limits=limits) as client:
 
-        def send(body: bytes) -> None:
+        def send(body: bytes, scheduled: float) -> None:
             try:
                 sent_at, started = time.time(), time.perf_counter()
+                scheduled_at = sent_at - (started - scheduled)
                 try:
                     response = client.post(url, content=body, headers={"Content-Type": "application/json"})
                 except httpx.HTTPError as err:  # timeouts, refused or dropped connections: a failed request
-                    record = RequestRecord(sent_at, time.perf_counter() - started, None, None,
-                                           f"{type(err).__name__}: {err}")
+                    done = time.perf_counter()
+                    record = RequestRecord(sent_at, done - scheduled, None, None, f"{type(err).__name__}: {err}",
+                                           scheduled_at, done - started)
                 else:
-                    record = RequestRecord(sent_at, time.perf_counter() - started, response.status_code,
-                                           response.headers.get(MODEL_VERSION_HEADER))
+                    done = time.perf_counter()
+                    record = RequestRecord(sent_at, done - scheduled, response.status_code,
+                                           response.headers.get(MODEL_VERSION_HEADER), "", scheduled_at,
+                                           done - started)
                 with records_lock:
                     records.append(record)
             finally:
@@ -137,8 +160,10 @@ def run_load(
                 offset_s = tick / rate_per_s
                 if offset_s >= duration_s:
                     break
-                # A late tick (the loop was descheduled) fires at once: the schedule, not the loop, sets the rate.
-                if stop.wait(max(0.0, start + offset_s - time.perf_counter())):
+                # A late tick (the loop was descheduled) fires at once: the schedule, not the loop, sets the rate,
+                # and the request's latency counts from its scheduled time.
+                scheduled = start + offset_s
+                if stop.wait(max(0.0, scheduled - time.perf_counter())):
                     break
                 tick += 1
                 if not slots.acquire(blocking=False):
@@ -149,7 +174,7 @@ def run_load(
                 except BaseException:
                     slots.release()
                     raise
-                futures.append(pool.submit(send, body))
+                futures.append(pool.submit(send, body, scheduled))
                 num_sent += 1
         elapsed_s = time.perf_counter() - start
     for future in futures:

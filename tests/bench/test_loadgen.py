@@ -113,8 +113,30 @@ def test_requests_beyond_the_concurrency_limit_are_skipped_not_queued(model_serv
     model_server.delay_s = 1.0
     result = run_load(model_server.url, _instances, rate_per_s=50, duration_s=0.2, concurrency=2)
     assert (result.num_requests, result.skipped, result.failed_requests) == (2, 8, 0)
+    assert result.unanswered == 8 and result.to_json()["unanswered"] == 8
     assert len(model_server.bodies) == 2
     assert result.latency_p50_ms >= 1000
+
+
+def test_latency_counts_from_the_scheduled_send_time(model_server):
+    # Building request 0's body takes 60 ms on the sending thread, so requests 1-5 (due at 10-50 ms) all leave
+    # late: each one's latency includes the wait since it was due; the time from the actual send does not.
+    def slow_first(i: int) -> list[dict]:
+        if i == 0:
+            time.sleep(0.06)
+        return _instances(i)
+
+    result = run_load(model_server.url, slow_first, rate_per_s=100, duration_s=10, concurrency=8, max_requests=4)
+    records = {r.scheduled_at_s: r for r in result.records}
+    first, second = (records[t] for t in sorted(records)[:2])
+    assert second.scheduled_at_s - first.scheduled_at_s == pytest.approx(0.01, abs=1e-6)
+    assert first.sent_at_s - first.scheduled_at_s >= 0.06
+    assert second.sent_at_s - second.scheduled_at_s >= 0.05
+    for record in (first, second):
+        assert record.latency_s == pytest.approx(record.service_s + (record.sent_at_s - record.scheduled_at_s),
+                                                 abs=2e-3)
+        assert record.latency_s >= record.service_s + 0.049
+    assert result.service_percentile_ms(50) < result.latency_p50_ms
 
 
 def test_a_timeout_is_a_failed_request_without_a_version(model_server):
