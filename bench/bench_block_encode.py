@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from bench.provenance import provenance
 from components.block_codec import encode_blocks, frame_records
 from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL
 
@@ -66,6 +67,7 @@ def main() -> int:
         "machine": platform.machine(), "python": sys.version.split()[0],
         "command": "make bench-encode",
     }
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "block_encode.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

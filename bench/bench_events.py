@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from bench.provenance import provenance
 from components.config import EventsConfig, GenerateConfig, SparkConfig
 from components.events import CLICKS, EVENT_FILE, IMPRESSION_SCHEMA, IMPRESSIONS, generate_events
 from components.interval import Interval
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             "tsv": sum(Path(p).stat().st_size for p in tsv_files),
         },
     }
+    arguments = argv if argv is not None else sys.argv[1:]
+    result = {**provenance(" ".join(["python -m bench.bench_events", *arguments])), **result}
     out = Path(__file__).parent / "results" / "events.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

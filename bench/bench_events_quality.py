@@ -37,6 +37,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from bench.provenance import provenance
 from components.config import load_config, parse_override_args
 from components.events import generate_events
 from components.interval import Interval
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             f" BENCH_EVENTS_QUALITY_ARGS='{' '.join(argv if argv is not None else sys.argv[1:])}'"
             if (argv if argv is not None else sys.argv[1:]) else ""),
     })
+    result = {**provenance(result["command"]), **result}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

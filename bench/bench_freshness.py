@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import run_load
+from bench.provenance import provenance
 from components.config import load_config
 from components.layout import Layout
 from components.live_traffic import write_live_minute, write_live_minutes
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             result["step_worker_rss_mib"] = {"started": worker_rss[0], "end": rss_mib(worker.pid)}
     finally:
         processes.stop()
+    result = {**provenance(result["command"]), **result}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_minute",)}, indent=2))

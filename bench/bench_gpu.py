@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.provenance import provenance
 from components.block_codec import encode_blocks, frame_records
 from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL, NUM_RESERVED_ROWS
 from trainer.block_reader import block_batches
@@ -191,6 +192,7 @@ def main() -> int:
                                         for name, module in sys.modules.items() if module is not None)
     result.update({"model": "DCNv2-small: 26 tables, dim 16, 3 cross layers, MLP 512-256-128",
                    "python": sys.version.split()[0]})
+    result = {**provenance(result["command"]), **result}
     name = "gpu_data_only.json" if args.data_only else "gpu_small.json" if args.small else "gpu.json"
     out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).parent / "results")) / name
     out.parent.mkdir(parents=True, exist_ok=True)

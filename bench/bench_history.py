@@ -26,6 +26,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python bench/bench_history.py` as well as make bench-history
+
+from bench.provenance import provenance  # noqa: E402
+
 START = datetime(2026, 1, 1, tzinfo=UTC)
 GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
           "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western")
@@ -180,6 +184,8 @@ def main() -> int:
     results["cpu_count"], results["load_average_at_end"] = os.cpu_count(), [round(v, 2) for v in os.getloadavg()]
     if args.before:
         results["before"] = json.loads(args.before.read_text())
+    command = "make bench-history" + (f" BENCH_HISTORY_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
+    results = {**provenance(command), **results}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.provenance import provenance
 from components.block_codec import encode_blocks, frame_records
 from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL, NUM_DENSE
 from trainer.block_reader import block_batches
@@ -162,6 +163,7 @@ def main() -> int:
             "machine": platform.machine(), "python": sys.version.split()[0], "command": "make bench-input",
         }
     )
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "input.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

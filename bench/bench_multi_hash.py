@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.provenance import provenance
 from components.block_codec import encode_blocks, frame_records
 from components.config import TrainConfig
 from components.evaluation import roc_auc
@@ -138,6 +139,7 @@ def main() -> int:
         "machine": platform.machine(), "python": sys.version.split()[0],
         "command": "make bench-multi-hash",
     }
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "multi_hash.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -28,6 +28,7 @@ import time
 import warnings
 from pathlib import Path
 
+from bench.provenance import provenance
 from components.config import TrainConfig
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL
 from tests.trainer.synthetic import Rows, random_rows, roc_auc, write_block_files
@@ -155,6 +156,7 @@ def main() -> int:
         "wall_s": time.perf_counter() - started,
         "machine": platform.machine(), "python": sys.version.split()[0], "command": "make bench-naive",
     }
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "naive.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.provenance import provenance
 from components.config import load_config, parse_override_args
 from components.interval import Interval
 from components.layout import Layout
@@ -121,6 +122,7 @@ def main() -> int:
         "machine": platform.machine(), "python": sys.version.split()[0],
         "command": "make bench-quality" + (f" BENCH_QUALITY_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else ""),
     }
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "quality.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_serving import stop_server  # noqa: E402
+from bench.provenance import provenance  # noqa: E402
 from components.baseline import bootstrap_auc_difference, fit_baseline_on_rows  # noqa: E402
 from components.config import PipelineConfig  # noqa: E402
 from components.evaluation import log_loss, roc_auc  # noqa: E402
@@ -497,6 +498,7 @@ def main() -> int:
             "movielens_din_history_beats_dcnv2_no_history":
                 (movielens.get("auc_din_history") or 0) > (movielens.get("auc_dcnv2_no_history") or 1),
         }
+    output = {**provenance(command), **output}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(output, indent=2) + "\n")
     log(f"wrote {args.output}")

@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
+
 GROUPS = ("raw_data", "requests", "faults", "live")
 RESULTS = Path(__file__).resolve().parent / "results" / "reliability.json"
 
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         **extra,
         "case_list": cases,
     }
+    document = {**provenance(document["command"]), **document}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(document, indent=2) + "\n")
     print_table(cases)

@@ -43,6 +43,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from bench.provenance import provenance  # noqa: E402
 from components.block_codec import encode_blocks, frame_records  # noqa: E402
 from components.feature_spec import NUM_RESERVED_ROWS, load_spec  # noqa: E402
 from trainer.model_inputs import ModelInputs, model_inputs  # noqa: E402
@@ -194,6 +195,7 @@ def main() -> int:
                          "part of issue 48)")
     result["tensorflow_imported"] = any(module is not None and (name == "tensorflow" or name.startswith("tensorflow."))
                                         for name, module in list(sys.modules.items()))
+    result = {**provenance(result["command"]), **result}
     name = "scale_small.json" if args.small else "scale.json"
     out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).parent / "results")) / name
     out.parent.mkdir(parents=True, exist_ok=True)

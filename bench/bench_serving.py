@@ -70,6 +70,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from bench.loadgen import run_load
+from bench.provenance import provenance
 from components.config import GenerateConfig, TrainConfig
 from components.delta import delta_arrays, write_delta
 from components.feature_spec import NUM_RESERVED_ROWS, load_spec
@@ -857,8 +858,8 @@ def main() -> int:
         "cpu": cpu_description(),
         "cpu_count": cores,
         "python": platform.python_version(),
-        "command": "make bench-serving" + ("" if args.precision == "float32" else
-                                           f" BENCH_SERVING_ARGS='--precision {args.precision}'"),
+        **provenance("make bench-serving" + ("" if args.precision == "float32" else
+                                             f" BENCH_SERVING_ARGS='--precision {args.precision}'")),
     }
     name = "serving.json" if args.precision == "float32" else f"serving_{args.precision}.json"
     out = Path(__file__).parent / "results" / name

@@ -40,6 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
 from components.config import EventsConfig, FeatureConfig, GenerateConfig, IncrementalConfig, SparkConfig
 from components.events import generate_events
 from components.feature_spec import load_spec
@@ -249,6 +250,7 @@ def main() -> int:
                    "python": sys.version.split()[0],
                    "command": "make bench-spark" + (f" BENCH_SPARK_ARGS='{' '.join(sys.argv[1:])}'"
                                                     if sys.argv[1:] else "")})
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "spark.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

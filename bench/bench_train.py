@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.provenance import provenance
 from components.config import TrainConfig
 from components.schema import CATEGORICAL_FEATURES, NUM_RESERVED_ROWS
 from tests.trainer.synthetic import random_rows, write_block_files
@@ -114,6 +115,7 @@ def main() -> int:
             "machine": platform.machine(), "python": sys.version.split()[0], "command": "make bench-train",
         }
     )
+    result = {**provenance(result["command"]), **result}
     out = Path(__file__).parent / "results" / "train.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

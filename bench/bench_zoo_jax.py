@@ -18,6 +18,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from bench.provenance import provenance
 from tests.trainer.synthetic import roc_auc, table_sizes
 from tests.trainer.test_model_zoo import NUM_ITEMS, SMALL, history_rows
 from trainer.models import MODEL_BUILDERS, build_model
@@ -49,6 +50,7 @@ def main() -> int:
     result = {"runs": runs, "backend": keras.backend.backend(),
               "device": f"{device.platform}: {getattr(device, 'device_kind', device)}" if device else "cpu",
               "train_rows": 40_000, "test_rows": 10_000, "epochs": 3, "command": "make bench-zoo-jax"}
+    result = {**provenance(result["command"]), **result}
     out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).parent / "results")) / "zoo_jax.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
