@@ -309,9 +309,15 @@ def train(ctx: RunContext) -> dict:
                          spec=ctx.spec)
     if result.best_epoch is not None:
         val_auc = result.history["val_auc"]
-        ctx.progress("train: kept epoch %d of %d (held-out AUC by epoch: %s)", result.best_epoch + 1,
-                     config.epochs, " ".join(f"{v:.4f}" for v in val_auc))
-        tracker.log_metrics({"train.best_epoch": result.best_epoch + 1, "train.epochs_run": len(val_auc)})
+        if result.averaged_epochs:
+            ctx.progress("train: kept the mean of epochs %s's weights (the best and the ones after it; held-out AUC "
+                         "by epoch: %s)", ", ".join(str(e + 1) for e in result.averaged_epochs),
+                         " ".join(f"{v:.4f}" for v in val_auc))
+        else:
+            ctx.progress("train: kept epoch %d of %d (held-out AUC by epoch: %s)", result.best_epoch + 1,
+                         config.epochs, " ".join(f"{v:.4f}" for v in val_auc))
+        tracker.log_metrics({"train.best_epoch": result.best_epoch + 1, "train.epochs_run": len(val_auc),
+                             "train.averaged_epochs": len(result.averaged_epochs)})
     if result.resumed_from_step is not None:
         ctx.progress("train: resumed from the progress saved at step %d", result.resumed_from_step)
         tracker.set_tags({"train.resumed_from_step": str(result.resumed_from_step)})
@@ -335,7 +341,8 @@ def train(ctx: RunContext) -> dict:
     evaluation_dir.mkdir(parents=True, exist_ok=True)
     np.savez(evaluation_dir / "predictions.npz", labels=result.eval_labels, predictions=result.eval_predictions)
     summary = {"examples_per_second": result.examples_per_second, "num_train_examples": result.num_train_examples,
-               "history": result.history, "best_epoch": result.best_epoch}
+               "history": result.history, "best_epoch": result.best_epoch,
+               "averaged_epochs": list(result.averaged_epochs)}
     write_json_atomic(evaluation_dir / "training.json", summary)
     tracker.log_metrics({"train.examples_per_second": result.examples_per_second})
     tracker.log_params({f"train.flag.{k}": v for k, v in result.speed_flags.items()})

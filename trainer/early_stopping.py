@@ -5,6 +5,11 @@ score (`val_auc`), saves its weights beside the run's progress, says when `patie
 beaten it by `min_delta`, and puts its weights back at the end, so the checkpoint, the calibration and the
 export all start from the best epoch rather than the last one. Its record survives a killed run: a resumed
 run compares against the best epoch from before the kill, not only against the epochs it ran itself.
+
+With `average` on, the epochs after the best one that did not beat it are saved too, and the model a run keeps
+is the mean of the best epoch's weights and theirs (Polyak averaging of the epoch-end weights, as stochastic
+weight averaging does it): on a small held-out slice, epochs within its noise of each other are ranked by
+chance, and their mean is no worse a choice than any one of them while it smooths the one picked.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
 BEST_STATE_FILE = "best.json"
 METRIC = "val_auc"
@@ -30,10 +36,12 @@ class Best:
     value: float
     weights: str  # file name, in the directory
     identity: str  # the run's input hash, as in trainer.progress
+    following: tuple[str, ...] = ()  # weight files of the later epochs that did not beat it (with `average`)
 
 
 class BestEpoch:
-    def __init__(self, directory: Path, identity: str, patience: int, min_delta: float = 0.0) -> None:
+    def __init__(self, directory: Path, identity: str, patience: int, min_delta: float = 0.0,
+                 average: bool = False) -> None:
         if patience < 0:
             raise ValueError(f"early_stopping_patience must be >= 0 (0 keeps the last epoch), got {patience}")
         if min_delta < 0:
@@ -42,8 +50,10 @@ class BestEpoch:
         self.identity = identity
         self.patience = patience
         self.min_delta = min_delta
+        self.average = average
         self.best: Best | None = self._read()
         self.last_epoch: int | None = None
+        self.averaged_epochs: list[int] = []  # the epochs `restore` averaged (empty: one epoch kept as it was)
 
     @property
     def enabled(self) -> bool:
@@ -56,39 +66,69 @@ class BestEpoch:
             return False
         value = float(logs.get(METRIC, math.nan))
         if math.isfinite(value) and (self.best is None or value > self.best.value + self.min_delta):
-            self._write(model, Best(epoch, value, f"best-{epoch:04d}.weights.h5", self.identity))
+            name = f"best-{epoch:04d}.weights.h5"
+            self._write(model, Best(epoch, value, name, self.identity), name)
             return False
-        return self.best is not None and epoch - self.best.epoch >= self.patience
+        if self.best is None:
+            return False
+        if self.average and epoch > self.best.epoch:
+            name = f"epoch-{epoch:04d}.weights.h5"
+            self._write(model, Best(self.best.epoch, self.best.value, self.best.weights, self.identity,
+                                    (*self.best.following, name)), name)
+        return epoch - self.best.epoch >= self.patience
 
     def restore(self, model: keras.Model) -> int | None:
-        """Loads the best epoch's weights into `model` when a later epoch ran after it; returns the best epoch
-        (None when early stopping is off or no epoch had a finite score)."""
+        """Puts the kept weights into `model`: the best epoch's when a later epoch ran after it, or with `average`
+        the mean of the best epoch's and the later epochs'; returns the best epoch (None when early stopping is
+        off or no epoch had a finite score)."""
         if not self.enabled or self.best is None:
             return None
-        if self.last_epoch is None or self.last_epoch != self.best.epoch:
+        if self.best.following:
+            self._load_mean(model, [self.best.weights, *self.best.following])
+            self.averaged_epochs = [self.best.epoch, *(int(name[6:10]) for name in self.best.following)]
+        elif self.last_epoch is None or self.last_epoch != self.best.epoch:
             model.load_weights(self.directory / self.best.weights)
         return self.best.epoch
+
+    def _load_mean(self, model: keras.Model, names: list[str]) -> None:
+        """The mean of the weight files `names` into `model`, float weights only (others keep the last file's)."""
+        total: list[np.ndarray] | None = None
+        for name in names:
+            model.load_weights(self.directory / name)
+            values = [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in model.weights]
+            if total is None:
+                total = [v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v for v in values]
+            else:
+                total = [t + v if np.issubdtype(v.dtype, np.floating) else v
+                         for t, v in zip(total, values, strict=True)]
+        for variable, value in zip(model.weights, total or [], strict=True):
+            if np.issubdtype(value.dtype, np.floating):
+                variable.assign((value / len(names)).astype(variable.dtype))
 
     def _read(self) -> Best | None:
         path = self.directory / BEST_STATE_FILE
         if not path.exists():
             return None
-        best = Best(**json.loads(path.read_text()))
-        if best.identity != self.identity or not (self.directory / best.weights).exists():
+        record = json.loads(path.read_text())
+        best = Best(**{**record, "following": tuple(record.get("following", ()))})
+        if best.identity != self.identity or not all((self.directory / name).exists()
+                                                     for name in (best.weights, *best.following)):
             return None
         return best
 
-    def _write(self, model: keras.Model, best: Best) -> None:
+    def _write(self, model: keras.Model, best: Best, name: str) -> None:
+        """Saves `model`'s weights as `name`, then records `best`."""
         # Weights first, then the record naming them, each under a temporary name, then the older weights go:
-        # a kill at any point leaves a record whose weights are on disk and are the epoch it names.
+        # a kill at any point leaves a record whose weights are on disk and are the epochs it names.
         self.directory.mkdir(parents=True, exist_ok=True)
         partial = self.directory / f".{uuid.uuid4().hex}.partial.weights.h5"
         model.save_weights(partial)
-        os.replace(partial, self.directory / best.weights)
+        os.replace(partial, self.directory / name)
         state = self.directory / f".{uuid.uuid4().hex}.partial.json"
         state.write_text(json.dumps(asdict(best)))
         os.replace(state, self.directory / BEST_STATE_FILE)
-        for old in self.directory.glob("best-*.weights.h5"):
-            if old.name != best.weights:
+        kept = {best.weights, *best.following}
+        for old in (*self.directory.glob("best-*.weights.h5"), *self.directory.glob("epoch-*.weights.h5")):
+            if old.name not in kept:
                 old.unlink()
         self.best = best

@@ -127,6 +127,7 @@ def train_in_jax_process(
             raise RuntimeError(f"the JAX train step (python -m trainer.jax_train, KERAS_BACKEND=jax) exited with "
                                f"code {code}; the end of its log:\n{log[-4000:]}")
         summary = json.loads((Path(scratch) / RESULT_FILE).read_text())
+        summary["averaged_epochs"] = tuple(summary.get("averaged_epochs", ()))
         with np.load(Path(scratch) / EVAL_FILE) as data:
             eval_labels, eval_predictions = data["labels"], data["predictions"]
     return TrainResult(model=load_checkpoint(Path(checkpoint_dir)), eval_labels=eval_labels,
@@ -226,7 +227,8 @@ def train_model_jax(
             warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
         meter = ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
-        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta)
+        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
+                         average=config.average_epochs)
         for callback in callbacks:
             if isinstance(callback, StepMetricsLogger) and resumed is not None:
                 callback.step = resumed.global_step
@@ -248,6 +250,7 @@ def train_model_jax(
                 if best.update(epoch, {name: values[-1] for name, values in fitted.history.items()}, model):
                     break
             best_epoch = best.restore(model)
+            averaged_epochs = tuple(best.averaged_epochs)
             calibration = None
             if config.calibrate:
                 rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
@@ -276,7 +279,8 @@ def train_model_jax(
         best_epoch=best_epoch, first_epoch=first_epoch, speed_flags=speed_flags, global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None, calibration=calibration,
         # Checked by the tests: the JAX step must run where TensorFlow is not installed.
-        extra={"tensorflow_imported": any(module is not None and (name == "tensorflow"
+        extra={"averaged_epochs": list(averaged_epochs),
+               "tensorflow_imported": any(module is not None and (name == "tensorflow"
                                                                   or name.startswith("tensorflow."))
                                           for name, module in list(sys.modules.items()))})
     clear_progress(progress_dir)
@@ -285,7 +289,7 @@ def train_model_jax(
         examples_per_second=meter.examples_per_second(), eval_labels=eval_labels, eval_predictions=eval_predictions,
         speed_flags=speed_flags, global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None, warm_start=warm_start_summary,
-        calibration=calibration, best_epoch=best_epoch,
+        calibration=calibration, best_epoch=best_epoch, averaged_epochs=averaged_epochs,
     )
 
 
@@ -336,7 +340,7 @@ def _child_main(request_file: str, result_dir: str) -> int:
     out = Path(result_dir)
     np.savez(out / EVAL_FILE, labels=result.eval_labels, predictions=result.eval_predictions)
     fields = ("history", "num_train_examples", "examples_per_second", "speed_flags", "global_step",
-              "resumed_from_step", "warm_start", "calibration", "best_epoch")
+              "resumed_from_step", "warm_start", "calibration", "best_epoch", "averaged_epochs")
     (out / RESULT_FILE).write_text(json.dumps({name: getattr(result, name) for name in fields}))
     channel.close()
     return 0

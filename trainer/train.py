@@ -67,6 +67,9 @@ class TrainResult:
     calibration: dict[str, float] | None = None
     # The epoch (0-based) whose weights were kept: the best held-out AUC (None with early stopping off).
     best_epoch: int | None = None
+    # With train.average_epochs, the epochs (0-based) whose weights were averaged into the kept model: the best
+    # one and the ones after it; empty when one epoch's weights were kept as they were.
+    averaged_epochs: tuple[int, ...] = ()
 
 
 class StepMetricsLogger(keras.callbacks.Callback):
@@ -215,7 +218,8 @@ def train_model(
                                     inputs=inputs)
         meter = ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
-        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta)
+        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
+                         average=config.average_epochs)
         for callback in callbacks:
             if isinstance(callback, StepMetricsLogger) and resumed is not None:
                 callback.step = resumed.global_step
@@ -245,6 +249,7 @@ def train_model(
                 if best.update(epoch, {name: values[-1] for name, values in fitted.history.items()}, model):
                     break
             best_epoch = best.restore(model)
+            averaged_epochs = tuple(best.averaged_epochs)
             calibration = None
             if config.calibrate:
                 rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
@@ -266,7 +271,8 @@ def train_model(
         warm_start=warm_start if warm_start_summary is not None else None, warm_start_summary=warm_start_summary,
         num_train_examples=num_train_examples, num_eval_examples=len(eval_labels), history=history, kept=kept,
         best_epoch=best_epoch, first_epoch=first_epoch, speed_flags=speed_flags, global_step=saver.global_step,
-        resumed_from_step=resumed.global_step if resumed else None, calibration=calibration)
+        resumed_from_step=resumed.global_step if resumed else None, calibration=calibration,
+        extra={"averaged_epochs": list(averaged_epochs)})
     clear_progress(progress_dir)  # the checkpoint supersedes it
     return TrainResult(
         model=model,
@@ -281,6 +287,7 @@ def train_model(
         warm_start=warm_start_summary,
         calibration=calibration,
         best_epoch=best_epoch,
+        averaged_epochs=averaged_epochs,
     )
 
 

@@ -60,3 +60,32 @@ def test_a_non_finite_score_is_never_the_best_and_patience_zero_is_off(tmp_path)
 def test_rejects_bad_settings(tmp_path, patience, min_delta, match):
     with pytest.raises(ValueError, match=match):
         BestEpoch(tmp_path, "run", patience=patience, min_delta=min_delta)
+
+
+@pytest.mark.unit
+def test_average_keeps_the_mean_of_the_best_epoch_and_the_ones_after_it(tmp_path):
+    best = BestEpoch(tmp_path, "run", patience=2, average=True)
+    model = _model(0.0)
+    stops = []
+    for epoch, score in enumerate([0.70, 0.75, 0.74, 0.73]):
+        model.layers[0].kernel.assign(np.full((2, 1), float(epoch * epoch), dtype=np.float32))
+        stops.append(best.update(epoch, {"val_auc": score}, model))
+    assert stops == [False, False, False, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best-0001.weights.h5", BEST_STATE_FILE, "epoch-0002.weights.h5", "epoch-0003.weights.h5"]
+    resumed = BestEpoch(tmp_path, "run", patience=2, average=True)  # the record survives a new process
+    assert resumed.best.following == ("epoch-0002.weights.h5", "epoch-0003.weights.h5")
+    assert best.restore(model) == 1
+    assert _kernel(model) == pytest.approx((1.0 + 4.0 + 9.0) / 3)  # epochs 1, 2 and 3: kernels 1, 4, 9
+    assert best.averaged_epochs == [1, 2, 3]
+
+
+@pytest.mark.unit
+def test_a_new_best_drops_the_epochs_saved_after_the_old_one(tmp_path):
+    best = BestEpoch(tmp_path, "run", patience=2, average=True)
+    model = _model(0.0)
+    for epoch, score in enumerate([0.70, 0.69, 0.71]):
+        model.layers[0].kernel.assign(np.full((2, 1), float(epoch), dtype=np.float32))
+        assert best.update(epoch, {"val_auc": score}, model) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-0002.weights.h5", BEST_STATE_FILE]
+    assert best.restore(model) == 2 and _kernel(model) == 2.0 and best.averaged_epochs == []

@@ -185,6 +185,30 @@ def test_keeps_the_epoch_with_the_best_held_out_auc(planted, tmp_path):
 
 
 @pytest.mark.integration
+def test_average_epochs_keeps_the_mean_of_the_best_epoch_and_the_ones_after_it(planted, tmp_path):
+    # The over-fitting settings of the test above, patience 2: the kept weights are the mean of the best epoch's
+    # and the two after it, so the predictions are neither the best epoch's nor the last one's.
+    config = dataclasses.replace(SMALL, epochs=8, learning_rate=0.1, embedding_learning_rate=1.0,
+                                 early_stopping_patience=2, calibrate=False, average_epochs=True)
+    result = train_model(config, table_sizes(NUM_VALUES), planted["train_files"], planted["eval_files"],
+                         tmp_path / "checkpoint")
+    val_auc = result.history["val_auc"]
+    best = result.best_epoch
+    assert best == int(np.argmax(val_auc)) and len(val_auc) == best + 3
+    assert result.averaged_epochs == (best, best + 1, best + 2)
+    manifest = read_manifest(tmp_path / "checkpoint", kind="checkpoint")
+    assert manifest["averaged_epochs"] == [best, best + 1, best + 2]
+    kept_auc = roc_auc(result.eval_labels, result.eval_predictions)
+    assert all(abs(kept_auc - val_auc[epoch]) > 1e-4 for epoch in (best, best + 2))
+    reloaded = load_checkpoint(tmp_path / "checkpoint")
+    from trainer.input import samples_dataset
+
+    batch = next(iter(samples_dataset(planted["eval_files"], 256, shuffle=False, seed=0)))[0]
+    np.testing.assert_allclose(reloaded.predict(batch, verbose=0).reshape(-1), result.eval_predictions[:256],
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.integration
 def test_patience_zero_keeps_the_last_epoch(planted, tmp_path):
     config = dataclasses.replace(SMALL, epochs=2, early_stopping_patience=0, calibrate=False)
     result = train_model(config, table_sizes(NUM_VALUES), planted["train_files"], planted["eval_files"],

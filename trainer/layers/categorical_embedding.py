@@ -36,10 +36,11 @@ class CategoricalEmbedding(keras.layers.Layer):
     would move every row every step).
 
     `rare_row_rate` > 0 (one number, or one per input column): in training, each value of `call`'s columns
-    other than `missing_row` is read as `rare_row` with this probability (its column's; drawn anew every batch). The rare row is what a value never seen in
-    training reads at serving; without this it learns only from the few training values below the admission
-    count, so on a log whose later rows bring many new users it is close to its random initial value and their
-    predictions are arbitrary. With it the rare row learns the average effect of an unknown value, the way
+    other than `missing_row` is read as `rare_row` with this probability (its column's; drawn anew every batch).
+    The rare row is what a value never seen in training reads at serving; without this it learns only from the
+    few training values below the admission count, so on a log whose later rows bring many new users it is
+    close to its random initial value and their predictions are arbitrary.
+    With it the rare row learns the average effect of an unknown value, the way
     dropout trains a layer to work without some of its inputs. Evaluation and serving read every row as is.
 
     Tables listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a

@@ -52,7 +52,8 @@ class DLRM(CTRModel):
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         dense = self.dense_arch(inputs[DENSE_INPUT])
-        interactions = self.interaction(ops.concatenate([ops.expand_dims(dense, 1), self.embed(inputs, training)], axis=1))
+        embedded = self.embed(inputs, training)
+        interactions = self.interaction(ops.concatenate([ops.expand_dims(dense, 1), embedded], axis=1))
         return self.head(self.over_arch(ops.concatenate([dense, interactions], axis=-1)))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
