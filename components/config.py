@@ -8,7 +8,6 @@ the only place that reads the environment.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import types
 import typing
@@ -17,9 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A configuration value is unknown or malformed."""
+from components.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -371,13 +368,6 @@ class PipelineConfig:
     incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
-
-    @functools.cached_property
-    def feature_spec(self):  # -> components.feature_spec.FeatureSpec
-        """The feature spec named by features.spec, its unset settings filled from this config (read once)."""
-        from components.feature_spec import FeatureDefaults, load_spec
-
-        return load_spec(self.features.spec).with_defaults(FeatureDefaults.of(self))
 
     @property
     def tracking_uri(self) -> str:

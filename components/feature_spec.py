@@ -67,7 +67,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from components.config import ConfigError, PipelineConfig
+from components.config import PipelineConfig
+from components.errors import ConfigError
 
 PRESET_DIR = Path(__file__).with_name("feature_specs")
 
@@ -486,6 +487,12 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
 
 def preset_names() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+
+
+def spec_for(config: PipelineConfig) -> FeatureSpec:
+    """The feature spec `config` names (features.spec), its unset settings filled from `config`. Read anew on each
+    call: a run reads it once (pipelines.context.RunContext.spec)."""
+    return load_spec(config.features.spec).with_defaults(FeatureDefaults.of(config))
 
 
 def load_spec(name_or_path: str) -> FeatureSpec:

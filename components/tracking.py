@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from components.config import PipelineConfig
+from components.feature_spec import spec_for
 from components.mlflow_settings import apply_http_limits
 from components.tracking_outbox import Outbox, PendingRun
 
@@ -180,7 +181,7 @@ class Tracker:
     def log_run_config(self, config: PipelineConfig) -> None:
         """Every config value as a param, and the feature spec it names: its hash as a param, the whole spec
         (declared features and their tables' resolved settings) as feature_spec.json."""
-        spec = config.feature_spec
+        spec = spec_for(config)
         self.log_params({**config.flat(), "features.spec_name": spec.name, "features.spec_hash": spec.hash()})
         self.log_dict({**spec.as_dict(), "hash": spec.hash(),
                        "tables": {name: dataclasses.asdict(table) for name, table in spec.tables().items()}},

@@ -34,6 +34,7 @@ class ArrivalValidator:
     partitions once its source says it is complete (`Source.ready`), once per minute."""
 
     def __init__(self, config, clock: Callable[[], float] = time.time) -> None:
+        from components.feature_spec import spec_for
         from components.layout import Layout
         from pipelines.sources import source_for
 
@@ -41,7 +42,7 @@ class ArrivalValidator:
         self._clock = clock
         self._layout = Layout(config.paths.root)
         self._source = source_for(config)
-        self._datasets = self._source.datasets(config.feature_spec)
+        self._datasets = self._source.datasets(spec_for(config))
         self._validators: dict[str, Any] = {}
         self._done: dict[datetime, float] = {}  # minute -> when its arrival was seen (clock seconds)
         self.validated: list[tuple[str, datetime, bool, float]] = []  # (dataset, minute, passed, seconds), last few

@@ -102,13 +102,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from components.feature_spec import FeatureSpecError
+    from components.feature_spec import FeatureSpecError, spec_for
     from components.ingest import IngestError, ingest
     from components.layout import Layout
 
     config = _config(args)
     try:
-        spec = config.feature_spec
+        spec = spec_for(config)
         report = ingest(spec, args.files, Layout(config.paths.root), start=args.start,
                         rows_per_minute=args.rows_per_minute, input_format=args.format,
                         progress=lambda message: print(f"  {message}", flush=True),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import PipelineConfig
+from components.feature_spec import spec_for
 from components.interval import Interval
 from components.layout import Layout
 
@@ -75,7 +76,7 @@ class RunContext:
     @cached_property
     def spec(self):  # -> components.feature_spec.FeatureSpec
         """The run's feature spec (features.spec), read once."""
-        return self.config.feature_spec
+        return spec_for(self.config)
 
     @cached_property
     def source(self):  # -> pipelines.sources.Source

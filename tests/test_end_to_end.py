@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from components.config import load_config
+from components.feature_spec import spec_for
 from components.feature_state import categorical_rows, load_feature_state, transform_dense
 from components.interval import Interval
 from components.layout import Layout
@@ -132,7 +133,7 @@ def test_mlflow_run_holds_params_metrics_artifacts_and_airflow_tags(daily_run, m
     assert run.data.params["features.min_count"] == "3"
     flags = {key for key in run.data.params if key.startswith("train.flag.")}
     assert set(run.data.params) - flags == set(config.flat()) | {"features.spec_name", "features.spec_hash"}
-    assert run.data.params["features.spec_hash"] == config.feature_spec.hash()
+    assert run.data.params["features.spec_hash"] == spec_for(config).hash()
     assert run.data.params["train.flag.row_sparse_updates"] == "True"  # the speed flags as they took effect
     assert run.data.params["train.flag.micro_batch_size"] == "1024"
     for metric in ("eval.auc", "eval.logloss", "eval.planted_auc", "validation.rows", "train.loss",

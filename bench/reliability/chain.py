@@ -105,14 +105,16 @@ class Chain:
     def deliver(self, minute: datetime, data: bytes | None, marker: bool = True) -> Path:
         """Writes a raw partition as a writer would: the data file under a temporary name, renamed, then the
         completion marker."""
+        from components.feature_spec import spec_for
         from components.synthetic import SUCCESS_MARKER
 
         directory = self.layout.raw_minute_dir(minute)
         directory.mkdir(parents=True, exist_ok=True)
         if data is not None:
-            tmp = directory / f".{self.config.feature_spec.source.file_name}.tmp"
+            file_name = spec_for(self.config).source.file_name
+            tmp = directory / f".{file_name}.tmp"
             tmp.write_bytes(data)
-            os.replace(tmp, directory / self.config.feature_spec.source.file_name)
+            os.replace(tmp, directory / file_name)
         if marker:
             (directory / SUCCESS_MARKER).touch()
         return directory

@@ -170,8 +170,10 @@ def raw_cases(spec) -> list[RawCase]:
 def run_raw_cases(work: Path, *, rows_per_minute: int = 2000, only: list[str] | None = None,
                   progress: Callable[[str], None] = print) -> dict[str, Any]:
     started = time.monotonic()
+    from components.feature_spec import spec_for
+
     chain = Chain.start(work / "raw", rows_per_minute=rows_per_minute, progress=progress)
-    spec = chain.config.feature_spec
+    spec = spec_for(chain.config)
     layout = chain.layout
     cases = [c for c in raw_cases(spec) if not only or c.name in only]
     results: list[dict[str, Any]] = []

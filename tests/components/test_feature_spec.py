@@ -15,6 +15,7 @@ from components.feature_spec import (
     SequenceFeature,
     load_spec,
     preset_names,
+    spec_for,
     spec_from_dict,
 )
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, RAW_COLUMNS
@@ -116,8 +117,8 @@ def test_unset_settings_come_from_the_pipeline_config():
     assert (tables["user"].min_count, tables["user"].embedding_dim) == (2, 32)
     assert (tables["item"].min_count, tables["item"].embedding_dim) == (3, 8)  # pinned in the spec
     config = PipelineConfig().with_overrides({"features.min_count": "5", "features.spec": "avazu"})
-    assert config.feature_spec.name == "avazu"
-    assert config.feature_spec.tables()["site_id"].min_count == 5
+    assert spec_for(config).name == "avazu"
+    assert spec_for(config).tables()["site_id"].min_count == 5
 
 
 def test_the_hash_changes_with_any_setting_a_reader_depends_on():

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from components.config import load_config
+from components.feature_spec import spec_for
 from components.tracking import EXPERIMENT_KIND_TAG, RUN_KEY_TAG, Tracker
 
 pytestmark = pytest.mark.integration
@@ -127,9 +128,9 @@ def test_the_run_config_logs_the_feature_spec_it_names(data_root, client, tmp_pa
     run = client.get_run(run_id)
     assert run.data.params["features.spec"] == "taobao"
     assert run.data.params["features.spec_name"] == "taobao"
-    assert run.data.params["features.spec_hash"] == config.feature_spec.hash()
+    assert run.data.params["features.spec_hash"] == spec_for(config).hash()
     logged = json.loads(open(client.download_artifacts(run_id, "feature_spec.json", str(tmp_path))).read())
-    assert logged["hash"] == config.feature_spec.hash()
+    assert logged["hash"] == spec_for(config).hash()
     assert logged["label"] == {"column": "clk"}
     assert logged["tables"]["userid"]["min_count"] == 3
     assert logged["tables"]["adgroup_id"]["features"] == ["adgroup_id", "click_sequence"]

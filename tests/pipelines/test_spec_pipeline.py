@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from components.config import load_config
-from components.feature_spec import PRESET_DIR, DenseFeature, FeatureSpec
+from components.feature_spec import PRESET_DIR, DenseFeature, FeatureSpec, spec_for
 from components.ingest import ingest
 from components.interval import Interval
 from components.validation import read_raw_slice
@@ -100,7 +100,7 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
                  "gate.min_auc": 0.0, "gate.max_logloss": 100.0, "gate.max_calibration_error": 100.0,
                  "tracking.strict": True, "train.backend": backend or "tensorflow"}
     config = load_config(overrides=overrides, environ={})
-    spec = config.feature_spec
+    spec = spec_for(config)
     layout = RunContext(config, Interval.minute("2026-01-01T00:00"), "daily", "x").layout
     if preset == "taobao":
         sample = _spread_over_minutes(sample, tmp_path / "taobao.csv")
@@ -164,7 +164,7 @@ def test_a_held_out_slice_without_clicks_stops_at_the_gate_saying_what_to_change
                                     "train.epochs": 1, "train.batch_size": 16, "train.mlp_units": [16],
                                     "train.embedding_dim": 4, "tracking.strict": True}, environ={})
     layout = RunContext(config, Interval.minute("2017-05-06T00:00"), "daily", "x").layout
-    report = ingest(config.feature_spec, [_spread_over_minutes(sample, tmp_path / "taobao.csv")], layout)
+    report = ingest(spec_for(config), [_spread_over_minutes(sample, tmp_path / "taobao.csv")], layout)
     ctx = RunContext(config=config, interval=Interval.parse(report.first_minute, report.end_minute),
                      pipeline="daily", run_id="spec-no-clicks")
     # The last 10 % of the minutes (rows 90..99) hold none of the sample's 4 clicks.

@@ -249,10 +249,11 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhoo
 def _instances(data_root: Path, minute: datetime, count: int) -> list[dict]:
     """Prediction instances from the raw rows of one generated minute, as a client sends them."""
     from components.config import load_config
+    from components.feature_spec import spec_for
     from components.layout import Layout
     from components.validation import read_raw_slice
 
-    spec = load_config(environ={}).feature_spec
+    spec = spec_for(load_config(environ={}))
     directory = Layout(data_root).raw_minute_dir(minute)
     frame = read_raw_slice(next(directory.glob("part-*")), minute, spec=spec).head(count)
     return [spec.request_instance(row) for row in frame.to_dict("records")]
