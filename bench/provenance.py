@@ -26,8 +26,8 @@ def provenance(command: str) -> dict[str, Any]:
         "commit": commit,
         "commit_dirty": None if status is None else status != "",
         "machine": platform.machine(),
-        "host": {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "memory_gib": _memory_gib(),
-                 "python": platform.python_version()},
+        "host": {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "cpu_count": os.cpu_count(),
+                 "memory_gib": _memory_gib(), "python": platform.python_version()},
     }
 
 
@@ -48,6 +48,21 @@ def _cpu_model() -> str:
         lines = []
     model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
     return model or platform.processor()
+
+
+# The vector instruction sets a host has of these: TensorFlow's CPU kernels pick their code by them, so the same
+# seeded training can end on different weights on two hosts (on MovieLens, AVX-512 and AVX2 kept different
+# epochs; docs/real_data.md). Results are comparable only between hosts with the same set.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    return [flag for flag in CPU_FLAGS if flag in flags]
 
 
 def _memory_gib() -> float | None:

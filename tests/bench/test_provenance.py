@@ -35,6 +35,11 @@ def test_provenance_names_this_checkouts_commit_and_host():
     assert host["memory_gib"] > 0
     assert host["python"] == platform.python_version()
     assert isinstance(host["cpu"], str)
+    # The instruction sets /proc/cpuinfo lists, of the ones that change TensorFlow's arithmetic.
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    listed = set(next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+    assert host["cpu_flags"] == [flag for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+                                 if flag in listed]
 
 
 def test_provenance_outside_a_repository_has_no_commit(tmp_path, monkeypatch):
