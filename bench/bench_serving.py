@@ -233,8 +233,8 @@ def in_process(directory: Path, batches: dict[int, list[dict]], repeats: int, pr
     model = loaded[precision]
     out: dict[str, Any] = {}
     for size, instances in batches.items():
-        converters = model._converters()
-        tensors = {name: tf.constant([converters[name](row.get(name)) for row in instances], dtype=spec.dtype)
+        converters = model.column_converters
+        tensors = {name: tf.constant(converters[name]([row.get(name) for row in instances]), dtype=spec.dtype)
                    for name, spec in model.input_specs.items()}
         body = json.dumps({"instances": instances}).encode()
         calls = {"signature": functools.partial(model.function, **tensors),
