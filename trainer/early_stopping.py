@@ -95,7 +95,7 @@ class BestEpoch:
         total: list[np.ndarray] | None = None
         for name in names:
             model.load_weights(self.directory / name)
-            values = [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in model.weights]
+            values = [np.asarray(v) for v in model.weights]
             if total is None:
                 total = [v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v for v in values]
             else:
