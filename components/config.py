@@ -148,6 +148,9 @@ class TrainConfig:
     # candidates (docs/serving.md). A model trained at another rank cannot warm-start this one.
     cross_projection_dim: int = 64
     mlp_units: tuple[int, ...] = (512, 256, 128)
+    # Dropout after each hidden layer of a model's deep part (DCNv2's deep network, the MLPs of DeepFM,
+    # Wide&Deep, DIN and DIEN, DLRM's over arch), in training only; its draws are seeded by train.seed.
+    dropout: float = 0.0
     # Rows per optimizer step. 0 chooses it from the training rows (trainer.arguments.auto_batch_size: the largest
     # power of two from 64 to 2,048 that gives an epoch at least 300 steps; 2,048 from 614,400 rows on). A minute
     # run takes 2,048 when it is 0.

@@ -266,9 +266,11 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
         return {"num_vocabulary_entries": tf.size(delta["vocab_keys"])}
 
     def packed_endpoint(precision: str) -> Callable[..., tf.Tensor]:
+        policies = _policies_of(model, precision)
+
         def serve_packed(*arguments: tf.Tensor) -> tf.Tensor:
             # The policies are set while the graph is traced, whenever that is (saving traces again).
-            with _computing_in(model, precision):
+            with _computing_in(policies):
                 probability = model(preprocessor.packed(*arguments), training=False)
             return tf.reshape(tf.cast(probability, tf.float32), [-1])
 
@@ -288,12 +290,12 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     return sorted(str(path.relative_to(directory)) for path in files)
 
 
-@contextmanager
-def _computing_in(model: keras.Model, precision: str) -> Iterator[None]:
-    """The model's layers under the dtype policies that building it under the global policy of `precision`
-    gives them ("float32": every layer float32; "bfloat16": as mixed_bfloat16 training has them, where layers
-    built with an explicit float32, such as the sigmoid heads, stay float32). Variables stay float32 either way:
-    deltas write the same ones."""
+def _policies_of(model: keras.Model, precision: str) -> list[tuple[keras.layers.Layer, Any]]:
+    """(layer, dtype policy) for each of the model's layers whose policy differs from the one that building it
+    under the global policy of `precision` gives it ("float32": every layer float32; "bfloat16": as
+    mixed_bfloat16 training has them, where layers built with an explicit float32, such as the sigmoid heads,
+    stay float32). Called outside any traced function: the twin it builds from the config may make variables
+    (a dropout layer's seed generator)."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32" if precision == "float32" else f"mixed_{precision}")
     try:
@@ -306,10 +308,16 @@ def _computing_in(model: keras.Model, precision: str) -> Iterator[None]:
     if [type(layer) for layer in layers] != [type(layer) for layer in twins]:
         raise RuntimeError(f"cannot export a {precision} endpoint of {model.name}: rebuilding it from its config "
                            "gave other layers; its sublayers must be made in __init__")
-    wanted = [(layer, other.dtype_policy) for layer, other in zip(layers, twins, strict=True)
-              if layer.dtype_policy.name != other.dtype_policy.name]
-    changed = [(layer, layer.dtype_policy) for layer, _ in wanted]
-    for layer, policy in wanted:
+    return [(layer, other.dtype_policy) for layer, other in zip(layers, twins, strict=True)
+            if layer.dtype_policy.name != other.dtype_policy.name]
+
+
+@contextmanager
+def _computing_in(policies: list[tuple[keras.layers.Layer, Any]]) -> Iterator[None]:
+    """The layers under the given dtype policies (_policies_of) while the block runs. Variables stay float32
+    either way: deltas write the same ones."""
+    changed = [(layer, layer.dtype_policy) for layer, _ in policies]
+    for layer, policy in policies:
         layer.dtype_policy = policy
     try:
         yield

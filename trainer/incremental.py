@@ -53,7 +53,7 @@ def seed_random(seed: int) -> None:
     model's compiled test and train steps are instantiated and their graphs optimized again, in every minute.
     Python's and numpy's generators are reset either way. What is not reset then, TensorFlow's sequence of op
     seeds and Keras' global seed generator, a minute does not draw from: its shuffles take explicit seeds, its
-    initializers stateless ones, and the models have no dropout."""
+    initializers stateless ones, and its dropout and rare-row draws are set by reset_random_draws."""
     import tensorflow as tf
 
     global_seed, _ = tf.compat.v1.random.get_seed(0)  # (the global seed or a default, the op seed given)
@@ -62,6 +62,16 @@ def seed_random(seed: int) -> None:
         np.random.seed(seed)
         return
     keras.utils.set_random_seed(seed)
+
+
+def reset_random_draws(model: keras.Model, seed: int) -> int:
+    """Sets the state of every seed generator in `model` (dropout's, the rare row's draws) from `seed`, so that
+    a minute's random draws are the same whether its parent came from memory or from its checkpoint (a saved
+    model does not keep them). Returns how many it set."""
+    states = [variable for variable in model.variables if variable.path.endswith("seed_generator_state")]
+    for i, state in enumerate(states):
+        state.assign(np.asarray([seed + i, 0], dtype=state.dtype))
+    return len(states)
 
 
 def _parent_model(parent_checkpoint: Path) -> tuple[keras.Model, bool]:
@@ -141,6 +151,7 @@ def train_increment(
         raise ValueError(f"the checkpoint in {parent_checkpoint} has no optimizer state; it cannot be trained on")
     lap("load_parent")
     num_reset = reset_rows(model, new_rows, list(inputs.tables))
+    reset_random_draws(model, seed)
     lap("reset_rows")
     holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout,
                               inputs=inputs)

@@ -90,9 +90,10 @@ def raw_request(categorical: np.ndarray) -> dict[str, tf.Tensor]:
 def model_and_state():
     state = feature_state()
     keras.utils.set_random_seed(3)
-    # rare_row_rate: a model that draws in training exports like any other (its draws' state is no weight).
-    model = build_model(TrainConfig(embedding_dim=4, num_cross_layers=1, mlp_units=(8,), rare_row_rate=0.1),
-                        state.table_sizes())
+    # rare_row_rate and dropout: a model that draws in training exports like any other (its draws' state is no
+    # weight, and the packed endpoints' per-precision twin of it is built before any graph is traced).
+    model = build_model(TrainConfig(embedding_dim=4, num_cross_layers=1, mlp_units=(8,), rare_row_rate=0.1,
+                                    dropout=0.5), state.table_sizes())
     # Spread the embeddings so that a wrong row anywhere changes the probability visibly.
     embeddings = model.embedding.embeddings
     embeddings.assign(np.random.default_rng(0).normal(0, 0.8, embeddings.shape).astype("float32"))

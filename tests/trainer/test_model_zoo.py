@@ -283,3 +283,37 @@ def test_embedding_l2_reaches_the_loss_fit_minimizes_in_every_model(name, sequen
         assert model.embedding.row_l2 == l2
     # The same first step but for the penalty: 26 looked-up rows of about 8 * 0.05**2 / 3 each, times 1.0.
     assert losses[1.0] - losses[0.0] == pytest.approx(26 * 8 * 0.05**2 / 3, rel=0.2)
+
+
+def dropout_rates(model: keras.Model) -> list[float]:
+    return [layer.rate for part in model.layers if isinstance(part, keras.Sequential) for layer in part.layers
+            if isinstance(layer, keras.layers.Dropout)]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", sorted(MODEL_CLASSES))
+def test_dropout_acts_in_training_only_and_is_saved_in_every_model(name, sequences):
+    (features, _), _ = sequences
+    batch = {key: values[:64] for key, values in features.items()}
+    if name not in ("din", "dien"):
+        batch = {key: batch[key] for key in ("dense", "categorical")}
+    plain = build_model(dataclasses.replace(SMALL, model=name), table_sizes(NUM_ITEMS))
+    plain(batch)
+    assert not dropout_rates(plain)
+    config = dataclasses.replace(SMALL, model=name, dropout=0.5)
+    model = build_model(config, table_sizes(NUM_ITEMS))
+    serving = np.asarray(model(batch, training=False))
+    # One after each hidden layer of the deep part: SMALL's two (DLRM: its over arch; not its dense arch).
+    assert dropout_rates(model) == [0.5, 0.5]
+    # The same weights as without dropout: a checkpoint of either loads into the other.
+    assert [w.path.split("/")[-2:] for w in model.weights] == [w.path.split("/")[-2:] for w in plain.weights]
+    np.testing.assert_array_equal(np.asarray(model(batch, training=False)), serving)
+    assert np.abs(np.asarray(model(batch, training=True)) - serving).max() > 1e-3
+    restored = type(model).from_config(model.get_config())
+    assert (restored.dropout, restored.dropout_seed) == (0.5, config.seed)
+
+
+@pytest.mark.unit
+def test_a_dropout_rate_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match=r"`dropout` must be a rate in \[0, 1\)"):
+        build_model(dataclasses.replace(SMALL, dropout=1.0), table_sizes(NUM_VALUES))

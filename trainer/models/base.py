@@ -18,7 +18,7 @@ from components.config import TrainConfig
 from trainer.arguments import require_integer
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT, ModelInputs
-from trainer.models.blocks import embed_fields, embedding_options, num_fields
+from trainer.models.blocks import embed_fields, embedding_options, mlp, num_fields
 
 
 class CTRModel(keras.Model):
@@ -36,10 +36,16 @@ class CTRModel(keras.Model):
         embedding_dim: int = 16,
         embedding_options: Mapping[str, Any] | None = None,
         bags: Sequence[Mapping[str, Any]] = (),
+        dropout: float = 0.0,
+        dropout_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         require_integer("embedding_dim", embedding_dim)
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"`dropout` must be a rate in [0, 1). Received: dropout={dropout!r}")
+        self.dropout = float(dropout)
+        self.dropout_seed = dropout_seed
         self.table_sizes = [int(size) for size in table_sizes]
         self.embedding_dim = embedding_dim
         self.embedding_options = dict(embedding_options or {})
@@ -48,6 +54,10 @@ class CTRModel(keras.Model):
             self.table_sizes, embedding_dim, **self.embedding_options, name="embedding"
         )
         self.num_fields = num_fields(self.embedding, self.bags)
+
+    def mlp(self, units: Sequence[int], name: str, layer_name: str | None = None) -> keras.Sequential:
+        """blocks.mlp with the model's dropout: the hidden layers of every model's deep part."""
+        return mlp(units, name, dropout=self.dropout, seed=self.dropout_seed, layer_name=layer_name)
 
     def embed(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         """[B, num_fields, dim]: the categorical columns' embeddings, then one pooled vector per bag.
@@ -72,6 +82,8 @@ class CTRModel(keras.Model):
             "embedding_dim": self.embedding_dim,
             "embedding_options": dict(self.embedding_options),
             "bags": [dict(bag) for bag in self.bags],
+            "dropout": self.dropout,
+            "dropout_seed": self.dropout_seed,
         })
         for key in self.CONFIG_KEYS:
             value = getattr(self, key)
@@ -87,4 +99,6 @@ def model_arguments(config: TrainConfig, inputs: ModelInputs, spec_options: Mapp
         "embedding_dim": config.embedding_dim,
         "embedding_options": embedding_options(config, inputs, dict(spec_options or {})),
         "bags": inputs.bags(attended=attended),
+        "dropout": config.dropout,
+        "dropout_seed": config.seed,
     }

@@ -23,12 +23,17 @@ from trainer.model_inputs import (
 )
 
 
-def mlp(units: Sequence[int], name: str) -> keras.Sequential:
-    """ReLU layers of `units` widths."""
-    return keras.Sequential(
-        [keras.layers.Dense(width, activation="relu", name=f"{name}_{i}") for i, width in enumerate(units)],
-        name=name,
-    )
+def mlp(units: Sequence[int], name: str, dropout: float = 0.0, seed: int | None = None,
+        layer_name: str | None = None) -> keras.Sequential:
+    """ReLU layers of `units` widths, named `<layer_name or name>_<i>`, each followed in training by dropout
+    of `dropout` (layer i's draws seeded with seed + i) when it is above 0. Call it with `training`."""
+    layers: list[keras.layers.Layer] = []
+    for i, width in enumerate(units):
+        layers.append(keras.layers.Dense(width, activation="relu", name=f"{layer_name or name}_{i}"))
+        if dropout > 0:
+            layers.append(keras.layers.Dropout(dropout, seed=None if seed is None else seed + i,
+                                               name=f"{layer_name or name}_dropout_{i}"))
+    return keras.Sequential(layers, name=name)
 
 
 def probability_head() -> keras.layers.Dense:

@@ -44,16 +44,14 @@ class DCNv2(CTRModel):
         self.cross_layers = [
             FeatureCross(projection_dim=projection_dim, name=f"cross_{i}") for i in range(num_cross_layers)
         ]
-        self.deep_network = keras.Sequential(  # layers named deep_<i>, as checkpoints name them
-            [keras.layers.Dense(units, activation="relu", name=f"deep_{i}") for i, units in enumerate(self.mlp_units)],
-            name="deep_network",
-        )
+        # Dense layers named deep_<i>, as checkpoints name them.
+        self.deep_network = self.mlp(self.mlp_units, "deep_network", layer_name="deep")
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         x0 = self.feature_input(inputs, training)
         crossed = self.cross_network(x0)
-        hidden = self.deep_network(crossed)
+        hidden = self.deep_network(crossed, training=training)
         return self.head(hidden)
 
     def feature_input(self, inputs: dict[str, Any], training: bool | None = None) -> Any:

@@ -23,7 +23,7 @@ from trainer.layers.factorization_machine import FactorizationMachine
 from trainer.layers.linear_logit import LinearLogit
 from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
 from trainer.models.base import CTRModel, model_arguments
-from trainer.models.blocks import flatten_features, mlp
+from trainer.models.blocks import flatten_features
 
 
 @keras.saving.register_keras_serializable(package="ctr")
@@ -40,7 +40,7 @@ class DeepFM(CTRModel):
         # The three logits are computed and summed in float32, where the sigmoid and the loss run.
         self.linear = LinearLogit(self.table_sizes, self.embedding_options, dtype="float32", name="linear")
         self.factorization_machine = FactorizationMachine(dtype="float32", name="factorization_machine")
-        self.deep_network = mlp(self.mlp_units, "deep_network")
+        self.deep_network = self.mlp(self.mlp_units, "deep_network")
         self.deep_logit = keras.layers.Dense(1, dtype="float32", name="deep_logit")
         self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
 
@@ -48,7 +48,7 @@ class DeepFM(CTRModel):
         embedded = self.embed(inputs, training)
         linear = self.linear(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
         pairwise = self.factorization_machine(embedded)
-        deep = self.deep_logit(self.deep_network(flatten_features(embedded, inputs[DENSE_INPUT])))
+        deep = self.deep_logit(self.deep_network(flatten_features(embedded, inputs[DENSE_INPUT]), training=training))
         return self.head(ops.add(ops.add(linear, pairwise), deep))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:

@@ -36,7 +36,6 @@ from trainer.models.base import CTRModel, model_arguments
 from trainer.models.blocks import (
     behaviour_sequence,
     flatten_features,
-    mlp,
     probability_head,
     require_item_feature,
     sequence_feature_index,
@@ -84,7 +83,7 @@ class DIEN(CTRModel):
             self.interest_extractor = SimpleRecurrentUnit(self.embedding_dim, name="interest_extractor")
         self.attention = TargetAttention(self.attention_units, use_softmax=True, name="attention")
         self.interest_evolution = AttentionalUpdateGRU(self.embedding_dim, name="interest_evolution")
-        self.deep_network = mlp(self.mlp_units, "deep_network")
+        self.deep_network = self.mlp(self.mlp_units, "deep_network")
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
@@ -95,7 +94,7 @@ class DIEN(CTRModel):
         _, weights = self.attention(target, interests, mask=valid, return_attention_scores=True)
         interest = self.interest_evolution(interests, weights, mask=valid)
         features = ops.concatenate([flatten_features(embedded, inputs[DENSE_INPUT]), interest], axis=-1)
-        return self.head(self.deep_network(features))
+        return self.head(self.deep_network(features, training=training))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         sequence_shape = (None, input_shape[self.sequence_key][-1], self.embedding_dim)

@@ -26,7 +26,6 @@ from trainer.models.base import CTRModel, model_arguments
 from trainer.models.blocks import (
     behaviour_sequence,
     flatten_features,
-    mlp,
     probability_head,
     require_item_feature,
     sequence_feature_index,
@@ -59,7 +58,7 @@ class DIN(CTRModel):
         self.mlp_units = list(mlp_units)
         self.sequence_key = sequence_key
         self.attention = TargetAttention(self.attention_units, name="attention")
-        self.deep_network = mlp(self.mlp_units, "deep_network")
+        self.deep_network = self.mlp(self.mlp_units, "deep_network")
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
@@ -68,7 +67,7 @@ class DIN(CTRModel):
         behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)
         interest = self.attention(target, behaviours, mask=valid)
         features = ops.concatenate([flatten_features(embedded, inputs[DENSE_INPUT]), interest], axis=-1)
-        return self.head(self.deep_network(features))
+        return self.head(self.deep_network(features, training=training))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         length = input_shape[self.sequence_key][-1]

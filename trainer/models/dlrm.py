@@ -47,14 +47,14 @@ class DLRM(CTRModel):
         self.top_mlp_units = list(top_mlp_units)
         self.dense_arch = mlp([*self.bottom_mlp_units, self.embedding_dim], "dense_arch")
         self.interaction = DotInteraction(name="interaction")
-        self.over_arch = mlp(self.top_mlp_units, "over_arch")
+        self.over_arch = self.mlp(self.top_mlp_units, "over_arch")
         self.head = probability_head()
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         dense = self.dense_arch(inputs[DENSE_INPUT])
         embedded = self.embed(inputs, training)
         interactions = self.interaction(ops.concatenate([ops.expand_dims(dense, 1), embedded], axis=1))
-        return self.head(self.over_arch(ops.concatenate([dense, interactions], axis=-1)))
+        return self.head(self.over_arch(ops.concatenate([dense, interactions], axis=-1), training=training))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         num_vectors = self.num_fields + 1

@@ -22,7 +22,7 @@ from trainer.arguments import require_integer_list
 from trainer.layers.linear_logit import LinearLogit
 from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
 from trainer.models.base import CTRModel, model_arguments
-from trainer.models.blocks import flatten_features, mlp
+from trainer.models.blocks import flatten_features
 
 
 @keras.saving.register_keras_serializable(package="ctr")
@@ -38,13 +38,14 @@ class WideDeep(CTRModel):
         self.mlp_units = list(mlp_units)
         # The logits are summed in float32, where the sigmoid and the loss run.
         self.wide = LinearLogit(self.table_sizes, self.embedding_options, dtype="float32", name="wide")
-        self.deep_network = mlp(self.mlp_units, "deep_network")
+        self.deep_network = self.mlp(self.mlp_units, "deep_network")
         self.deep_logit = keras.layers.Dense(1, dtype="float32", name="deep_logit")
         self.head = keras.layers.Activation("sigmoid", dtype="float32", name="head")
 
     def call(self, inputs: dict[str, Any], training: bool | None = None) -> Any:
         wide = self.wide(inputs[DENSE_INPUT], inputs[CATEGORICAL_INPUT])
-        deep = self.deep_logit(self.deep_network(flatten_features(self.embed(inputs, training), inputs[DENSE_INPUT])))
+        deep = self.deep_logit(self.deep_network(flatten_features(self.embed(inputs, training), inputs[DENSE_INPUT]),
+                                                   training=training))
         return self.head(ops.add(wide, deep))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
