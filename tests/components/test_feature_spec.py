@@ -297,9 +297,13 @@ def test_a_history_sequence_is_computed_not_read():
     assert spec_from_dict(spec.as_dict()) == spec and spec_from_dict(spec.as_dict()).hash() == spec.hash()
     other = spec_from_dict(_with_history({"key": "user", "value": "hour", "positive_only": False}))
     assert other.hash() != spec.hash()  # a reader of the samples depends on what the history holds
-    movielens = load_spec("movielens").feature("liked_items")
-    assert (movielens.shares, movielens.max_length, movielens.history) == \
+    movielens = load_spec("movielens")
+    liked, rated = movielens.feature("liked_items"), movielens.feature("rated_items")
+    assert (liked.shares, liked.max_length, liked.history) == \
         ("item_id", 20, HistorySpec(key="user_id", value="item_id", positive_only=True))
+    assert (rated.shares, rated.max_length, rated.history) == \
+        ("item_id", 20, HistorySpec(key="user_id", value="item_id", positive_only=False))
+    assert movielens.histories == (liked, rated)
 
 
 @pytest.mark.parametrize(("history", "extra", "message"), [
