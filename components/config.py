@@ -140,6 +140,12 @@ class TrainConfig:
     # whose image carries JAX and not TensorFlow runs. Its checkpoint is the same model.keras, so the export,
     # the deltas and serving stay on TensorFlow. Block samples only; XLA is always on under JAX.
     backend: Literal["tensorflow", "jax"] = "tensorflow"
+    # train.backend=jax: the devices the train step uses, 0 for all this host shows. Above 1, every batch is split
+    # across them (dense weights replicated: data parallel) and the embedding table, when it holds more than
+    # shard_table_rows rows, is sharded row-wise across them: keras.distribution.ModelParallel over a one-axis
+    # mesh (trainer/devices.py). The TensorFlow backend ignores both.
+    devices: int = 0
+    shard_table_rows: int = 1_000_000
     embedding_dim: int = 16
     num_cross_layers: int = 3
     # DCNv2's cross layers: r > 0 gives each a low-rank matrix, [width, r] then [r, width] (the paper's

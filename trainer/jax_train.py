@@ -22,6 +22,7 @@ What differs from the TensorFlow step:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -166,6 +167,15 @@ def train_model_jax(
     from trainer.arguments import even_batch_size, resolve_batch_size
     from trainer.block_reader import block_batches
     from trainer.calibration import calibrate
+    from trainer.devices import (
+        distribution,
+        held_out_metrics,
+        host_copy,
+        resolve_devices,
+        shard_rows,
+        table_rows,
+        whole_batches,
+    )
     from trainer.early_stopping import BestEpoch
     from trainer.model_inputs import CRITEO_INPUTS, model_inputs
     from trainer.models import build_model
@@ -193,15 +203,22 @@ def train_model_jax(
         raise ValueError(f"train.backend=jax reads block samples ({BLOCK_LAYOUT!r}) only; these are {layout!r}: "
                          "write them with features.samples_layout=block or train with train.backend=tensorflow")
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
-    config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows))
+    devices = resolve_devices(config.devices)
+    config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows), devices=devices)
     micro_batch_size = micro_batch_size_of(config)
     if num_rows and config.micro_batches == 1:
         micro_batch_size = even_batch_size(num_rows, micro_batch_size)
+    if devices > 1:  # a batch splits evenly across the devices
+        micro_batch_size = max(devices, micro_batch_size // devices * devices)
+        sharded_rows = table_rows(config, table_sizes, list(inputs.tables))
+        scope: Any = distribution(devices, sharded_rows > config.shard_table_rows).scope()
+    else:
+        sharded_rows, scope = 0, contextlib.nullcontext()
     workers = reader_workers or min(DEFAULT_READER_WORKERS, os.cpu_count() or 1)
     if num_rows:
         workers = min(workers, max(1, num_rows // (4 * micro_batch_size)))
     workers = max(1, min(workers, len(train_files)))
-    transfer = to_device or device_put_batch
+    transfer = to_device or (host_copy if devices > 1 else device_put_batch)
 
     checkpoint_dir = Path(checkpoint_dir)
     progress_dir = checkpoint_dir / PROGRESS_DIR
@@ -217,50 +234,59 @@ def train_model_jax(
         return block_batches(eval_files, config.batch_size, inputs=inputs)
 
     try:
-        model = build_model(config, table_sizes, spec)
-        compile_model(model, dataclasses.replace(config, jit_compile=True), steps_per_execution=steps_per_execution)
-        if resumed is not None:
-            model.optimizer.build(model.trainable_variables)
-            model.load_weights(progress_dir / resumed.weights)
-        elif warm_start is not None:
-            previous = load_checkpoint(warm_start.checkpoint_dir)
-            warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
-        meter = ThroughputMeter()
-        saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
-        best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
-                         average=config.average_epochs)
-        for callback in callbacks:
-            if isinstance(callback, StepMetricsLogger) and resumed is not None:
-                callback.step = resumed.global_step
-        history: dict[str, list[float]] = {}
-        first_epoch = resumed.epoch if resumed else 0
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Your input ran out of data")
-            for epoch in range(first_epoch, config.epochs):
-                train_data: Iterator[Any] = parallel_block_batches(
-                    train_files, micro_batch_size, workers, transfer, shuffle=True, seed=config.seed + epoch,
-                    shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
-                )
-                if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
-                    train_data = itertools.islice(train_data, resumed.batches_done, None)
-                fitted = model.fit(train_data, validation_data=eval_batches(), initial_epoch=epoch, epochs=epoch + 1,
-                                   callbacks=[meter, saver, *callbacks], verbose=0)
-                for name, values in fitted.history.items():
-                    history.setdefault(name, []).extend(float(v) for v in values)
-                if best.update(epoch, {name: values[-1] for name, values in fitted.history.items()}, model):
-                    break
-            best_epoch = best.restore(model)
-            averaged_epochs = tuple(best.averaged_epochs)
-            calibration = None
-            if config.calibrate:
-                rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
-                                        -(-config.calibration_rows // config.batch_size))
-                calibration = calibrate(model, rows, eval_batches() if config.calibrate_on == "held_out" else None,
-                                        config.calibration_min_clicks)
-            labels, predictions = [], []
-            for features, batch_labels in eval_batches():
-                predictions.append(np.asarray(model.predict_on_batch(features)).reshape(-1))
-                labels.append(batch_labels)
+        with scope:
+            model = build_model(config, table_sizes, spec)
+            compile_model(model, dataclasses.replace(config, jit_compile=True), steps_per_execution=steps_per_execution)
+            if resumed is not None:
+                model.optimizer.build(model.trainable_variables)
+                model.load_weights(progress_dir / resumed.weights)
+            elif warm_start is not None:
+                previous = load_checkpoint(warm_start.checkpoint_dir)
+                warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
+            meter = ThroughputMeter()
+            saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
+            best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
+                             average=config.average_epochs)
+            for callback in callbacks:
+                if isinstance(callback, StepMetricsLogger) and resumed is not None:
+                    callback.step = resumed.global_step
+            history: dict[str, list[float]] = {}
+            first_epoch = resumed.epoch if resumed else 0
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                for epoch in range(first_epoch, config.epochs):
+                    train_data: Iterator[Any] = parallel_block_batches(
+                        train_files, micro_batch_size, workers, transfer, shuffle=True, seed=config.seed + epoch,
+                        shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
+                    )
+                    if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
+                        train_data = itertools.islice(train_data, resumed.batches_done, None)
+                    if devices > 1:
+                        train_data = whole_batches(train_data, devices)
+                    fitted = model.fit(train_data, validation_data=eval_batches() if devices == 1 else None,
+                                       initial_epoch=epoch, epochs=epoch + 1, callbacks=[meter, saver, *callbacks],
+                                       verbose=0)
+                    logs = {name: float(values[-1]) for name, values in fitted.history.items()}
+                    if devices > 1:
+                        logs.update(held_out_metrics(model, eval_batches()))
+                    for name, value in logs.items():
+                        history.setdefault(name, []).append(value)
+                    if best.update(epoch, logs, model):
+                        break
+                best_epoch = best.restore(model)
+                averaged_epochs = tuple(best.averaged_epochs)
+                calibration = None
+                if config.calibrate:
+                    rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
+                                            -(-config.calibration_rows // config.batch_size))
+                    calibration = calibrate(model, rows, eval_batches() if config.calibrate_on == "held_out" else None,
+                                            config.calibration_min_clicks)
+                labels, predictions = [], []
+                for features, batch_labels in eval_batches():
+                    # Several devices: a direct call, which takes a batch of any number of rows.
+                    predicted = model.predict_on_batch(features) if devices == 1 else model(features, training=False)
+                    predictions.append(np.asarray(predicted).reshape(-1))
+                    labels.append(batch_labels)
     finally:
         keras.config.set_dtype_policy(previous_policy)
     eval_labels = np.concatenate(labels).astype(np.float32)
@@ -268,7 +294,9 @@ def train_model_jax(
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     speed_flags = {**speed_flags_of(dataclasses.replace(config, jit_compile=True), 1),
                    "backend": "jax", "row_sparse_updates": False, "reader_workers": workers,
-                   "steps_per_execution": steps_per_execution, "device": _device_kind(jax)}
+                   "steps_per_execution": steps_per_execution, "device": _device_kind(jax), "devices": devices,
+                   "sharded_table_rows": sharded_rows if sharded_rows > config.shard_table_rows else 0,
+                   "shard_rows": shard_rows(model)}
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
     write_training_checkpoint(

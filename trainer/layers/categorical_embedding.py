@@ -46,6 +46,10 @@ class CategoricalEmbedding(keras.layers.Layer):
     Tables listed in `hashed_features` (indices into `table_sizes`) have no rows in that table: each gets a
     MultiHashEmbedding of `num_hash_functions` tables of `num_hash_buckets` rows, combined by `hash_combiner`,
     for vocabularies too large to give every value a row of its own. Their `offsets` entry is -1.
+
+    `row_multiple` > 1 gives the table variable a multiple of that many rows (`num_rows` rounded up; the rows
+    past `num_rows` are never read), so that it splits evenly when it is sharded row-wise across that many
+    devices (trainer/devices.py).
     """
 
     def __init__(
@@ -64,9 +68,12 @@ class CategoricalEmbedding(keras.layers.Layer):
         rare_row: int = 0,
         missing_row: int = 1,
         seed: int | None = None,
+        row_multiple: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        require_integer("row_multiple", row_multiple)
+        self.row_multiple = int(row_multiple)
         require_integer_list("table_sizes", table_sizes)
         if isinstance(row_l2, bool) or not isinstance(row_l2, int | float) or not row_l2 >= 0:
             raise ValueError(f"`row_l2` must be a number >= 0. Received: row_l2={row_l2!r}")
@@ -152,7 +159,7 @@ class CategoricalEmbedding(keras.layers.Layer):
         if self.num_rows:  # every feature hashed: no table
             self.embeddings = self.add_weight(
                 name="embeddings",
-                shape=(self.num_rows, self.embedding_dim),
+                shape=(-(-self.num_rows // self.row_multiple) * self.row_multiple, self.embedding_dim),
                 initializer=self.embeddings_initializer,
                 regularizer=self.embeddings_regularizer,
                 autocast=False,
@@ -239,6 +246,7 @@ class CategoricalEmbedding(keras.layers.Layer):
                 "rare_row": self.rare_row,
                 "missing_row": self.missing_row,
                 "seed": self.seed,
+                "row_multiple": self.row_multiple,
             }
         )
         return config

@@ -102,6 +102,8 @@ def embedding_options(config: TrainConfig, inputs: ModelInputs = CRITEO_INPUTS,
     ModelInputs.embedding_options: shared tables, multi-hash per table), or the config's multi-hash
     compression of the tables in `train.multi_hash_features`."""
     options = dict(spec_options or {})
+    if config.devices > 1:  # the table may be sharded row-wise across them (trainer/devices.py)
+        options["row_multiple"] = config.devices
     if config.embedding_l2:
         options["row_l2"] = config.embedding_l2
     rates = list(config.rare_row_rates) or config.rare_row_rate

@@ -1,0 +1,67 @@
+"""train.devices on the JAX backend: four forced CPU devices split every batch and shard the embedding table
+row-wise (keras.distribution, trainer/devices.py), and train to the weights one device gives."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.trainer.test_jax_train import CONFIG, data  # noqa: F401  (the module's block files, a fixture)
+
+FOUR = "--xla_force_host_platform_device_count=4"
+
+
+@pytest.fixture(scope="module")
+def one_and_four(data, tmp_path_factory):  # noqa: F811
+    """The same batches on one device and on four (6,000 rows in batches of 200, a multiple of 4)."""
+    from trainer.jax_train import train_in_jax_process
+
+    state, train_files, eval_files, _ = data
+    config = dataclasses.replace(CONFIG, batch_size=200, epochs=2, early_stopping_patience=0, calibrate=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XLA_FLAGS", FOUR)
+        runs = {devices: train_in_jax_process(dataclasses.replace(config, devices=devices, shard_table_rows=0),
+                                              state.table_sizes(), train_files, eval_files,
+                                              tmp_path_factory.mktemp(f"devices-{devices}") / "checkpoint",
+                                              num_rows=6000)
+                for devices in (1, 4)}
+    return runs, sum(state.table_sizes().values())
+
+
+@pytest.mark.integration
+def test_four_devices_hold_a_quarter_of_the_table_each(one_and_four):
+    runs, rows = one_and_four
+    padded = -(-rows // 4) * 4
+    one, four = runs[1].speed_flags, runs[4].speed_flags
+    assert (one["devices"], four["devices"]) == (1, 4)
+    assert one["shard_rows"]["table"] == [rows] and one["sharded_table_rows"] == 0
+    assert four["shard_rows"]["table"] == [padded // 4] * 4 and four["sharded_table_rows"] == padded
+    # Adagrad's accumulator of the table is sharded with it.
+    assert four["shard_rows"]["optimizer"] == [padded // 4] * 4
+    assert runs[4].model.embedding.embeddings.shape[0] == padded  # the checkpoint, loaded on TensorFlow
+
+
+@pytest.mark.integration
+def test_four_devices_train_to_the_weights_of_one(one_and_four):
+    runs, rows = one_and_four
+    # The same steps over the same rows: no batch of the four-device run was cut down.
+    assert runs[1].global_step == runs[4].global_step
+    assert runs[1].num_train_examples == runs[4].num_train_examples == 6000
+    for single, sharded in zip(runs[1].model.weights, runs[4].model.weights, strict=True):
+        assert single.path == sharded.path
+        expected, got = np.asarray(single), np.asarray(sharded)
+        if got.shape != expected.shape:  # the table: the padding rows past `rows` are never read
+            assert (got.shape[0], expected.shape[0]) == (-(-rows // 4) * 4, rows)
+            got = got[:rows]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=single.path)
+    np.testing.assert_allclose(runs[4].eval_predictions, runs[1].eval_predictions, atol=1e-5)
+    assert runs[4].history["val_auc"] == pytest.approx(runs[1].history["val_auc"], abs=2e-3)  # exact vs Keras'
+
+
+@pytest.mark.unit
+def test_more_devices_than_the_host_shows_is_refused():
+    from trainer.devices import resolve_devices
+
+    with pytest.raises(ValueError, match=r"train.devices=64, but this host shows 1 cpu device\(s\)"):
+        resolve_devices(64)
+    assert resolve_devices(0) == resolve_devices(1) == 1

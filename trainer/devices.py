@@ -1,0 +1,104 @@
+"""Several devices of one host for the JAX train step (`train.devices`, `train.shard_table_rows`).
+
+The Keras 3 distribution API over JAX, on a one-axis mesh of the devices: every batch is split across them along
+its rows (data parallel: the dense weights are replicated, each device computes its share of the batch and
+XLA sums the gradients), and the embedding table, when it holds more than `shard_table_rows` rows, is sharded
+row-wise across the same devices (a LayoutMap entry of `("devices", None)`), its optimizer state with it.
+XLA inserts the collectives a lookup into the sharded table needs. The table gets a multiple of the device
+count as its rows (CategoricalEmbedding's `row_multiple`), so that it splits evenly.
+
+A batch that is split must hold a multiple of the device count of rows: training batches are cut down to one
+(at most devices - 1 rows of a batch are left out of that step), and the held-out slice is scored by calling
+the model directly, which takes any number of rows (`held_out_metrics`), so no held-out row is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from components.config import TrainConfig
+from components.evaluation import log_loss, roc_auc
+
+DEVICE_AXIS = "devices"
+# The path of CategoricalEmbedding's table variable in every model of the zoo.
+TABLE_PATH = r"(.*/)?embedding/embeddings"
+
+
+def resolve_devices(requested: int) -> int:
+    """`train.devices` -> how many devices the step uses: 0 is all this host shows."""
+    import jax
+
+    available = jax.device_count()
+    if not isinstance(requested, int) or requested < 0:
+        raise ValueError(f"train.devices={requested!r} must be 0 (all visible) or a number of devices")
+    if requested > available:
+        raise ValueError(
+            f"train.devices={requested}, but this host shows {available} {jax.default_backend()} device(s): "
+            f"{[str(d) for d in jax.devices()]}. Set train.devices to at most {available}, or 0 for all of them"
+        )
+    return requested or available
+
+
+def table_rows(config: TrainConfig, table_sizes: Mapping[str, int], tables: Sequence[str]) -> int:
+    """Rows of the embedding table variable the model will have: the tables not multi-hashed, rounded up to a
+    multiple of `config.devices`."""
+    rows = sum(int(table_sizes[name]) for name in tables if name not in config.multi_hash_features)
+    multiple = max(1, config.devices)
+    return -(-rows // multiple) * multiple
+
+
+def distribution(devices: int, shard_table: bool) -> Any:
+    """keras.distribution.ModelParallel over the first `devices` devices: batches split along their rows, the
+    embedding table split along its rows when `shard_table`, every other weight replicated."""
+    from keras import distribution as keras_distribution
+
+    mesh = keras_distribution.DeviceMesh((devices,), (DEVICE_AXIS,), keras_distribution.list_devices()[:devices])
+    layout_map = keras_distribution.LayoutMap(mesh)
+    if shard_table:
+        layout_map[TABLE_PATH] = (DEVICE_AXIS, None)
+    return keras_distribution.ModelParallel(layout_map=layout_map, batch_dim_name=DEVICE_AXIS)
+
+
+def whole_batches(batches: Iterable[tuple[Any, Any]], devices: int) -> Iterator[tuple[Any, Any]]:
+    """Each (features, labels) batch cut down to a multiple of `devices` rows (the rest left out); a batch of
+    fewer rows than that is skipped."""
+    for features, labels in batches:
+        rows = len(labels) // devices * devices
+        if rows == len(labels):
+            yield features, labels
+        elif rows:
+            yield {name: values[:rows] for name, values in features.items()}, labels[:rows]
+
+
+def held_out_metrics(model: Any, batches: Iterable[tuple[Any, Any]]) -> dict[str, float]:
+    """The held-out metrics Keras' validation gives (`val_auc`, `val_loss`, `val_prediction_mean`,
+    `val_label_mean`, `val_num_examples`), from a direct call of the model on every held-out row: the AUC exact
+    rather than Keras' 1,000-threshold estimate."""
+    from trainer.calibration import predictions_of
+
+    labels, predictions = predictions_of(model, batches)
+    return {"val_auc": roc_auc(labels, predictions), "val_loss": log_loss(labels, predictions),
+            "val_prediction_mean": float(predictions.mean()), "val_label_mean": float(labels.mean()),
+            "val_num_examples": float(len(labels))}
+
+
+def host_copy(batch: Any) -> Any:
+    """A batch of the readers' shared memory as numpy arrays of its own (the reader reuses the slot as soon as
+    this returns); Keras splits it across the devices."""
+    import jax
+
+    return jax.tree.map(np.array, batch)
+
+
+def shard_rows(model: Any) -> dict[str, list[int]]:
+    """Rows of the embedding table (`table`) and of the optimizer state of its shape (`optimizer`) that each
+    device holds, read from the live variables: [rows] on one device, [rows / n] * n when sharded."""
+    table = getattr(model.embedding, "embeddings", None)
+    if table is None:  # every feature multi-hashed: no table
+        return {"table": [], "optimizer": []}
+    state = [v for v in model.optimizer.variables if tuple(v.shape) == tuple(table.shape)]
+    return {"table": [int(shard.data.shape[0]) for shard in table.value.addressable_shards],
+            "optimizer": [int(shard.data.shape[0]) for v in state for shard in v.value.addressable_shards]}
