@@ -52,7 +52,8 @@ def test_reader_follows_the_spec_for_every_kind(tmp_path):
     actual = list(block_batches([path], 256, inputs=inputs))
     assert [len(y) for _, y in actual] == [256, 256, 188]
     for (features, y), (expected_features, expected_y) in zip(actual, expected, strict=True):
-        assert sorted(features) == sorted(expected_features) == ["categorical", "dense", "genres", "liked_items"]
+        assert sorted(features) == sorted(expected_features) == ["categorical", "dense", "genres", "liked_items",
+                                                                  "rated_items"]
         for name, values in features.items():
             assert values.shape == expected_features[name].shape
             np.testing.assert_array_equal(values, expected_features[name])
@@ -66,7 +67,8 @@ def test_reader_follows_the_spec_for_every_kind(tmp_path):
             np.testing.assert_array_equal(values, expected_features[name])
         np.testing.assert_array_equal(y, expected_y)
 
-    with pytest.raises(ValueError, match=r"no \['genres', 'liked_items'\] feature.*spec they were written under"):
+    with pytest.raises(ValueError, match=r"no \['genres', 'liked_items', 'rated_items'\] feature.*spec they were "
+                                         r"written under"):
         criteo_blocks = frame_records(encode_blocks(labels, dense, categorical, 128))
         (tmp_path / "criteo.tfrecord").write_bytes(criteo_blocks)
         list(block_batches([tmp_path / "criteo.tfrecord"], 256, inputs=inputs))
