@@ -133,10 +133,9 @@ def run_load(
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     with httpx.Client(timeout=timeout_s, limits=limits) as client:
 
-        def send(body: bytes, scheduled: float) -> None:
+        def send(body: bytes, scheduled: float, scheduled_at: float) -> None:
             try:
                 sent_at, started = time.time(), time.perf_counter()
-                scheduled_at = sent_at - (started - scheduled)
                 try:
                     response = client.post(url, content=body, headers={"Content-Type": "application/json"})
                 except httpx.HTTPError as err:  # timeouts, refused or dropped connections: a failed request
@@ -155,6 +154,9 @@ def run_load(
 
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="loadgen") as pool:
             start = time.perf_counter()
+            # The schedule in epoch seconds, from one reading of both clocks: reading them again at every send
+            # would move each request's scheduled time by whatever ran between the two readings.
+            epoch_start = time.time()
             tick = 0
             while max_requests is None or num_sent < max_requests:
                 offset_s = tick / rate_per_s
@@ -174,7 +176,7 @@ def run_load(
                 except BaseException:
                     slots.release()
                     raise
-                futures.append(pool.submit(send, body, scheduled))
+                futures.append(pool.submit(send, body, scheduled, epoch_start + offset_s))
                 num_sent += 1
         elapsed_s = time.perf_counter() - start
     for future in futures:
