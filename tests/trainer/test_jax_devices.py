@@ -6,17 +6,33 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.trainer.test_jax_train import CONFIG, data  # noqa: F401  (the module's block files, a fixture)
+from tests.trainer.synthetic import Rows, random_rows, write_block_files
+from tests.trainer.test_export import feature_state
+from tests.trainer.test_jax_train import CONFIG
 
 FOUR = "--xla_force_host_platform_device_count=4"
 
 
+def rows_within(rows: Rows, sizes: list[int]) -> Rows:
+    """The rows with each categorical id inside its feature's table."""
+    return Rows(rows.labels, rows.dense, np.minimum(rows.categorical, np.array(sizes) - 1))
+
+
 @pytest.fixture(scope="module")
-def one_and_four(data, tmp_path_factory):  # noqa: F811
-    """The same batches on one device and on four (6,000 rows in batches of 200, a multiple of 4)."""
+def one_and_four(tmp_path_factory):
+    """The same batches on one device and on four (6,000 rows in batches of 200, a multiple of 4). One training
+    file, so one reader process: with several, batches arrive in the order the processes finish them, which
+    differs between runs on a busy machine."""
+    from components.schema import CATEGORICAL_FEATURES
     from trainer.jax_train import train_in_jax_process
 
-    state, train_files, eval_files, _ = data
+    state = feature_state()
+    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
+    root = tmp_path_factory.mktemp("devices-data")
+    train_files = write_block_files(rows_within(random_rows(6000, 3, seed=1), sizes), root / "train", num_files=1,
+                                    block_rows=500)
+    eval_files = write_block_files(rows_within(random_rows(1500, 3, seed=2), sizes), root / "eval", num_files=1,
+                                   block_rows=500)
     config = dataclasses.replace(CONFIG, batch_size=200, epochs=2, early_stopping_patience=0, calibrate=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XLA_FLAGS", FOUR)
