@@ -85,6 +85,10 @@ class SparkConfig:
     # Spark Connect URL (sc://host:port). When set, jobs run against that server instead of a local session.
     remote: str = ""
     driver_memory: str = "4g"
+    # On a cluster (master spark://...): the memory of each executor the Connect server asks the workers for.
+    executor_memory: str = "2g"
+    # The Connect server's Spark UI (and its REST API, /api/v1) on this port; 0 leaves it off.
+    ui_port: int = 0
     shuffle_partitions: int = 4
     # spark.sql.shuffle.partitions of the events join of a span up to 15 minutes (a minute run's join:
     # spark_jobs.events.run). A minute holds some 60 K impressions, and each partition is a task per shuffle stage

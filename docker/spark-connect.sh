@@ -17,6 +17,7 @@ mkdir -p "${SPARK_LOG_DIR:-/tmp/spark/logs}" "${SPARK_PID_DIR:-/tmp/spark}"
 exec "$SPARK_HOME/sbin/start-connect-server.sh" --wait \
   --master "${SPARK_MASTER:-local[*]}" \
   --driver-memory "${SPARK_DRIVER_MEMORY:-4g}" \
+  --executor-memory "${SPARK_EXECUTOR_MEMORY:-4g}" \
   --name ctr-spark-connect \
   --conf spark.connect.grpc.binding.port=15002 \
   --conf spark.local.dir="${SPARK_LOCAL_DIR:-/tmp/spark/local}" \

@@ -11,7 +11,9 @@ Services (docs/production.md has the compose counterparts):
   and databases (`<name>_airflow`, `<name>_mlflow`) the first time;
 - s3: moto's S3 server on loopback with buckets `models` (the model store) and `mlflow` (MLflow's artifacts),
   kept on disk across restarts (pipelines/s3_server.py);
-- spark-connect: the Spark Connect server the Spark steps run on (SPARK_REMOTE);
+- spark-master, spark-worker-1, -2: a Spark standalone cluster from the pyspark wheel (SPARK_MASTER=standalone,
+  the default; SPARK_WORKERS workers), whose executors run the Spark steps' tasks;
+- spark-connect: the Spark Connect server the Spark steps run on (SPARK_REMOTE), the cluster's driver;
 - mlflow: the tracking server on PostgreSQL, artifacts proxied to s3://mlflow/, basic authentication on;
 - airflow-api-server, -scheduler, -dag-processor, -triggerer and, with the CeleryExecutor (the default here), an
   airflow-worker on Redis; the simple auth manager, so the UI and the API need a login;
@@ -62,7 +64,18 @@ STACK_DEFAULTS: dict[str, str] = {
     "S3_REGION": "us-east-1",
     "MODEL_STORE_URI": "s3://models/",
     "SPARK_CONNECT_PORT": "15002",
-    "SPARK_MASTER": "local[*]",
+    # "standalone": the stack starts a Spark standalone master and SPARK_WORKERS workers (spark_jobs/standalone.py)
+    # and the Connect server is their driver; local[N] runs Spark in the Connect server alone; spark://host:port
+    # (or k8s://...) names a cluster the stack does not start.
+    "SPARK_MASTER": "standalone",
+    "SPARK_WORKERS": "2",
+    "SPARK_WORKER_CORES": "0",  # 0: this machine's cores shared out between the workers (at least 1 each)
+    "SPARK_WORKER_MEMORY": "3g",
+    "SPARK_EXECUTOR_MEMORY": "2g",
+    "SPARK_MASTER_PORT": "7077",
+    "SPARK_MASTER_WEBUI_PORT": "8081",
+    "SPARK_WORKER_WEBUI_PORT": "8082",  # the first worker's; the next ones count up (0: any free port)
+    "SPARK_UI_PORT": "4040",  # the Connect server's Spark UI: its jobs, stages and executors
     "SPARK_DRIVER_MEMORY": "4g",
     "SERVING_PORT": "8501",
     "SERVING_GRPC_PORT": "8500",
@@ -101,6 +114,24 @@ class StackSettings:
         return f"http://127.0.0.1:{self.port(key)}"
 
     @property
+    def spark_standalone(self) -> bool:
+        """Whether the stack runs its own Spark standalone master and workers."""
+        return self.values["SPARK_MASTER"] == "standalone"
+
+    @property
+    def spark_master(self) -> str:
+        """The master the Connect server is given."""
+        if self.spark_standalone:
+            return f"spark://127.0.0.1:{self.port('SPARK_MASTER_PORT')}"
+        return self.values["SPARK_MASTER"]
+
+    @property
+    def spark_workers(self) -> list[str]:
+        """The names of the stack's Spark workers, as services."""
+        return [f"spark-worker-{i}" for i in range(1, int(self.values["SPARK_WORKERS"]) + 1)] \
+            if self.spark_standalone else []
+
+    @property
     def celery(self) -> bool:
         return self.values["AIRFLOW_EXECUTOR"] == "CeleryExecutor"
 
@@ -124,6 +155,12 @@ def load_settings(environ: Mapping[str, str] | None = None, create_secrets: bool
     for key in STACK_DEFAULTS:
         if key.endswith("_PORT") and not values[key].isdigit():
             raise StackError(f"{key}={values[key]!r} is not a port number")
+    for key in ("SPARK_WORKERS", "SPARK_WORKER_CORES"):
+        if not values[key].isdigit():
+            raise StackError(f"{key}={values[key]!r} is not a whole number")
+    if values["SPARK_MASTER"] == "standalone" and int(values["SPARK_WORKERS"]) < 1:
+        raise StackError("SPARK_WORKERS=0 leaves the standalone master without workers: use 1 or more, or "
+                         "SPARK_MASTER=local[*] to run Spark in the Connect server alone")
     path = Path(values["CTR_STACK_SECRETS"]).expanduser()
     stored = _read_env_file(path)
     missing = [key for key in SECRET_KEYS if not environ.get(key) and not stored.get(key)]
@@ -190,8 +227,10 @@ def pipeline_config(settings: StackSettings) -> PipelineConfig:
         "paths.s3_endpoint_url": settings.url("S3_API_PORT"),
         "tracking.tracking_uri": settings.url("MLFLOW_PORT"),
         "spark.remote": f"sc://127.0.0.1:{settings.port('SPARK_CONNECT_PORT')}",
-        "spark.master": settings.values["SPARK_MASTER"],
+        "spark.master": settings.spark_master,
         "spark.driver_memory": settings.values["SPARK_DRIVER_MEMORY"],
+        "spark.executor_memory": settings.values["SPARK_EXECUTOR_MEMORY"],
+        "spark.ui_port": settings.port("SPARK_UI_PORT"),
         "serving.port": settings.port("SERVING_PORT"),
         "serving.grpc_port": settings.port("SERVING_GRPC_PORT"),
     }, environ={})
@@ -276,15 +315,16 @@ def services(settings: StackSettings) -> list[Service]:
     mlflow_url = settings.url("MLFLOW_PORT")
     api = settings.url("AIRFLOW_API_PORT")
     home = settings.home
+    spark_env = {**{k: v for k, v in client.items() if k != "SPARK_REMOTE"}, **_spark_env(settings)}
     out = [
         Service("s3", [python, "-m", "pipelines.s3_server", "--port", str(settings.port("S3_API_PORT")),
                        "--snapshot", str(home / "s3"), *[a for b in BUCKETS for a in ("--bucket", b)]],
                 client, s3, lambda: _s3_ready(s3, settings), port=settings.port("S3_API_PORT")),
-        Service("spark-connect", _spark_command(settings),
-                {**{k: v for k, v in client.items() if k != "SPARK_REMOTE"}, **_spark_env(settings)},
+        *_spark_cluster(settings, spark_env),
+        Service("spark-connect", _spark_command(settings), spark_env,
                 f"sc://127.0.0.1:{settings.port('SPARK_CONNECT_PORT')}",
                 lambda: None if port_answers(settings.port("SPARK_CONNECT_PORT")) else "its port",
-                port=settings.port("SPARK_CONNECT_PORT")),
+                port=settings.port("SPARK_CONNECT_PORT"), after=tuple(settings.spark_workers)),
         # The database URL (it holds a password) goes through the environment, not the command line.
         Service("mlflow", [python, "-m", "mlflow", "server", "--app-name", "basic-auth",
                            "--artifacts-destination", "s3://mlflow/", "--serve-artifacts", "--host", "127.0.0.1",
@@ -325,6 +365,34 @@ def services(settings: StackSettings) -> list[Service]:
     return out
 
 
+def _spark_cluster(settings: StackSettings, env: dict[str, str]) -> list[Service]:
+    """The standalone master and its workers (SPARK_MASTER=standalone), else none. The workers' executors get
+    their environment: this interpreter and the repository on PYTHONPATH, so the jobs' Python functions import."""
+    if not settings.spark_standalone:
+        return []
+    from spark_jobs.connect import spark_home
+    from spark_jobs.standalone import WORKER_REGISTERED, master_command, master_ready, worker_command
+
+    webui = settings.url("SPARK_MASTER_WEBUI_PORT")
+    out = [Service("spark-master", master_command(spark_home(), "127.0.0.1", settings.port("SPARK_MASTER_PORT"),
+                                                  settings.port("SPARK_MASTER_WEBUI_PORT")),
+                   env, f"{settings.spark_master} (UI {webui})", lambda: master_ready(webui),
+                   port=settings.port("SPARK_MASTER_PORT"))]
+    workers = settings.spark_workers
+    cores = int(settings.values["SPARK_WORKER_CORES"]) or max(1, (os.cpu_count() or 1) // max(1, len(workers)))
+    first_ui = settings.port("SPARK_WORKER_WEBUI_PORT")
+    worker_env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)}
+    for index, name in enumerate(workers):
+        ui_port = first_ui + index if first_ui else 0
+        log = settings.home / "logs" / f"{name}.log"
+        out.append(Service(
+            name, worker_command(spark_home(), settings.spark_master, "127.0.0.1", cores,
+                                 settings.values["SPARK_WORKER_MEMORY"], ui_port, settings.home / "spark" / name),
+            worker_env, f"{cores} cores, {settings.values['SPARK_WORKER_MEMORY']}",
+            lambda log=log: _log_says(log, WORKER_REGISTERED), after=("spark-master",)))
+    return out
+
+
 def _spark_command(settings: StackSettings) -> list[str]:
     from spark_jobs.connect import server_command
 
@@ -335,8 +403,10 @@ def _spark_env(settings: StackSettings) -> dict[str, str]:
     from spark_jobs.connect import spark_home
 
     logs = settings.home / "logs"
+    # SPARK_LOCAL_IP: the master, the workers, their executors and the driver listen on loopback, like the rest
+    # of the stack (the driver would take the host's address otherwise).
     return {"SPARK_HOME": str(spark_home()), "SPARK_NO_DAEMONIZE": "1", "PYSPARK_PYTHON": sys.executable,
-            "SPARK_LOG_DIR": str(logs), "SPARK_PID_DIR": str(logs)}
+            "SPARK_LOG_DIR": str(logs), "SPARK_PID_DIR": str(logs), "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -69,16 +69,26 @@ class ConnectServer:
         self.stop()
 
 
+APP_NAME = "ctr-spark-connect"  # the application's name on a cluster master's page
+
+
 def server_command(config: SparkConfig, port: int) -> list[str]:
+    """The server on `config.master`: local[N] runs the tasks in its own JVM; spark://host:port makes it the
+    driver of a standalone cluster's executors (spark_jobs/standalone.py), each `config.executor_memory`."""
+    ui = (["--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={config.ui_port}"] if config.ui_port
+          else ["--conf", "spark.ui.enabled=false"])
+    cluster = ["--executor-memory", config.executor_memory] if config.master.startswith("spark://") else []
     return [
         str(spark_home() / "sbin" / "start-connect-server.sh"),
         "--master", config.master,
+        "--name", APP_NAME,
         "--driver-memory", config.driver_memory,
+        *cluster,
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
         "--conf", f"spark.sql.shuffle.partitions={config.shuffle_partitions}",
         "--conf", "spark.sql.session.timeZone=UTC",
-        "--conf", "spark.ui.enabled=false",
+        *ui,
         "--conf", f"{LISTING_THRESHOLD_KEY}={LISTING_THRESHOLD}",
         "--conf", f"{CODEGEN_CACHE_KEY}={CODEGEN_CACHE_ENTRIES}",
     ]

@@ -29,7 +29,7 @@ AIRFLOW_LONG_RUNNING = {
 }
 ONE_SHOT = {"airflow-init", "minio-init"}
 EXPECTED_SERVICES = AIRFLOW_LONG_RUNNING | ONE_SHOT | {
-    "postgres", "redis", "minio", "mlflow", "spark-connect", "serving", "step-worker",
+    "postgres", "redis", "minio", "mlflow", "spark-master", "spark-worker", "spark-connect", "serving", "step-worker",
 }
 # Services whose processes run pipeline tasks, by executor.
 TASK_RUNNERS = {"airflow-scheduler", "airflow-worker"}

@@ -63,6 +63,8 @@ def test_missing_secrets_are_named_and_a_secrets_file_inside_the_repository_is_r
 @pytest.mark.parametrize("key, value, message", [
     ("CTR_STACK_NAME", "ctr-prod; drop", "lower-case letters"),
     ("AIRFLOW_API_PORT", "80a", "not a port number"),
+    ("SPARK_WORKERS", "two", "not a whole number"),
+    ("SPARK_WORKERS", "0", "without workers"),
 ])
 def test_bad_settings_are_refused_with_what_to_use(tmp_path, key, value, message):
     with pytest.raises(StackError, match=message):
@@ -83,13 +85,48 @@ def test_components_get_postgres_celery_and_the_login_and_no_secret_is_on_a_comm
     assert env["MLFLOW_TRACKING_PASSWORD"] == settings.secrets["MLFLOW_TRACKING_PASSWORD"]
     assert env["CTR_MODEL_STORE"] == "s3://models/"
     names = [s.name for s in stack.services(settings)]
-    assert names == ["s3", "spark-connect", "mlflow", "airflow-api-server", "airflow-scheduler",
-                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "step-worker", "serving"]
+    assert names == ["s3", "spark-master", "spark-worker-1", "spark-worker-2", "spark-connect", "mlflow",
+                     "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+                     "airflow-worker", "step-worker", "serving"]
     secret_values = [settings.secrets[key] for key in SECRET_KEYS]
     for service in stack.services(settings):
         assert not any(secret in arg for arg in service.command for secret in secret_values), service.name
     local = load_settings(_environ(tmp_path, AIRFLOW_EXECUTOR="LocalExecutor"), require_secrets=False)
     assert "airflow-worker" not in [s.name for s in stack.services(local)]
+
+
+@pytest.mark.unit
+def test_the_spark_steps_run_on_the_stacks_standalone_cluster_unless_a_master_is_named(tmp_path):
+    settings = load_settings(_environ(tmp_path, SPARK_MASTER_PORT="7177", SPARK_WORKER_CORES="3"),
+                             require_secrets=False)
+    by_name = {s.name: s for s in stack.services(settings)}
+    master = by_name["spark-master"]
+    assert master.command[1:] == ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "7177",
+                                  "--webui-port", "8081"]
+    assert master.command[0].endswith("/bin/spark-class")
+    for index in (1, 2):
+        worker = by_name[f"spark-worker-{index}"]
+        assert worker.after == ("spark-master",)
+        assert worker.command[-1] == "spark://127.0.0.1:7177"
+        assert worker.command[worker.command.index("--cores") + 1] == "3"
+        assert worker.command[worker.command.index("--webui-port") + 1] == str(8081 + index)
+        # The executors import the project's modules: the jobs' Python functions are pickled by reference.
+        assert worker.env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    connect = by_name["spark-connect"]
+    assert connect.after == ("spark-worker-1", "spark-worker-2")
+    assert connect.command[connect.command.index("--master") + 1] == "spark://127.0.0.1:7177"
+    assert connect.command[connect.command.index("--executor-memory") + 1] == "2g"
+    assert "spark.ui.port=4040" in connect.command
+    assert stack.pipeline_config(settings).spark.master == "spark://127.0.0.1:7177"
+    assert all(by_name[name].env["SPARK_LOCAL_IP"] == "127.0.0.1"
+               for name in ("spark-master", "spark-worker-1", "spark-connect"))
+
+    local = load_settings(_environ(tmp_path, SPARK_MASTER="local[2]"), require_secrets=False)
+    names = [s.name for s in stack.services(local)]
+    assert not [n for n in names if n.startswith("spark-") and n != "spark-connect"]
+    connect = next(s for s in stack.services(local) if s.name == "spark-connect")
+    assert connect.command[connect.command.index("--master") + 1] == "local[2]"
+    assert "--executor-memory" not in connect.command and connect.after == ()
 
 
 @pytest.mark.unit

@@ -1,13 +1,15 @@
 """`make test-stack`: the production topology brought up with `ctr stack up` and used as a user would.
 
-Brings the stack up on free ports, under its own home, PostgreSQL databases and Redis database; generates a
-small day; unpauses and triggers ctr_daily through Airflow's REST API and waits for it; checks that serving
-answers from the model in S3; lets the scheduler run ctr_incremental on live traffic for at least two minutes;
-checks that serving follows the deltas and that MLflow holds a run for every DAG run; that every published model
-is an asset event of `ctr_model`; that the scheduled ctr_daily run of yesterday (no data: it fails at validate)
-marked its MLflow run FAILED and posted to the failure webhook (a server in this test); then `ctr stack down`
-and checks that nothing it started is left. About 7 minutes on 2 cores. Runs only when CTR_TEST_STACK=1
-(`make test-stack` sets it): it needs PostgreSQL and Redis on this machine and `tools/ensure_env.sh --stack`.
+Brings the stack up on free ports, under its own home, PostgreSQL databases and Redis database, with its
+Spark steps on a standalone cluster of two workers; generates a small day; unpauses and triggers ctr_daily
+through Airflow's REST API and waits for it; checks that serving answers from the model in S3; lets the
+scheduler run ctr_incremental on live traffic for at least two minutes; checks that serving follows the
+deltas, that the Spark tasks ran in the workers' executors (the master's JSON and the driver's REST API), and
+that MLflow holds a run for every DAG run; that every published model is an asset event of `ctr_model`; that
+the scheduled ctr_daily run of yesterday (no data: it fails at validate) marked its MLflow run FAILED and
+posted to the failure webhook (a server in this test); then `ctr stack down` and checks that nothing it
+started is left. About 11 minutes on 2 cores. Runs only when CTR_TEST_STACK=1 (`make test-stack` sets it):
+it needs PostgreSQL and Redis on this machine and `tools/ensure_env.sh --stack`.
 """
 
 from __future__ import annotations
@@ -102,9 +104,13 @@ def stack(tmp_path_factory, webhook):
     env = {**os.environ, "CTR_ALERT_WEBHOOK_URL": webhook[0],
            "CTR_STACK_HOME": str(home / "home"), "CTR_STACK_NAME": f"ctrtest{os.getpid()}",
            "CTR_STACK_SECRETS": str(home / "secrets.env"), "CTR_STACK_REDIS": "redis://127.0.0.1:6379/11",
-           "SPARK_MASTER": "local[2]", "SPARK_DRIVER_MEMORY": "2g"}
+           # The Spark steps run on the stack's standalone cluster: two workers of one core each.
+           "SPARK_MASTER": "standalone", "SPARK_WORKERS": "2", "SPARK_WORKER_CORES": "1",
+           "SPARK_WORKER_MEMORY": "2g", "SPARK_EXECUTOR_MEMORY": "1g", "SPARK_WORKER_WEBUI_PORT": "0",
+           "SPARK_DRIVER_MEMORY": "2g"}
     for key in ("AIRFLOW_API_PORT", "AIRFLOW_WORKER_LOG_PORT", "AIRFLOW_TRIGGERER_LOG_PORT", "MLFLOW_PORT",
-                "S3_API_PORT", "SPARK_CONNECT_PORT", "SERVING_PORT", "SERVING_GRPC_PORT"):
+                "S3_API_PORT", "SPARK_CONNECT_PORT", "SPARK_MASTER_PORT", "SPARK_MASTER_WEBUI_PORT", "SPARK_UI_PORT",
+                "SERVING_PORT", "SERVING_GRPC_PORT"):
         env[key] = str(_free_port())
     for key in ("CTR_HOME", "CTR_MODEL_STORE", "CTR_S3_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "SPARK_REMOTE"):
         env.pop(key, None)
@@ -129,8 +135,9 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhoo
     run_home = Path(env["CTR_STACK_HOME"])
     status = _ctr(env, "stack", "status")
     assert status.returncode == 0, "a service is not healthy right after `up`"
-    for service in ("s3", "spark-connect", "mlflow", "airflow-api-server", "airflow-scheduler",
-                    "airflow-dag-processor", "airflow-triggerer", "airflow-worker", "step-worker", "serving"):
+    for service in ("s3", "spark-master", "spark-worker-1", "spark-worker-2", "spark-connect", "mlflow",
+                    "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+                    "airflow-worker", "step-worker", "serving"):
         assert any(line.startswith(service) and line.endswith("healthy") for line in status.stdout.splitlines()), \
             service
     # Logins are required: the Airflow API and the MLflow server refuse anonymous requests.
@@ -193,6 +200,7 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhoo
         # The deltas learned the live minutes, not the day the daily run learned (at any time of day, midnight too).
         assert datetime.fromisoformat(followed["data_end"]) > live_started - timedelta(minutes=1), followed
         airflow.patch("dags/ctr_incremental", {"is_paused": True})
+        _check_the_executors_did_the_spark_work(env)
     finally:
         live.terminate()
         live.wait(30)
@@ -244,6 +252,23 @@ def test_stack_runs_the_daily_and_minute_pipelines_as_a_user_would(stack, webhoo
     assert any(key.endswith("/MLmodel") for key in logged), keys[:20]
     assert any(key.endswith("/manifest.json") for key in logged), logged[:20]
     assert any(key.endswith("/plots/training_curve.png") for key in keys)
+
+
+def _check_the_executors_did_the_spark_work(env: dict[str, str]) -> None:
+    """The master's JSON: both workers alive, the Connect server an application holding their cores. The driver's
+    REST API: the tasks of the daily and minute runs' Spark jobs ran in the workers' executors, none in the
+    driver."""
+    from spark_jobs.connect import APP_NAME
+    from spark_jobs.standalone import cluster_state, executor_tasks
+
+    cluster = cluster_state(f"http://127.0.0.1:{env['SPARK_MASTER_WEBUI_PORT']}")
+    assert cluster.status == "ALIVE" and cluster.alive_workers == 2, cluster
+    (app,) = [a for a in cluster.applications if a["name"] == APP_NAME]
+    assert app["cores"] == 2, cluster
+    tasks = executor_tasks(f"http://127.0.0.1:{env['SPARK_UI_PORT']}", app["id"])
+    print(f"spark: {cluster.alive_workers} workers; tasks completed by executor: {tasks}", flush=True)
+    assert tasks.get("driver", 0) == 0, tasks
+    assert len([n for executor, n in tasks.items() if executor != "driver" and n > 0]) >= 2, tasks
 
 
 def _instances(data_root: Path, minute: datetime, count: int) -> list[dict]:
