@@ -17,13 +17,16 @@ def using_tracking_uri(uri: str) -> Iterator[None]:
     """MLflow's fluent API (log_model) and the registry's resolution of `models:/` sources read the tracking URI
     from a process-wide global and MLFLOW_TRACKING_URI. This points both at `uri` for the block and puts back
     what was there, so the caller's process (and the config it reads from the environment) is left as it was."""
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+    import mlflow
 
+    # mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI too, so a URI set before this block is in `saved`; None
+    # clears MLflow's global, and the environment put back then gives get_tracking_uri() what it gave before.
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     try:
-        with _use_tracking_uri(uri):
-            yield
+        mlflow.set_tracking_uri(uri)
+        yield
     finally:
+        mlflow.set_tracking_uri(None)
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow._shared.timezones.timezone import parse_timezone
+import pendulum
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow.utils.types import DagRunType
@@ -38,29 +38,30 @@ class LeadingCronTimetable(CronDataIntervalTimetable):
             raise ValueError(f"a run can be created 0 to {MAX_LEAD_S:.0f} s before its interval ends, not "
                              f"{lead_s!r} s: set incremental.run_lead_s in that range (0 creates it at the end)")
         super().__init__(cron, timezone)
+        # Kept here too: the parent class holds them under private names.
+        self.cron, self.cron_timezone = cron, timezone
         self.lead_s = float(lead_s)
         if self.lead_s:
             self.description = f"{self.description}; each run is created {self.lead_s:g} s before its interval ends"
 
     @property
     def summary(self) -> str:
-        return f"{self._expression}, created {self.lead_s:g} s before the interval ends" if self.lead_s else (
-            self._expression)
+        return f"{self.cron}, created {self.lead_s:g} s before the interval ends" if self.lead_s else self.cron
 
     def serialize(self) -> dict[str, Any]:
         return {**super().serialize(), "lead_s": self.lead_s}
 
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> LeadingCronTimetable:
-        return cls(data["expression"], parse_timezone(data["timezone"]), float(data.get("lead_s", 0.0)))
+        return cls(data["expression"], decode_timezone(data["timezone"]), float(data.get("lead_s", 0.0)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LeadingCronTimetable):
             return NotImplemented
-        return (self._expression, self._timezone, self.lead_s) == (other._expression, other._timezone, other.lead_s)
+        return (self.cron, self.cron_timezone, self.lead_s) == (other.cron, other.cron_timezone, other.lead_s)
 
     def __hash__(self) -> int:
-        return hash((self._expression, self._timezone, self.lead_s))
+        return hash((self.cron, self.cron_timezone, self.lead_s))
 
     def next_dagrun_info(self, *, last_automated_data_interval: DataInterval | None,
                          restriction: TimeRestriction) -> DagRunInfo | None:
@@ -75,6 +76,11 @@ class LeadingCronTimetable(CronDataIntervalTimetable):
             run_after = data_interval.end
         return super().generate_run_id(run_type=run_type, run_after=run_after, data_interval=data_interval,
                                        **extra)
+
+
+def decode_timezone(encoded: str | int) -> Any:
+    """What airflow.serialization.encoders.encode_timezone wrote: a zone's name, or a fixed offset in seconds."""
+    return pendulum.FixedTimezone(encoded) if isinstance(encoded, int) else pendulum.timezone(encoded)
 
 
 def lead(info: DagRunInfo, lead_s: float) -> DagRunInfo:

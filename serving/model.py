@@ -50,6 +50,7 @@ import tensorflow as tf
 from components.delta import DeltaError
 from components.manifest import ManifestError, read_manifest
 from serving.native_rows import NativeRows
+from serving.tensorflow_internals import preflattened_call
 
 SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
@@ -522,8 +523,7 @@ class PackedCall:
         the arguments to the signature (about 0.07 ms a call, docs/serving.md). The arguments are built to the
         layout's specs by this class, so the signature's checks have nothing to find. Falls back to `function`
         where TensorFlow's internals differ."""
-        atomic = getattr(self.function, "_inference_function", None)
-        call_preflattened = getattr(atomic, "call_preflattened", None)
+        call_preflattened = preflattened_call(self.function)
         if call_preflattened is None or not hasattr(self.function, "captured_inputs"):
             return self.function
         function = self.function

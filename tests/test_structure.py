@@ -53,6 +53,54 @@ def private_attributes(path: Path, root: Path = ROOT) -> list[str]:
     return [f"{path.relative_to(root)}:{line} {name}" for line, _, name in sorted(found)]
 
 
+# Methods of namedtuple's public API, whose names start with an underscore so as not to clash with fields.
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+DOCUMENTED = NAMEDTUPLE_API | {"_exit"}  # os._exit: documented, the exit without cleanup of a forked child
+# The one module per library that may read a library's private names, each tested on its own.
+INTERNALS_SUFFIX = "_internals.py"
+
+
+def defined_private_names(tree: ast.AST) -> set[str]:
+    """Private names a module defines itself: its functions, methods and class attributes, and the attributes
+    it assigns on any object (`self._x = ...`)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {name for name in names if _is_private(name)}
+
+
+def foreign_private_names(path: Path, root: Path = ROOT) -> list[str]:
+    """Private names `path` reads that it does not define: imports from a private module or of a private name of
+    a library, `obj._name` on anything but self and cls, and getattr(obj, "_name"), as 'file:line name'."""
+    tree = ast.parse(path.read_text(), str(path))
+    own = defined_private_names(tree) | DOCUMENTED
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if any(_is_private(part) for part in node.module.split(".")):
+                found.append((node.lineno, node.module))
+            elif node.module.split(".")[0] not in PACKAGES:
+                found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if _is_private(a.name)]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if any(_is_private(p) for p in a.name.split("."))]
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr not in own:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append((node.lineno, f"._{node.attr[1:]}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _is_private(node.args[1].value) \
+                and node.args[1].value not in own:
+            found.append((node.lineno, f"{node.func.id} {node.args[1].value}"))
+    return [f"{path.relative_to(root)}:{line} {name}" for line, name in sorted(found)]
+
+
 def project_imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every import of a project package in `path`, at module level or inside a function."""
     found = []
@@ -84,6 +132,34 @@ def test_no_module_imports_another_modules_private_names():
 def test_no_module_reads_another_modules_private_names_as_attributes():
     files = [path for package in PACKAGES for path in (ROOT / package).rglob("*.py")]
     assert [hit for path in files for hit in private_attributes(path)] == []
+
+
+@pytest.mark.unit
+def test_private_names_of_libraries_are_read_only_in_their_internals_modules():
+    """A library's private names (Keras' `_flatten_layers`, TensorFlow's `_inference_function`) are read in one
+    module per library, trainer/keras_internals.py and serving/tensorflow_internals.py, whose tests fail when
+    an upgrade drops them; anywhere else they would break silently."""
+    files = [path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+             if not path.name.endswith(INTERNALS_SUFFIX)]
+    assert [hit for path in files for hit in foreign_private_names(path)] == []
+    internals = sorted(p.relative_to(ROOT).as_posix() for package in PACKAGES
+                       for p in (ROOT / package).rglob(f"*{INTERNALS_SUFFIX}"))
+    assert internals == ["serving/tensorflow_internals.py", "trainer/keras_internals.py"]
+    for module in internals:  # each has its test
+        test = ROOT / "tests" / Path(module).parent / f"test_{Path(module).name}"
+        assert test.exists(), test
+
+
+@pytest.mark.unit
+def test_the_check_finds_foreign_private_names_and_leaves_a_modules_own_alone(tmp_path):
+    module = tmp_path / "x.py"
+    module.write_text("from airflow._shared.tz import parse\nfrom mlflow.utils import _use\nimport keras._tf\n"
+                      "class A:\n    def _mine(self):\n        self._kept = 1\n"
+                      "def f(m, other, info):\n    m._flatten_layers(); other._mine(); other._kept; info._replace()\n"
+                      "    getattr(m, '_inference_function'); getattr(m, 'public'); self._x; cls._y\n")
+    assert foreign_private_names(module, tmp_path) == [
+        "x.py:1 airflow._shared.tz", "x.py:2 mlflow.utils._use", "x.py:3 keras._tf", "x.py:8 ._flatten_layers",
+        "x.py:9 getattr _inference_function"]
 
 
 @pytest.mark.unit

@@ -37,6 +37,7 @@ from components.delta import KEY_SEPARATOR, rows_name, values_name
 from components.delta import weight_specs as weight_specs  # noqa: F401 - callers import it from here
 from components.feature_spec import BUCKET_DERIVATION, MISSING_ROW, RARE_ROW, FeatureSpec, derive_time, load_spec
 from components.feature_state import FeatureState, check_state_matches
+from trainer.keras_internals import flatten_layers
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
 
 SAVED_MODEL_DIR = "saved_model"
@@ -303,7 +304,7 @@ def _policies_of(model: keras.Model, precision: str) -> list[tuple[keras.layers.
         twin = model.__class__.from_config(config)  # unbuilt: no weights are allocated
     finally:
         keras.config.set_dtype_policy(previous)
-    layers, twins = ([layer for layer in m._flatten_layers() if not isinstance(layer, keras.layers.InputLayer)]
+    layers, twins = ([layer for layer in flatten_layers(m) if not isinstance(layer, keras.layers.InputLayer)]
                      for m in (model, twin))  # a built Sequential has an InputLayer, an unbuilt one not yet
     if [type(layer) for layer in layers] != [type(layer) for layer in twins]:
         raise RuntimeError(f"cannot export a {precision} endpoint of {model.name}: rebuilding it from its config "

@@ -24,6 +24,7 @@ from components.delta import save_weights, saved_weights
 from components.feature_spec import FeatureSpec, load_spec
 from trainer.arguments import even_batch_size
 from trainer.export import weight_specs
+from trainer.keras_internals import flatten_layers
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.train import CHECKPOINT_KIND, ThroughputMeter, load_checkpoint, save_checkpoint
 
@@ -110,7 +111,7 @@ def reset_rows(model: keras.Model, new_rows: Mapping[str, Sequence[int]], table_
     """Re-draws the embedding rows of newly admitted values (by table name; `table_names` in the model's table
     order, FeatureState.vocabularies') from the table's initializer; returns how many."""
     num_reset = 0
-    for layer in model._flatten_layers():
+    for layer in flatten_layers(model):
         if not isinstance(layer, CategoricalEmbedding) or not layer.num_rows:
             continue
         table = np.array(layer.embeddings)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 import keras
 import numpy as np
 
+from trainer.keras_internals import flatten_layers
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 
 
@@ -62,7 +63,7 @@ def warm_start_weights(
 
 
 def _embedding_tables(model: keras.Model) -> dict[str, CategoricalEmbedding]:
-    layers = [layer for layer in model._flatten_layers() if isinstance(layer, CategoricalEmbedding)]
+    layers = [layer for layer in flatten_layers(model) if isinstance(layer, CategoricalEmbedding)]
     return {layer.embeddings.path: layer for layer in layers if layer.num_rows}
 
 

@@ -88,6 +88,21 @@ def test_the_lead_survives_serialization_and_a_lead_out_of_range_says_which_sett
             LeadingCronTimetable("* * * * *", UTC, lead_s=bad)
 
 
+@pytest.mark.parametrize("zone", [pendulum.timezone("Europe/Berlin"), pendulum.FixedTimezone(-5 * 3600)],
+                         ids=["named", "fixed offset"])
+def test_a_timetable_in_another_zone_comes_back_in_that_zone(zone):
+    leading = LeadingCronTimetable("0 * * * *", zone, lead_s=1)
+    data = json.loads(json.dumps(leading.serialize()))
+    restored = LeadingCronTimetable.deserialize(data)
+    assert restored == leading and restored.cron_timezone.utcoffset(pendulum.datetime(2026, 7, 1)) == \
+        zone.utcoffset(pendulum.datetime(2026, 7, 1))
+    # The same runs as Airflow's own timetable read back from the same data.
+    plain = CronDataIntervalTimetable.deserialize({k: v for k, v in data.items() if k != "lead_s"})
+    last = DataInterval(pendulum.datetime(2026, 7, 1, 8, tz=zone), pendulum.datetime(2026, 7, 1, 9, tz=zone))
+    assert restored.next_dagrun_info(last_automated_data_interval=last, restriction=RESTRICTION).data_interval == \
+        plain.next_dagrun_info(last_automated_data_interval=last, restriction=RESTRICTION).data_interval
+
+
 PROBE = r"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
