@@ -1,4 +1,4 @@
-"""The server's metrics in Prometheus' text exposition format 0.0.4, written by hand (no client library).
+"""The server's metrics in Prometheus' text exposition format 0.0.4, written by prometheus_client.
 
     ctr_requests_total{endpoint, code}        counter: every response, errors included (gRPC calls under grpc_*
                                               endpoints, with the HTTP status REST would answer)
@@ -16,20 +16,25 @@
                                               where the process installs it, as serving.server does)
 
 Counters live in one `ServerMetrics` per app; the model gauges are computed at scrape time from the model
-serving then (`ModelInfo`), so they cannot go stale.
+serving then (`ModelInfo`), so they cannot go stale. The values are kept here and handed to prometheus_client
+as metric families at each scrape (a custom collector): the GC pauses are recorded inside the collector's
+callback, where no lock may be taken, and the client library's own metric objects take one.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +43,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SLOW_GC_S = 0.1  # collections at least this long are logged
-
-Sample = tuple[Mapping[str, str], float]  # (labels, value) of one line
 
 
 @dataclass(frozen=True)
@@ -125,31 +128,35 @@ class ServerMetrics:
 
     def render(self, model: ModelInfo | None) -> str:
         """The exposition text: the counters as they stand now and the gauges of `model` (None: none loaded)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(lambda: self.families(model)))
+        return generate_latest(registry).decode()
+
+    def families(self, model: ModelInfo | None) -> list[Metric]:
         with self._lock:
-            lines = [
-                *self._request_lines(),
-                *self._duration_lines(),
-                *_family("ctr_predictions_total", "counter", "Instances predicted.", [({}, self._predictions)]),
-            ]
-        lines += _model_lines(model)
+            requests = CounterMetricFamily("ctr_requests", "Responses by endpoint and HTTP status code.",
+                                           labels=["endpoint", "code"])
+            for (endpoint, code), count in sorted(self._requests.items()):
+                requests.add_metric([endpoint, str(code)], count)
+            durations = HistogramMetricFamily("ctr_request_duration_seconds",
+                                              "Time from request start to response end.", labels=["endpoint"])
+            for endpoint in sorted(self._durations):
+                self._durations[endpoint].add_to(durations, [endpoint])
+            predictions = CounterMetricFamily("ctr_predictions", "Instances predicted.", value=self._predictions)
+        out = [requests, durations, predictions, *_model_families(model)]
         if self.gc_pauses is not None:
-            lines += self.gc_pauses.lines()
-        return "\n".join(lines) + "\n"
+            out.append(self.gc_pauses.family())
+        return out
 
-    def _request_lines(self) -> list[str]:
-        samples = [
-            ({"endpoint": endpoint, "code": str(code)}, count)
-            for (endpoint, code), count in sorted(self._requests.items())
-        ]
-        return _family("ctr_requests_total", "counter", "Responses by endpoint and HTTP status code.", samples)
 
-    def _duration_lines(self) -> list[str]:
-        lines = _family(
-            "ctr_request_duration_seconds", "histogram", "Time from request start to response end.", []
-        )
-        for endpoint in sorted(self._durations):
-            lines += self._durations[endpoint].lines("ctr_request_duration_seconds", {"endpoint": endpoint})
-        return lines
+class _Families:
+    """A collector of the families a function returns at each scrape."""
+
+    def __init__(self, families) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families()
 
 
 class GcPauses:
@@ -191,12 +198,13 @@ class GcPauses:
                            time.thread_time() - self._started_cpu, threading.current_thread().name,
                            info.get("collected", 0))
 
-    def lines(self) -> list[str]:
-        lines = _family("ctr_gc_pause_seconds", "histogram",
-                        "CPython's garbage collections, each stopping every request in flight.", [])
+    def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily("ctr_gc_pause_seconds",
+                                       "CPython's garbage collections, each stopping every request in flight.",
+                                       labels=["generation"])
         for generation, histogram in self._histograms.items():
-            lines += histogram.copy().lines("ctr_gc_pause_seconds", {"generation": str(generation)})
-        return lines
+            histogram.copy().add_to(family, [str(generation)])
+        return family
 
 
 class _Histogram:
@@ -221,63 +229,27 @@ class _Histogram:
         copied.counts, copied.sum, copied.count = list(self.counts), self.sum, self.count
         return copied
 
-    def lines(self, name: str, labels: Mapping[str, str]) -> list[str]:
-        cumulative = 0
-        samples = []
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+        cumulative, buckets = 0, []
         for bound, count in zip(self.buckets, self.counts, strict=True):
             cumulative += count
-            samples.append(_sample(f"{name}_bucket", {**labels, "le": _number(bound)}, cumulative))
-        samples.append(_sample(f"{name}_bucket", {**labels, "le": "+Inf"}, self.count))
-        samples.append(_sample(f"{name}_sum", labels, self.sum))
-        samples.append(_sample(f"{name}_count", labels, self.count))
-        return samples
+            buckets.append((floatToGoString(bound), cumulative))
+        family.add_metric(labels, [*buckets, ("+Inf", self.count)], self.sum)
 
 
-def _model_lines(model: ModelInfo | None) -> list[str]:
-    loaded: list[Sample] = [({}, int(model is not None))]
-    version: list[Sample] = []
-    freshness: list[Sample] = []
-    info: list[Sample] = []
+def _model_families(model: ModelInfo | None) -> list[Metric]:
+    loaded = GaugeMetricFamily("ctr_model_loaded", "1 while a model version is loaded, else 0.",
+                               value=int(model is not None))
+    version = GaugeMetricFamily("ctr_model_version", "The loaded model version, as a number.")
+    freshness = GaugeMetricFamily("ctr_model_freshness_seconds", "Seconds from the model's data_end to now.")
+    info = GaugeMetricFamily("ctr_model_info", "The loaded model version and its lineage; always 1.",
+                             labels=["version", "parent", "chain_root"])
     if model is not None:
         if model.version.isdigit():
-            version = [({}, int(model.version))]
+            version.add_metric([], int(model.version))
         if model.freshness_seconds is not None:
-            freshness = [({}, model.freshness_seconds)]
-        labels = {"version": model.version, "parent": _label(model.parent), "chain_root": _label(model.chain_root)}
-        info = [(labels, 1)]
-    return [
-        *_family("ctr_model_loaded", "gauge", "1 while a model version is loaded, else 0.", loaded),
-        *_family("ctr_model_version", "gauge", "The loaded model version, as a number.", version),
-        *_family("ctr_model_freshness_seconds", "gauge", "Seconds from the model's data_end to now.", freshness),
-        *_family("ctr_model_info", "gauge", "The loaded model version and its lineage; always 1.", info),
-    ]
-
-
-def _family(name: str, kind: str, help_text: str, samples: list[Sample]) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *(_sample(name, *s) for s in samples)]
-
-
-def _sample(name: str, labels: Mapping[str, str], value: float) -> str:
-    if not labels:
-        return f"{name} {_number(value)}"
-    pairs = ",".join(f'{key}="{_escape(text)}"' for key, text in labels.items())
-    return f"{name}{{{pairs}}} {_number(value)}"
-
-
-def _label(value: Any) -> str:
-    """A label value; Prometheus reads an empty one as absent."""
-    return "" if value is None else str(value)
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+            freshness.add_metric([], model.freshness_seconds)
+        # A missing parent or chain_root is an empty label, which Prometheus reads as absent.
+        info.add_metric([model.version, "" if model.parent is None else str(model.parent),
+                         "" if model.chain_root is None else str(model.chain_root)], 1)
+    return [loaded, version, freshness, info]

@@ -537,7 +537,7 @@ def test_metrics_label_values_are_escaped() -> None:
 
     text = ServerMetrics(timed_endpoints=[]).render(info)
 
-    assert 'ctr_model_info{version="7\\"\\\\x",parent="a\\nb",chain_root=""} 1\n' in text
+    assert 'ctr_model_info{chain_root="",parent="a\\nb",version="7\\"\\\\x"} 1.0\n' in text
     samples = parse_metrics(text)
     assert sample(samples, "ctr_model_info", version='7\\"\\\\x', parent="a\\nb", chain_root="") == 1
     # Not a number: no version gauge rather than a made-up one.

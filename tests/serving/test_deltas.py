@@ -400,4 +400,4 @@ def test_the_rest_path_is_warmed_up_by_one_request_on_uvicorns_loop(chain, tmp_p
     finally:
         servers.watcher.stop()
     assert status == 200
-    assert 'ctr_requests_total{endpoint="predict",code="200"} 1' in metrics
+    assert 'ctr_requests_total{code="200",endpoint="predict"} 1.0' in metrics

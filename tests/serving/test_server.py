@@ -90,8 +90,8 @@ def test_rest_and_grpc_share_one_watcher_and_one_set_of_metrics(store: LocalMode
     assert rest.json()["predictions"] == pytest.approx([0.7407749], rel=1e-6)
     assert tf.make_ndarray(answer.outputs["probability"]).tolist() == pytest.approx([0.7407749], rel=1e-6)
     assert answer.model_spec.version.value == int(OLD_VERSION)
-    assert 'ctr_requests_total{endpoint="predict",code="200"} 1' in metrics
-    assert 'ctr_requests_total{endpoint="grpc_predict",code="200"} 1' in metrics
+    assert 'ctr_requests_total{code="200",endpoint="predict"} 1.0' in metrics
+    assert 'ctr_requests_total{code="200",endpoint="grpc_predict"} 1.0' in metrics
     assert "ctr_predictions_total 2" in metrics
 
 
