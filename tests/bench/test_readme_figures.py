@@ -1,0 +1,137 @@
+"""The figures the README quotes from bench/results, rebuilt from the files: a result file that is rerun, or a
+README sentence edited by hand, fails here until the two agree again. Each entry is the README's wording with
+the file's values put in at the README's precision; line breaks and runs of spaces do not count."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+
+
+@cache
+def result(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def value(name: str, path: str):
+    found = result(name)
+    for key in path.split("."):
+        found = found[int(key)] if isinstance(found, list) else found[key]
+    return found
+
+
+def values(names: tuple[str, ...], path: str) -> list[float]:
+    return [value(name, path) for name in names]
+
+
+def movielens(key: str):
+    return value("real.json", f"datasets.movielens.{key}")
+
+
+def obd(key: str):
+    return value("real.json", f"datasets.obd.{key}")
+
+
+SERVING = ("serving_run1.json", "serving_run2.json", "serving.json")
+SCALE = ("scale.json", "scale_run2.json")
+
+
+def span(numbers: list[float], fmt: str, scale: float = 1.0) -> str:
+    return f"{min(numbers) / scale:{fmt}}-{max(numbers) / scale:{fmt}}"
+
+
+FIGURES: dict[str, Callable[[], str]] = {
+    "real.json: MovieLens against the baselines": lambda: (
+        f"the default run's AUC was {movielens('auc'):.4f} against {movielens('baseline_auc'):.4f} for the hashed "
+        f"logistic regression on the same rows and {movielens('lightgbm_auc'):.4f} for LightGBM (lift "
+        f"{movielens('lift_auc'):+.4f}, paired 95 % interval {movielens('lift_auc_ci95')[0]:+.4f} to "
+        f"{movielens('lift_auc_ci95')[1]:+.4f}), its logloss {movielens('logloss'):.4f} against "
+        f"{movielens('baseline_logloss'):.4f} and {movielens('lightgbm_logloss'):.4f}; trained with three seeds, "
+        f"{movielens('auc_over_seeds.min'):.4f}-{movielens('auc_over_seeds.max'):.4f} (lift "
+        f"{movielens('lift_auc_over_seeds.min'):+.4f} to {movielens('lift_auc_over_seeds.max'):+.4f}, mean "
+        f"{movielens('lift_auc_over_seeds.mean'):+.4f})"),
+    "real.json: DIN and DCNv2 without histories": lambda: (
+        f"DIN over the liked items scored {movielens('auc_din_history'):.4f}, DCNv2 without histories "
+        f"{movielens('auc_dcnv2_no_history'):.4f}"),
+    "real.json: the Open Bandit logs": lambda: (
+        f"On the Open Bandit logs ({obd('test_clicks')} later clicks) {obd('auc'):.4f} against "
+        f"{obd('baseline_auc'):.4f}, {obd('auc_over_seeds.min'):.2f}-{obd('auc_over_seeds.max'):.2f} over the "
+        "seeds"),
+    "quality.json": lambda: (
+        f"DCNv2 reaches AUC {value('quality.json', 'auc'):.4f} against the planted model's "
+        f"{value('quality.json', 'planted_auc'):.4f} on {value('quality.json', 'generated_rows') / 1e6:.0f} M rows, "
+        f"mean prediction {value('quality.json', 'mean_prediction'):.4f} for a click rate of "
+        f"{value('quality.json', 'mean_label'):.4f}"),
+    "scale.json, scale_run2.json": lambda: (
+        f"{span(values(SCALE, 'runs.0.steps_only_ex_per_s'), '.1f', 1e6)} M steps-only, "
+        f"{span(values(SCALE, 'runs.0.end_to_end_ex_per_s'), '.1f', 1e6)} M end to end with "
+        f"{value('scale.json', 'reader_workers')} reader processes"),
+    "history.json, history_with_train.json": lambda: (
+        f"validate {value('history.json', 'layouts.spread.steps_seconds.validate'):.1f} s "
+        f"({value('history.json', 'before.layouts.spread.steps_seconds.validate'):,.1f} s before batched "
+        f"validation), validate + features + samples {value('history.json', 'layouts.spread.run_seconds'):.1f} s "
+        f"against {value('history.json', 'layouts.one_day.run_seconds'):.1f} s for the one day (history.json; "
+        f"with training {value('history_with_train.json', 'layouts.spread.run_seconds'):.1f} s against "
+        f"{value('history_with_train.json', 'layouts.one_day.run_seconds'):.1f} s, history_with_train.json)"),
+    "serving_run1.json, serving_run2.json, serving.json: under load": lambda: (
+        f"({span(values(SERVING, 'loaded_rate_per_s'), 'g')} requests/s): p99 "
+        f"{span(values(SERVING, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
+        f"{span(values(SERVING, 'loaded_p50_ms_100'), '.2f')} ms, "
+        f"{sum(values(SERVING, 'failed_requests'))} failed"),
+    "serving_run1.json, serving_run2.json, serving.json: one request at a time": lambda: (
+        f"the one-at-a-time closed loop of the same runs gave {span(values(SERVING, 'p99_ms_100'), '.2f')} ms"),
+    "events_quality_defaults.json": lambda: (
+        f"DCNv2 {value('events_quality_defaults.json', 'auc_dcnv2'):.4f}, DIN "
+        f"{value('events_quality_defaults.json', 'auc_din'):.4f} (its best epoch the third of five), Criteo-like "
+        f"columns {value('events_quality_defaults.json', 'auc_criteo_columns'):.4f}; DIN is "
+        f"{value('events_quality_defaults.json', 'best_gap_to_learnable'):.4f} under the learnable ceiling"),
+    "events_quality_ceiling.json": lambda: (
+        f"{value('events_quality_ceiling.json', 'learnable_auc'):.4f} (`learnable_auc` in "
+        "`events_quality_ceiling.json`)"),
+    "quality_900k.json": lambda: (
+        f"costs {value('quality_900k.json', 'auc_gap'):.4f} on their own generated day (DCNv2 "
+        f"{value('quality_900k.json', 'auc'):.4f} against its planted model's "
+        f"{value('quality_900k.json', 'planted_auc'):.4f}, `quality_900k.json`)"),
+    "freshness.json": lambda: (
+        f"p50 {value('freshness.json', 'p50_s'):.1f} s, p95 {value('freshness.json', 'p95_s'):.1f} s (its first "
+        f"minute, which waited for the cold start; the other ten: `steady_p50_s` "
+        f"{value('freshness.json', 'steady_p50_s'):.1f} s, `steady_p95_s` {value('freshness.json', 'steady_p95_s'):.1f}"
+        f" s), {value('freshness.json', 'failed_requests')} failed of {value('freshness.json', 'requests'):,} "
+        "requests"),
+    "spark.json": lambda: (
+        f"the join runs at {value('spark.json', 'join_over_sql'):.2f}x the throughput of a plain dedup-and-join of "
+        f"the same streams (goal 0.5), the feature state at {value('spark.json', 'features_over_count'):.2f}x one "
+        f"groupBy().count() of the same columns (goal 0.5), the block TFRecords at "
+        f"{value('spark.json', 'samples_stage_over_parquet'):.2f}x Spark's Parquet write"),
+}
+
+
+def normalized(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_the_readme_quotes_the_result_files_figures(name):
+    expected = normalized(FIGURES[name]())
+    assert expected in normalized((REPO / "README.md").read_text()), (
+        f"the README does not say {expected!r}, which is what {name} holds now: rerun-and-update the README, or "
+        "the file was not rewritten by its benchmark")
+
+
+def test_a_changed_figure_is_caught(tmp_path):
+    """The check can fail: the README with one of the quoted figures changed no longer matches."""
+    readme = normalized((REPO / "README.md").read_text())
+    expected = normalized(FIGURES["quality.json"]())
+    assert expected in readme
+    changed = readme.replace(expected, expected.replace(f"{value('quality.json', 'auc'):.4f}", "0.9999"))
+    assert expected not in changed
