@@ -171,7 +171,7 @@ def test_stop_event_ends_the_run_early(model_server):
     timer.join()
     # Ticks every 50 ms until the stop at 0.3 s: about 6 requests (7 counting the tick at 0.3 s itself).
     assert 3 <= result.num_requests <= 8
-    assert result.elapsed_s < 2.0
+    assert result.elapsed_s < 30  # ended by the stop, not by the 30 s duration
 
 
 @pytest.mark.parametrize(

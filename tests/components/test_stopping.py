@@ -66,9 +66,8 @@ def _group_leader(script: str) -> tuple[subprocess.Popen, int]:
 def test_a_group_that_stops_on_sigterm_is_waited_for_not_killed() -> None:
     process, child = _group_leader("import subprocess, time; child = subprocess.Popen(['sleep', '60']); "
                                    "print(child.pid, flush=True); time.sleep(60)")
-    started = time.monotonic()
     killed = stop_process_group(process.pid, timeout_s=20)
-    assert (killed, time.monotonic() - started < 5) == (False, True)
+    assert killed is False  # it ended on SIGTERM, before the timeout, and was not killed
     assert process.wait(1) == -signal.SIGTERM
     assert not _alive(child)
 
@@ -89,7 +88,7 @@ def test_what_ignores_sigterm_is_killed_after_the_timeout_even_a_descendant_in_a
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert killed is True
-    assert 1.0 <= took < 4.0
+    assert took >= 1.0  # the timeout was waited out before SIGKILL (no upper bound: the machine may be busy)
     assert process.wait(1) == -signal.SIGKILL
     assert not _alive(child)
 
