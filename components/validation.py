@@ -633,7 +633,7 @@ def quarantined(layout: Layout, dataset: PartitionedDataset, minute: datetime) -
     return target if target.exists() else None
 
 
-_SLICE_LOCKS: dict[str, threading.Lock] = {}
+SLICE_LOCKS: dict[str, threading.Lock] = {}
 _SLICE_LOCKS_GUARD = threading.Lock()
 _ARRIVED_RESULTS: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
@@ -641,16 +641,16 @@ _ARRIVED_RESULTS: OrderedDict[tuple[str, str], Any] = OrderedDict()
 SLICE_LOCKS_KEPT = 4096
 
 
-def _slice_lock(path: Path) -> threading.Lock:
+def slice_lock(path: Path) -> threading.Lock:
     """The lock of one partition's validation in this process (validate_interval and validate_arrived). The
     worker validates a partition a minute for as long as it runs, so locks no one holds are dropped once there
     are SLICE_LOCKS_KEPT of them (one dropped between its lookup and its use costs, at worst, one validation
     done twice)."""
     with _SLICE_LOCKS_GUARD:
-        if len(_SLICE_LOCKS) >= SLICE_LOCKS_KEPT:
-            for key in [key for key, lock in _SLICE_LOCKS.items() if not lock.locked()]:
-                del _SLICE_LOCKS[key]
-        return _SLICE_LOCKS.setdefault(str(path), threading.Lock())
+        if len(SLICE_LOCKS) >= SLICE_LOCKS_KEPT:
+            for key in [key for key, lock in SLICE_LOCKS.items() if not lock.locked()]:
+                del SLICE_LOCKS[key]
+        return SLICE_LOCKS.setdefault(str(path), threading.Lock())
 
 
 def _validated_rows(directory: Path, checksum: str, dataset: PartitionedDataset) -> int | None:
@@ -685,7 +685,7 @@ def validate_arrived(layout: Layout, minute: datetime, dataset: PartitionedDatas
     already)."""
     directory = dataset.minute_dir(layout, minute)
     path = directory / dataset.file_name
-    with _slice_lock(path):
+    with slice_lock(path):
         if not path.exists():
             return None
         checksum = file_sha256(path)
@@ -747,7 +747,7 @@ class _IntervalValidation:
         try:
             pending = []
             for minute, path in chunk:
-                lock = _slice_lock(path)
+                lock = slice_lock(path)
                 lock.acquire()
                 locks.append(lock)
                 if not path.exists():  # moved away meanwhile (quarantined by a run beside this one)

@@ -46,7 +46,7 @@ def _setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _config(args: argparse.Namespace, extra: dict | None = None) -> PipelineConfig:
+def config_from_args(args: argparse.Namespace, extra: dict | None = None) -> PipelineConfig:
     overrides = {"features.spec": args.spec} if getattr(args, "spec", None) else {}
     overrides.update(parse_override_args(args.set or []))
     overrides.update(extra or {})
@@ -59,7 +59,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     extra = {f"generate.{k}": v for k, v in (("minutes", args.minutes), ("rows_per_minute", args.rows_per_minute),
                                               ("start", args.start), ("seed", args.seed)) if v is not None}
-    config = _config(args, extra)
+    config = config_from_args(args, extra)
 
     def progress(done: int, total: int) -> None:
         if done == total or done % max(1, total // 10) == 0:
@@ -106,7 +106,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from components.ingest import IngestError, ingest
     from components.layout import Layout
 
-    config = _config(args)
+    config = config_from_args(args)
     try:
         spec = spec_for(config)
         report = ingest(spec, args.files, Layout(config.paths.root), start=args.start,
@@ -140,7 +140,7 @@ def next_daily_command(args: argparse.Namespace, start: str, end: str) -> str:
 def cmd_datasets(args: argparse.Namespace) -> int:
     from components.datasets import DatasetError, fetch_dataset
 
-    config = _config(args)
+    config = config_from_args(args)
     out = args.out or str(config.paths.root / "datasets")
     try:
         report = fetch_dataset(args.name, out, cache_dir=args.cache or os.path.join(out, "wheels"),
@@ -160,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.context import RunContext
     from pipelines.runner import run_steps, select_steps
 
-    config = _config(args)
+    config = config_from_args(args)
     if args.minute:
         interval = Interval.minute(args.minute)
     elif args.date:
@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_trigger(args: argparse.Namespace) -> int:
     from pipelines.trigger import default_api_url, trigger_dag, trigger_interval
 
-    config = _config(args)
+    config = config_from_args(args)
     run = trigger_dag(config, f"ctr_{args.pipeline}", api_url=args.api_url or default_api_url(),
                       interval=trigger_interval(args.pipeline, args.minute),
                       overrides=parse_override_args(args.param or []), unpause=args.unpause)
@@ -206,7 +206,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from components.registry import follow_stable
     from pipelines.daily import MODEL_NAME
 
-    config = _config(args)
+    config = config_from_args(args)
     store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
     retracted = rollback(store, MODEL_NAME, args.version, args.reason)
     print(f"retracted {len(retracted)} newer version(s) {retracted}; serving moves back to {args.version} at its next "
@@ -220,7 +220,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from components.registry import follow_stable
     from pipelines.daily import MODEL_NAME
 
-    config = _config(args)
+    config = config_from_args(args)
     store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
     version = promote(store, MODEL_NAME, args.version, args.reason)
     labels = store.labels(MODEL_NAME)
@@ -238,7 +238,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extra["serving.grpc_port"] = args.grpc_port
     if args.host:
         extra["serving.host"] = args.host
-    serve(_config(args, extra))
+    serve(config_from_args(args, extra))
     return 0
 
 
@@ -248,7 +248,7 @@ def cmd_tracking(args: argparse.Namespace) -> int:
     from components.tracking_outbox import Outbox
     from pipelines.context import log_served_model
 
-    config = _config(args)
+    config = config_from_args(args)
     outbox = Outbox(outbox_dir(config))
     runs, calls = outbox.count()
     print(f"{calls} call(s) of {runs} run(s) wait in {outbox.directory} for {config.tracking_uri}")
@@ -269,7 +269,7 @@ def cmd_spark_connect(args: argparse.Namespace) -> int:
     SIGINT and SIGHUP stop its JVM, then the command (status 0)."""
     from spark_jobs.connect import DEFAULT_PORT, run_in_foreground
 
-    config = _config(args)
+    config = config_from_args(args)
     return run_in_foreground(config.spark, args.port or DEFAULT_PORT, log_dir=config.paths.root / "logs")
 
 
@@ -280,7 +280,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pipelines.step_auth import required_worker_secret
     from pipelines.step_worker import serve
 
-    config = _config(args)
+    config = config_from_args(args)
     secret = required_worker_secret(os.environ)
     try:
         with stop_on_signals():
@@ -298,7 +298,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_airflow(args: argparse.Namespace) -> int:
     from pipelines.airflow_env import airflow_environment
 
-    env = airflow_environment(_config(args))
+    env = airflow_environment(config_from_args(args))
     return subprocess.call([sys.executable, "-m", "airflow", *args.airflow_args], env=env)
 
 
@@ -306,7 +306,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     """The Airflow or MLflow UI in the foreground; a stop signal (Ctrl-C, SIGTERM) stops its server too."""
     from pipelines.airflow_env import airflow_environment
 
-    config = _config(args)
+    config = config_from_args(args)
     if args.which == "airflow":
         env = airflow_environment(config, api_port=args.port or 8080)
         print(f"Airflow UI on http://localhost:{args.port or 8080} (admin password: "

@@ -626,7 +626,7 @@ def running_pid(settings: StackSettings, name: str) -> int | None:
     return record["pid"] if _proc_start(record["pid"]) == record["start"] else None
 
 
-def _start(settings: StackSettings, service: Service) -> int:
+def start_service(settings: StackSettings, service: Service) -> int:
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / f"{service.name}.log", "ab") as log:
@@ -642,7 +642,7 @@ def _start(settings: StackSettings, service: Service) -> int:
     return process.pid
 
 
-def _stop(settings: StackSettings, name: str, timeout_s: float = 30.0) -> str:
+def stop_service(settings: StackSettings, name: str, timeout_s: float = 30.0) -> str:
     pid = running_pid(settings, name)
     path = _pid_file(settings, name)
     if pid is None:
@@ -721,7 +721,7 @@ def up(settings: StackSettings, say: Callable[[str], None] = print) -> None:
                 if service.name.startswith("airflow-") and not migrated:
                     _migrate_airflow(settings, say)
                     migrated = True
-                pid = _start(settings, service)
+                pid = start_service(settings, service)
                 started[service.name] = time.monotonic()
                 pending.remove(service)
                 say(f"{service.name}: started (pid {pid})")
@@ -760,7 +760,7 @@ def down(settings: StackSettings, say: Callable[[str], None] = print) -> None:
         if (settings.home / "run").is_dir() else []
     # A service started under other settings (e.g. the worker, before AIRFLOW_EXECUTOR changed) stops first.
     for name in [n for n in recorded if n not in known] + [n for n in reversed(known) if n in recorded]:
-        say(f"{name}: {_stop(settings, name)}")
+        say(f"{name}: {stop_service(settings, name)}")
 
 
 def status(settings: StackSettings) -> list[dict[str, str]]:

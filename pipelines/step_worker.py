@@ -129,7 +129,7 @@ def _drop_spark_session() -> None:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    server: _Server
+    server: StepServer
 
     def handle(self) -> None:
         server = self.server
@@ -168,7 +168,7 @@ def _name(request: Mapping[str, Any]) -> str:
     return f"{request.get('pipeline')}/{request.get('step')} of {request.get('run_id')}"
 
 
-class _Server(socketserver.ThreadingTCPServer):
+class StepServer(socketserver.ThreadingTCPServer):
     # server_close() waits for the steps still running: a stop or a restart never cuts one off.
     daemon_threads = False
     block_on_close = True
@@ -238,10 +238,10 @@ class _Server(socketserver.ThreadingTCPServer):
         finally:
             outcome.add(final)
         self.start(next_steps)
-        if self.collector is not None and not next_steps and (not final["ok"] or self._ends_run(request)):
+        if self.collector is not None and not next_steps and (not final["ok"] or self.ends_run(request)):
             self.collector.run_ended()
 
-    def _ends_run(self, request: Mapping[str, Any]) -> bool:
+    def ends_run(self, request: Mapping[str, Any]) -> bool:
         try:
             return self._pipeline_steps(str(request["pipeline"]))[-1].name == request.get("step")
         except (KeyError, ValueError):
@@ -279,7 +279,7 @@ def serve(config, host: str = "127.0.0.1", port: int = 0, ready: Callable[[tuple
     collector.install()
     if not collector.automatic:
         collector.collect_idle("warmed up")
-    server = _Server((host, port), config.incremental.step_worker_max_rss_mib, collector, secret=secret)
+    server = StepServer((host, port), config.incremental.step_worker_max_rss_mib, collector, secret=secret)
     logging.getLogger().addHandler(server.thread_logs)
     # The steps' progress lines and the worker's go to the tasks; validation on arrival and the garbage
     # collections to the worker's log.

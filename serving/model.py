@@ -276,7 +276,7 @@ class LoadedModel:
             converters = self.column_converters
             try:
                 if self.packed is not None:
-                    return self._run_packed(self.packed.row_arguments(
+                    return self.run_packed(self.packed.row_arguments(
                         instances, lambda name: converters[name]([instance.get(name) for instance in instances]),
                         self.input_specs), len(instances))
                 columns = {name: convert([instance.get(name) for instance in instances])
@@ -327,7 +327,7 @@ class LoadedModel:
         if read is None:
             return None
         rows, arguments = read
-        return self._run_packed(arguments, rows)
+        return self.run_packed(arguments, rows)
 
     @functools.cached_property
     def native_rows(self) -> NativeRows | None:
@@ -353,7 +353,7 @@ class LoadedModel:
             return None
         if arguments is None:
             return None
-        return self._run_packed(arguments, len(records))
+        return self.run_packed(arguments, len(records))
 
     @functools.cached_property
     def row_decoder(self) -> RowDecoder | None:
@@ -482,14 +482,14 @@ class LoadedModel:
 
     def _run(self, columns: Mapping[str, Any], num_instances: int) -> np.ndarray:
         if self.packed is not None:
-            return self._run_packed(self.packed.arguments(columns, num_instances, self.input_specs), num_instances)
+            return self.run_packed(self.packed.arguments(columns, num_instances, self.input_specs), num_instances)
         tensors = self.tensors(columns, num_instances)
         assert self.guard is not None
         with self.guard.reading(self.version):
             outputs = self.function(**tensors)
         return self._checked(np.asarray(outputs[OUTPUT_NAME]).reshape(-1), num_instances)
 
-    def _run_packed(self, arguments: Sequence[tf.Tensor], num_instances: int) -> np.ndarray:
+    def run_packed(self, arguments: Sequence[tf.Tensor], num_instances: int) -> np.ndarray:
         assert self.guard is not None and self.packed is not None
         with self.guard.reading(self.version):
             probability = self.packed.call(*arguments).numpy()

@@ -633,8 +633,9 @@ def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookba
                                  keep_mib=keep_mib)
     before = before.filter(pa.compute.or_(pa.compute.is_in(before[REQUEST_ID], value_set=wanted),
                                           pa.compute.greater_equal(before[TS], start)))
-    impressions = in_span.unionByName(_local(spark, before, IMPRESSION_SCHEMA, narrow), allowMissingColumns=True)
-    return impressions, _local(spark, clicks, STREAM_SCHEMAS[CLICKS], STREAM_SCHEMAS[CLICKS].names)
+    impressions = in_span.unionByName(local_relation(spark, before, IMPRESSION_SCHEMA, narrow),
+                                      allowMissingColumns=True)
+    return impressions, local_relation(spark, clicks, STREAM_SCHEMAS[CLICKS], STREAM_SCHEMAS[CLICKS].names)
 
 
 def _read_arrow(files: list[str], schema: pa.Schema, columns: list[str]) -> pa.Table:
@@ -676,7 +677,7 @@ class LookbackReads:
 LOOKBACK_READS = LookbackReads()
 
 
-def _local(spark: SparkSession, table: pa.Table, schema: pa.Schema, columns: list[str]) -> DataFrame:
+def local_relation(spark: SparkSession, table: pa.Table, schema: pa.Schema, columns: list[str]) -> DataFrame:
     """A small Arrow table as a Spark DataFrame with the stream's Spark types (also when it is empty).
 
     In one chunk: pyspark 4.3's createDataFrame (classic) drops every row after an empty record batch (a

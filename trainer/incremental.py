@@ -91,6 +91,13 @@ def _parent_model(parent_checkpoint: Path) -> tuple[keras.Model, bool]:
     return load_checkpoint(parent_checkpoint), False
 
 
+def forget_kept_model() -> None:
+    """Drops the model a minute run keeps in memory, so that the next one loads its parent's checkpoint."""
+    global _warm
+    with _warm_lock:
+        _warm = None
+
+
 def _keep_warm(model: keras.Model, checkpoint_dir: Path, manifest: Mapping[str, Any]) -> None:
     global _warm
     with _warm_lock:

@@ -351,10 +351,10 @@ def test_the_next_command_keeps_every_setting_it_was_given(tmp_path, monkeypatch
     # Run as printed, it reads the partitions just written.
     words = shlex.split(line.removeprefix("next: "))
     assert words[0] == "ctr-pipeline"
-    from pipelines.cli import _config
+    from pipelines.cli import config_from_args
 
     args = build_parser().parse_args(words[1:])
-    config = _config(args)
+    config = config_from_args(args)
     assert config.paths.root == root and config.features.min_count == 2
     assert len(list((config.paths.root / "raw" / "click_log").glob("date=*/minute=*/part-00000.csv"))) == 100
 

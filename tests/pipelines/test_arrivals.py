@@ -139,13 +139,13 @@ def test_the_locks_of_partitions_no_one_validates_are_dropped_once_there_are_man
     import components.validation as validation
 
     monkeypatch.setattr(validation, "SLICE_LOCKS_KEPT", 10)
-    monkeypatch.setattr(validation, "_SLICE_LOCKS", {})
-    held = validation._slice_lock(tmp_path / "held")
+    monkeypatch.setattr(validation, "SLICE_LOCKS", {})
+    held = validation.slice_lock(tmp_path / "held")
     with held:
         for index in range(25):
-            validation._slice_lock(tmp_path / str(index))
-            assert len(validation._SLICE_LOCKS) <= 10
-        assert validation._slice_lock(tmp_path / "held") is held  # one in use is never dropped
+            validation.slice_lock(tmp_path / str(index))
+            assert len(validation.SLICE_LOCKS) <= 10
+        assert validation.slice_lock(tmp_path / "held") is held  # one in use is never dropped
 
 
 def test_a_watch_that_cannot_start_is_logged_and_the_worker_goes_on(tmp_path, caplog, monkeypatch):

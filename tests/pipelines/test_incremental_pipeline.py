@@ -311,7 +311,7 @@ def test_a_minute_trained_from_the_model_kept_in_memory_equals_one_trained_from_
     plan = read_plan(ctx)
     (train_files, manifest), (holdout_files, _) = (sample_files(directory / "samples" / split, ctx.spec.hash())
                                                    for split in ("train", "holdout"))
-    incremental._warm = None
+    incremental.forget_kept_model()
     again = incremental.train_increment(
         Path(plan.parent_checkpoint), train_files, holdout_files, tmp_path / "checkpoint",
         new_rows=load_feature_state(directory / "feature_state").new_rows, batch_size=config.train.batch_size,

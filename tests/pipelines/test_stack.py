@@ -147,7 +147,7 @@ def test_down_stops_the_whole_process_group_and_a_reused_pid_is_not_taken_for_th
     child_pid_file = tmp_path / "child.pid"
     service = Service("sleeper", ["sh", "-c", f"sleep 300 & echo $! > {child_pid_file}; wait"], dict(os.environ),
                       "-", lambda: None)
-    pid = stack._start(settings, service)
+    pid = stack.start_service(settings, service)
     deadline = time.monotonic() + 10
     while not child_pid_file.exists() or not child_pid_file.read_text().strip():
         assert time.monotonic() < deadline
@@ -165,7 +165,7 @@ def test_down_stops_the_whole_process_group_and_a_reused_pid_is_not_taken_for_th
     try:
         (settings.home / "run" / "ghost.json").write_text(f'{{"pid": {other.pid}, "start": "1", "command": []}}')
         assert stack.running_pid(settings, "ghost") is None
-        assert stack._stop(settings, "ghost") == "not running"
+        assert stack.stop_service(settings, "ghost") == "not running"
         assert other.poll() is None
     finally:
         other.kill()

@@ -249,10 +249,10 @@ def test_the_worker_collects_garbage_after_warming_up_and_after_a_failed_step_wh
 
 
 def test_a_run_ends_with_its_pipelines_last_step():
-    server = step_worker._Server(("127.0.0.1", 0), None, secret=SECRET)
+    server = step_worker.StepServer(("127.0.0.1", 0), None, secret=SECRET)
     try:
-        assert server._ends_run({"pipeline": "incremental", "step": "publish"})
-        assert not server._ends_run({"pipeline": "incremental", "step": "train"})
-        assert not server._ends_run({"pipeline": "nope", "step": "publish"})
+        assert server.ends_run({"pipeline": "incremental", "step": "publish"})
+        assert not server.ends_run({"pipeline": "incremental", "step": "train"})
+        assert not server.ends_run({"pipeline": "nope", "step": "publish"})
     finally:
         server.server_close()

@@ -373,13 +373,13 @@ def test_a_new_replica_is_warmed_up_at_each_size_by_the_requests_path(chain, tmp
     so that the first requests of those sizes find their kernels built."""
     steps, _, _ = chain
     calls: list[int] = []
-    run_packed = LoadedModel._run_packed
+    run_packed = LoadedModel.run_packed
 
     def counting(self, arguments, num_instances):
         calls.append(num_instances)
         return run_packed(self, arguments, num_instances)
 
-    monkeypatch.setattr(LoadedModel, "_run_packed", counting)
+    monkeypatch.setattr(LoadedModel, "run_packed", counting)
     watcher = watcher_for(store_with(tmp_path, steps[:1]), tmp_path)
     assert watcher.poll_once()
     # two replicas (active and standby), each: one empty instance by `predict`, then each size by records

@@ -425,13 +425,14 @@ def test_a_run_reads_the_lookback_when_the_state_before_it_is_missing_or_made_ot
 
 
 def test_local_relations_keep_the_rows_after_an_empty_chunk(spark):
-    """pyspark's createDataFrame drops the rows after an empty record batch; _local hands it one chunk."""
-    from spark_jobs.events import _local
+    """pyspark's createDataFrame drops the rows after an empty record batch; local_relation hands it one chunk."""
+    from spark_jobs.events import local_relation
 
     part = pa.table({"request_id": ["a", "b"], "ts": [1, 2]})
     table = pa.concat_tables([part.slice(0, 0), part, part.slice(0, 0), part.slice(1)])
     assert [len(chunk) for chunk in table["ts"].chunks] == [0, 2, 0, 1]
-    frame = _local(spark, table, pa.schema([("request_id", pa.string()), ("ts", pa.int64())]), ["request_id", "ts"])
+    schema = pa.schema([("request_id", pa.string()), ("ts", pa.int64())])
+    frame = local_relation(spark, table, schema, ["request_id", "ts"])
     assert sorted(tuple(r) for r in frame.collect()) == [("a", 1), ("b", 2), ("b", 2)]
     assert frame.schema.simpleString() == "struct<request_id:string,ts:bigint>"
 
