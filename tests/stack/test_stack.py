@@ -297,11 +297,51 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def settled(locator, timeout_s: float = 15.0) -> None:
+    """Waits until the element's box has stayed put for half a second: an opening section's animation is over,
+    so a screenshot shows the page as a person reads it, not mid-slide."""
+    last, still_since, deadline = None, None, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        box, now = locator.bounding_box(), time.monotonic()
+        if box is not None and box == last:
+            still_since = still_since or now
+            if now - still_since >= 0.5:
+                return
+        else:
+            still_since = None
+        last = box
+        time.sleep(0.1)
+    raise AssertionError(f"{locator} still moving after {timeout_s:.0f} s")
+
+
+def mlflow_model_training_view(page) -> None:
+    """MLflow's UI opens on its GenAI view with an assistant panel over a third of the page: the model-training
+    view is what this project's runs and models are read in, without the panel."""
+    page.get_by_text("Model training", exact=True).first.click()
+    close = page.get_by_role("button", name="Close")
+    if close.count():
+        close.first.click()
+    page.get_by_placeholder("Ask a question").first.wait_for(state="hidden", timeout=10_000)  # the panel's box
+
+
+def choose(page, label: str, values: list[str]) -> None:
+    """Picks `values` in the compare view's select that follows `label`, as a person types and confirms them."""
+    box = page.get_by_text(label, exact=True).locator("xpath=following::*[@role='combobox'][1]")
+    for value in values:
+        box.click()
+        page.keyboard.type(value)
+        page.get_by_role("option", name=value, exact=True).first.wait_for(state="attached", timeout=10_000)
+        page.keyboard.press("Enter")
+    page.keyboard.press("Escape")
+
+
 def test_the_airflow_and_mlflow_uis_show_the_runs_and_the_model(stack, monkeypatch):
     """In headless Chromium (Debian's package, driven by Playwright), as a person would look: the Airflow UI after
-    its login shows ctr_daily's successful run and its tasks, and the trigger form's typed fields; the MLflow UI
-    shows the registered model with its `champion` alias (after `ctr promote`) and two runs compared. The
-    screenshots are kept in var/test-artifacts/browser/."""
+    its login shows ctr_daily's successful run and its tasks, and the trigger form's typed fields once its
+    section has opened; the MLflow UI, in its model-training view, shows the registered model with its
+    `champion` alias (after `ctr promote`) and two daily runs (two days, two models) compared on their AUC,
+    their baseline's AUC and the lift, the plot drawn. The screenshots are kept in var/test-artifacts/browser/
+    (docs/images/stack-*.png are copies)."""
     import shutil
 
     from playwright.sync_api import sync_playwright
@@ -316,17 +356,31 @@ def test_the_airflow_and_mlflow_uis_show_the_runs_and_the_model(stack, monkeypat
     promoted = _ctr(env, "promote", version)
     assert promoted.returncode == 0
 
+    # A second daily run to compare with the first: the day before, another model.
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    day_end = today - timedelta(days=2)
+    assert _ctr(env, "generate", "--start", (day_end - timedelta(minutes=20)).strftime("%Y-%m-%dT%H:%M"),
+                "--minutes", "20", "--rows-per-minute", "2000").returncode == 0
+    assert _ctr(env, "trigger", "daily", "--minute", day_end.strftime("%Y-%m-%dT%H:%M"), "--param", "train.epochs=1",
+                "--param", "features.num_shards=2", "--param", "train.model=wide_deep").returncode == 0
+    before = next(r for r in airflow.runs("ctr_daily") if r["run_type"] == "manual"
+                  and r["dag_run_id"] != daily["dag_run_id"])
+    state = _wait("the second ctr_daily run", lambda: (
+        found if (found := airflow.get(f"dags/ctr_daily/dagRuns/{before['dag_run_id']}")["state"])
+        in ("success", "failed") else None), 480)
+    assert state == "success", airflow.tasks("ctr_daily", before["dag_run_id"])
+
     import mlflow
 
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(key, env[key])
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("ctr")
-    (daily_mlflow,) = client.search_runs([experiment.experiment_id],
-                                         filter_string=f"tags.`airflow.run_id` = '{daily['dag_run_id']}'")
-    minute_runs = client.search_runs([experiment.experiment_id], filter_string="tags.`ctr.pipeline` = 'incremental' "
-                                     "and attributes.status = 'FINISHED'", max_results=1)
-    compared = [daily_mlflow.info.run_id, minute_runs[0].info.run_id]
+    compared = [client.search_runs([experiment.experiment_id],
+                                   filter_string=f"tags.`airflow.run_id` = '{run['dag_run_id']}'")[0]
+                for run in (daily, before)]
+    assert [run.data.params["train.model"] for run in compared] == ["dcnv2", "wide_deep"]
+    assert all("eval.lift_auc" in run.data.metrics for run in compared)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     api, tracking = env["CTR_AIRFLOW_API_URL"], env["MLFLOW_TRACKING_URI"]
@@ -349,26 +403,40 @@ def test_the_airflow_and_mlflow_uis_show_the_runs_and_the_model(stack, monkeypat
             page.get_by_role("button", name="Trigger").first.click()
             form = page.get_by_role("dialog")
             form.get_by_text("Trigger Dag - ctr_daily").wait_for(timeout=30_000)
-            for section in ("Training", "Data"):  # the form's sections open collapsed
-                form.get_by_text(section, exact=True).first.click()
-            form.get_by_text("Epochs", exact=True).first.wait_for(timeout=30_000)
-            for field in ("Model", "Learning rate", "Feature spec", "Source"):
-                assert form.get_by_text(field, exact=True).count() >= 1, field
-            assert form.get_by_text("Empty: the configured value (20).", exact=False).count() >= 1
+            form.get_by_text("Training", exact=True).first.click()  # the form's sections open collapsed
+            epochs = form.get_by_text("Epochs", exact=True).first
+            epochs.wait_for(timeout=30_000)
+            settled(epochs)
+            for field in ("Model", "Learning rate", "Batch size"):
+                assert form.get_by_text(field, exact=True).first.is_visible(), field
+            assert form.get_by_text("Empty: the configured value (20).", exact=False).first.is_visible()
             page.screenshot(path=str(ARTIFACTS / "airflow-ctr_daily-trigger-form.png"))
+            form.get_by_text("Data", exact=True).first.click()
+            settled(form.get_by_text("Feature spec", exact=True).first)
+            assert form.get_by_text("Source", exact=True).first.is_visible()
 
             page = browser.new_context(viewport={"width": 1600, "height": 1000}, http_credentials={
                 "username": env["MLFLOW_TRACKING_USERNAME"], "password": env["MLFLOW_TRACKING_PASSWORD"]}).new_page()
             page.goto(f"{tracking}/#/models/ctr", wait_until="load")
             page.get_by_text("champion").first.wait_for(timeout=60_000)
-            assert page.get_by_text("challenger").count() >= 1
+            mlflow_model_training_view(page)
+            assert page.get_by_text("challenger").first.is_visible()
             page.screenshot(path=str(ARTIFACTS / "mlflow-registered-model.png"))
-            runs = ",".join(f'"{r}"' for r in compared)
+            runs = ",".join(f'"{r.info.run_id}"' for r in compared)
             page.goto(f'{tracking}/#/compare-runs?runs=[{runs}]&experiments=["{experiment.experiment_id}"]',
                       wait_until="load")
-            page.get_by_text(daily_mlflow.info.run_name).first.wait_for(timeout=60_000)
-            page.get_by_text(minute_runs[0].info.run_name).first.wait_for(timeout=60_000)
-            page.get_by_text("train.epochs").first.wait_for(timeout=30_000)
+            page.get_by_text("Parallel Coordinates Plot").first.wait_for(timeout=60_000)
+            if page.get_by_placeholder("Ask a question").first.is_visible():
+                mlflow_model_training_view(page)
+            for run in compared:
+                page.get_by_text(run.info.run_name).first.wait_for(timeout=60_000)
+            page.get_by_role("button", name="Clear All").click()
+            choose(page, "Parameters:", ["train.model"])
+            choose(page, "Metrics:", ["eval.auc", "eval.baseline_auc", "eval.lift_auc"])
+            # The plot is drawn: an axis per choice, and both models on the parameter's axis.
+            for title in ("train.model", "eval.auc", "eval.baseline_auc", "eval.lift_auc", "dcnv2", "wide_deep"):
+                page.locator("svg text", has_text=title).first.wait_for(timeout=30_000)
+            settled(page.locator("svg text", has_text="eval.lift_auc").first)
             page.screenshot(path=str(ARTIFACTS / "mlflow-compare-runs.png"), full_page=True)
         finally:
             browser.close()
