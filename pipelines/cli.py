@@ -230,6 +230,28 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tables(args: argparse.Namespace) -> int:
+    from components.model_store import open_model_store
+    from components.table_report import format_report
+    from pipelines.daily import MODEL_NAME
+
+    config = config_from_args(args)
+    store = open_model_store(config.paths.model_store_uri, config.paths.s3_endpoint_url)
+    versions = store.versions(MODEL_NAME)
+    version = args.version or store.latest(MODEL_NAME)
+    if version is None or version not in versions:
+        print(f"no version {version!r} in the model store {config.paths.model_store_uri}; its versions: "
+              f"{', '.join(versions[-10:]) or 'none yet (run ctr-pipeline run daily first)'}", file=sys.stderr)
+        return 2
+    report = store.manifest(MODEL_NAME, version).get("tables")
+    if report is None:
+        print(f"version {version} has no table report: it was published before runs made one; the next daily or "
+              "minute run's version has it", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from serving.server import serve
 
@@ -439,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("version", nargs="?", help="the version to promote (default: the newest standing one)")
     p.add_argument("--reason", default="manual promotion")
     p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("tables", parents=[common], help="the table report of a version in the model store: rows in "
+                       "use, new, evicted, waiting for admission, touched, frequencies, norms, rare-row reads")
+    p.add_argument("version", nargs="?", help="the version (default: the newest standing one)")
+    p.add_argument("--json", action="store_true", help="the whole report as JSON")
+    p.set_defaults(func=cmd_tables)
 
     p = sub.add_parser("serve", parents=[common], help="serve the newest published model")
     p.add_argument("--host")

@@ -352,8 +352,59 @@ def train(ctx: RunContext) -> dict:
     model_summary.write_text("\n".join(lines) + "\n")
     tracker.log_artifact(model_summary, "model")
     _log_training_curve(ctx, curve)
+    _table_report(ctx, state, warm_start, train_manifest)
     ctx.progress("train: done, %.0f examples/s", result.examples_per_second)
     return {"checkpoint": str(ctx.layout.checkpoint_dir(ctx.interval))}
+
+
+def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict) -> dict:
+    """The table report of the checkpoint just written (components/table_report.py), against the checkpoint it
+    was warm-started from when there is one; written beside the evaluation and put in the exported version."""
+    from components.delta import saved_weights
+    from components.interval import day_number
+    from components.manifest import read_manifest
+    from components.table_report import changed_rows_by_table, embedding_table, hashed_tables, table_report
+
+    specs, weights = saved_weights(ctx.layout.checkpoint_dir(ctx.interval)) or ([], [])
+    embeddings = embedding_table(specs, weights)
+    hashed = hashed_tables(ctx.spec, ctx.config.train.multi_hash_features)
+    changed, parent = None, None
+    previous = saved_weights(warm_start.checkpoint_dir) if warm_start is not None else None
+    if previous is not None and embeddings is not None and embedding_table(*previous) is not None:
+        parent_sizes = read_manifest(warm_start.checkpoint_dir, kind="checkpoint")["table_sizes"]
+        changed = changed_rows_by_table(embeddings, state.table_sizes(), embedding_table(*previous), parent_sizes,
+                                        hashed)
+        parent = warm_start.checkpoint_dir.name
+    report = table_report(ctx.spec, state, kind="daily", version=model_version(ctx), embeddings=embeddings,
+                          hashed=hashed, changed=changed, parent=parent, since_day=day_number(ctx.interval.start),
+                          samples=samples_manifest)
+    log_table_report(ctx, report, ctx.layout.evaluation_dir(ctx.interval))
+    return report
+
+
+def _stored_table_report(directory: Path) -> dict:
+    """{"tables": the report written in `directory`}, or {} for a run from before there was one."""
+    from components.table_report import TABLES_FILE
+
+    path = directory / TABLES_FILE
+    return {"tables": json.loads(path.read_text())} if path.exists() else {}
+
+
+def log_table_report(ctx: RunContext, report: dict, directory: Path) -> None:
+    """tables.json and tables.png into `directory`, both to MLflow (artifacts "tables"), the totals as metrics,
+    and a line of progress."""
+    from components.manifest import write_json_atomic
+    from components.table_report import TABLES_FILE, plot_report
+
+    write_json_atomic(directory / TABLES_FILE, report)
+    ctx.tracker.log_artifact(directory / TABLES_FILE, "tables")
+    ctx.tracker.log_artifact(plot_report(report, directory / "tables.png"), "tables")
+    totals = report["totals"]
+    ctx.tracker.log_metrics({f"tables.{key}": value for key, value in totals.items()})
+    ctx.progress("tables: %d of %d rows in use, %d new, %d evicted, %d values waiting for admission, %s rows touched "
+                 "(%s); `ctr-pipeline tables %s` prints every table", totals["rows_in_use"], totals["rows"],
+                 totals["rows_new"], totals["rows_evicted"], totals["waiting_for_admission"],
+                 f"{totals['rows_touched']:,}", report["rows_touched_basis"], report["version"])
 
 
 def _warm_start(ctx: RunContext, state):
@@ -531,7 +582,9 @@ def export(ctx: RunContext) -> dict:
                # What serving checks requests against (serving.model), and the spec's hash.
                "feature_spec": {**ctx.spec.as_dict(), "hash": ctx.spec.hash()},
                # Where minute runs find what they train on from this version (a delta chain starts here).
-               "training_state": {"checkpoint": str(checkpoint), "feature_state": str(state_dir)}},
+               "training_state": {"checkpoint": str(checkpoint), "feature_state": str(state_dir)},
+               # The table report (components/table_report.py): `ctr-pipeline tables VERSION` prints it.
+               **_stored_table_report(ctx.layout.evaluation_dir(ctx.interval))},
     )
     commit_dir(staging, directory)
     store = open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)

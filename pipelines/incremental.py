@@ -453,10 +453,11 @@ def export_delta(ctx: RunContext) -> dict:
     if child is None:
         raise RuntimeError(f"the checkpoint of {ctx.interval.tag} has no weights file; re-run its train step")
     specs, weights = child
-    arrays = delta_arrays(parent_weights, weights, load_feature_state(plan.parent_feature_state),
-                          load_feature_state(_dir(ctx) / "feature_state"))
+    state = load_feature_state(_dir(ctx) / "feature_state")
+    arrays = delta_arrays(parent_weights, weights, load_feature_state(plan.parent_feature_state), state)
     evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
     full_bytes = _full_model_bytes(ctx, plan.chain_root)
+    tables = _table_report(ctx, plan, state, specs, weights, parent_weights)
     manifest = write_delta(
         _dir(ctx) / "delta", arrays, version=plan.version, parent=plan.parent, chain_root=plan.chain_root,
         weight_specs=specs, spec_hash=ctx.spec.hash(),
@@ -466,7 +467,8 @@ def export_delta(ctx: RunContext) -> dict:
                "num_rows": evaluation["train_rows"], "run_key": ctx.run_key, "daily_run": plan.daily_run_key,
                "full_model_bytes": full_bytes,
                "training_state": {"checkpoint": str(_dir(ctx) / "checkpoint"),
-                                  "feature_state": str(_dir(ctx) / "feature_state")}},
+                                  "feature_state": str(_dir(ctx) / "feature_state")},
+               "tables": tables},
     )
     read_manifest(_dir(ctx) / "delta", kind="delta")
     changed = sum(manifest["rows_changed"].values())
@@ -478,6 +480,25 @@ def export_delta(ctx: RunContext) -> dict:
                  "full model)", plan.version, plan.parent, changed, manifest["num_vocabulary_entries"],
                  manifest["delta_bytes"] / 1e6, 100 * manifest["delta_bytes"] / max(full_bytes, 1))
     return {"delta": str(_dir(ctx) / "delta"), "bytes": manifest["delta_bytes"]}
+
+
+def _table_report(ctx: RunContext, plan: Plan, state, specs, weights, parent_weights) -> dict:
+    """The minute's table report (components/table_report.py): the rows it touched are the rows its delta
+    carries."""
+    from components.manifest import read_manifest
+    from components.table_report import changed_rows_by_table, embedding_table, hashed_tables, table_report
+    from pipelines.daily import log_table_report
+
+    embeddings, parent = embedding_table(specs, weights), embedding_table(specs, parent_weights)
+    hashed = hashed_tables(ctx.spec, ctx.config.train.multi_hash_features)
+    sizes = state.table_sizes()  # a minute's tables keep their parent's size
+    changed = (changed_rows_by_table(embeddings, sizes, parent, sizes, hashed)
+               if embeddings is not None and parent is not None else None)
+    report = table_report(ctx.spec, state, kind="minute", version=plan.version, embeddings=embeddings, hashed=hashed,
+                          changed=changed, parent=plan.parent,
+                          samples=read_manifest(_dir(ctx) / "samples" / "train", kind="samples", verify=False))
+    log_table_report(ctx, report, _dir(ctx))
+    return report
 
 
 def _full_model_bytes(ctx: RunContext, version: str) -> int:

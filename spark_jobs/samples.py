@@ -33,7 +33,7 @@ from components.block_codec import (
     encode_blocks,
     frame_records,
 )
-from components.feature_spec import BUCKET_DERIVATION, RARE_ROW, FeatureSpec
+from components.feature_spec import BUCKET_DERIVATION, MISSING_ROW, RARE_ROW, FeatureSpec
 from components.feature_state import (
     FeatureState,
     bucket_values,
@@ -55,6 +55,8 @@ SHARD_SCHEMA = StructType([
     StructField("positives", LongType()), StructField("blocks", LongType()),
     # Per categorical column (spec order): rows whose value reads the shared rare row (rare or unseen).
     StructField("rare", ArrayType(LongType())),
+    # The same for the missing row (an empty field).
+    StructField("missing", ArrayType(LongType())),
 ])
 # When one job writes several splits (write_splits), each row's split: its index into the output directories.
 SPLIT_COLUMN = "_split"
@@ -119,7 +121,7 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
     # few days) are never read here: with them the function of a state from 2 M rows pickled to 7.2 MB.
     state = dataclasses.replace(state, vocabularies={}, candidates=state.candidates.schema.empty_table())
 
-    def encode(table: pa.Table) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    def encode(table: pa.Table) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
         labels = table.column(LABEL).to_numpy(zero_copy_only=False).astype(np.float32)
         num = len(labels)
         dense_raw = np.stack([table.column(n).to_numpy(zero_copy_only=False).astype(np.float64)
@@ -131,10 +133,10 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
             for n, source, lookup in categorical
         ], axis=1) if categorical else np.zeros((num, 0), np.int64)
         id_lists = {n: list_rows(table.column(n), *lookup, length) for n, length, lookup in lists}
-        rare = (ids == RARE_ROW).sum(axis=0)
+        rare, missing = (ids == RARE_ROW).sum(axis=0), (ids == MISSING_ROW).sum(axis=0)
         if layout == "block":
-            return encode_blocks(labels, dense, ids, block_rows, id_lists), labels, rare
-        return encode_rows(labels, dense, ids, PER_COLUMN), labels, rare
+            return encode_blocks(labels, dense, ids, block_rows, id_lists), labels, rare, missing
+        return encode_rows(labels, dense, ids, PER_COLUMN), labels, rare, missing
 
     class ShardFile:
         """One output's shard of this partition: rows gathered into whole blocks, framed and written."""
@@ -145,10 +147,12 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
             self.pending: list[pa.RecordBatch] = []
             self.pending_rows = self.rows = self.positives = self.blocks = 0
             self.rare = np.zeros(len(categorical), dtype=np.int64)
+            self.missing = np.zeros(len(categorical), dtype=np.int64)
 
         def flush(self, table: pa.Table) -> None:
-            records, labels, rare = encode(table)
+            records, labels, rare, missing = encode(table)
             self.rare += rare
+            self.missing += missing
             self.handle.write(frame_records(records))
             self.rows += len(labels)
             self.positives += int(labels.sum())
@@ -193,10 +197,11 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
         if done:
             yield pa.RecordBatch.from_pylist(
                 [{"split": index, "file": name, "rows": shard.rows, "positives": shard.positives,
-                  "blocks": shard.blocks, "rare": shard.rare.tolist()} for index, shard in done],
+                  "blocks": shard.blocks, "rare": shard.rare.tolist(), "missing": shard.missing.tolist()}
+                 for index, shard in done],
                 schema=pa.schema([("split", pa.int32()), ("file", pa.string()), ("rows", pa.int64()),
                                   ("positives", pa.int64()), ("blocks", pa.int64()),
-                                  ("rare", pa.list_(pa.int64()))]),
+                                  ("rare", pa.list_(pa.int64())), ("missing", pa.list_(pa.int64()))]),
             )
 
     return write_partition
@@ -309,9 +314,11 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
                     key=lambda r: (r["split"], r["file"]))
     manifests = {}
     for index, name in enumerate(names):
-        own = [{k: v for k, v in s.items() if k not in ("split", "rare")} for s in shards if s["split"] == index]
-        rare = [s["rare"] for s in shards if s["split"] == index]
-        rare_counts = np.sum(rare, axis=0, dtype=np.int64) if rare else np.zeros(len(spec.categorical), np.int64)
+        own = [{k: v for k, v in s.items() if k not in ("split", "rare", "missing")} for s in shards
+               if s["split"] == index]
+        rare_counts, missing_counts = (
+            np.sum([s[key] for s in shards if s["split"] == index], axis=0, dtype=np.int64) if own
+            else np.zeros(len(spec.categorical), np.int64) for key in ("rare", "missing"))
         num_rows = sum(s["rows"] for s in own)
         (staging[name] / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block"
                                                  else row_schema(state))
@@ -324,6 +331,7 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
                    # Rows whose value reads the shared rare row, per categorical column: the training rows' share
                    # against the held-out rows' says how often serving will meet values training never saw.
                    "rare_rows": dict(zip(spec.categorical_names, rare_counts.tolist(), strict=True)),
+                   "missing_rows": dict(zip(spec.categorical_names, missing_counts.tolist(), strict=True)),
                    "feature_spec": {"name": spec.name, "hash": spec.hash()}},
         )
     for name, (_, directory) in splits.items():

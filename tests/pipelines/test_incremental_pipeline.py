@@ -93,6 +93,50 @@ def test_each_minute_publishes_a_delta_on_the_previous_version(chain):
     assert chain["outputs"]["2026-01-01T00:11"]["publish"]["freshness_s"] > 0
 
 
+def test_every_version_carries_its_table_report_and_the_cli_prints_it(chain, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from components.tracking import RUN_KEY_TAG
+    from pipelines.cli import main
+
+    store = chain["store"]
+    daily, minute = (store.manifest("ctr", v)["tables"] for v in ("202601010010", "202601010012"))
+    assert (daily["kind"], daily["version"], daily["parent"]) == ("daily", "202601010010", None)
+    assert (minute["kind"], minute["version"], minute["parent"]) == ("minute", "202601010012", "202601010011")
+    state = load_feature_state(chain["layout"].feature_state_dir(DAY))
+    assert [t["name"] for t in daily["tables"]] == list(state.vocabularies)  # in the spec's order
+    for table in daily["tables"]:
+        vocabulary = state.vocabularies[table["name"]]
+        assert (table["rows"], table["rows_in_use"]) == (state.table_size(table["name"]), len(vocabulary))
+        assert sum(table["age_days"]["rows"]) == len(vocabulary)
+        # A first daily run (no parent): every admitted value was seen in its interval, and the rare row was read
+        # by some training row of a table whose admission left values out.
+        assert table["rows_touched"] >= len(vocabulary)
+        assert table["frequency"]["p50"] >= 5  # features.min_count
+    c1 = daily["tables"][0]
+    assert 0 < c1["rare_share"] < 1 and c1["missing_share"] is not None
+    assert daily["totals"]["waiting_for_admission"] > 0
+    # A minute: its touched rows are exactly the embedding rows its delta carries.
+    manifest = store.manifest("ctr", "202601010012")
+    table = next(path for path in manifest["rows_changed"] if path.endswith("embedding/embeddings"))
+    assert 0 < minute["totals"]["rows_touched"] == manifest["rows_changed"][table]
+    assert minute["totals"]["rows_evicted"] == 0  # minute runs never evict
+    # In MLflow, the report and its plot under "tables" of each run.
+    client = MlflowClient(tracking_uri=chain["config"].tracking_uri)
+    experiment = client.get_experiment_by_name(chain["config"].tracking.experiment).experiment_id
+    for run in client.search_runs([experiment]):
+        assert {a.path for a in client.list_artifacts(run.info.run_id, "tables")} == {
+            "tables/tables.json", "tables/tables.png"}, run.data.tags[RUN_KEY_TAG]
+        assert run.data.metrics["tables.rows_touched"] > 0
+    where = ["--set", f"paths.data_root={chain['config'].paths.data_root}"]
+    assert main(["tables", "202601010012", *where]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("tables of minute version 202601010012")
+    assert [line.split()[0] for line in printed[3:29]] == list(state.vocabularies)
+    assert main(["tables", "209901010000", *where]) == 2
+    assert "no version '209901010000'" in capsys.readouterr().err
+
+
 def test_minute_runs_are_tracked_under_their_daily_run(chain):
     from mlflow.tracking import MlflowClient
 

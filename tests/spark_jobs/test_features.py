@@ -173,6 +173,9 @@ def test_feature_state_and_samples_agree_with_reference_transforms(spark, raw_di
     # The manifest counts the rows that read the rare row: C1's "cccc" (seen once, below min_count).
     assert manifest["rare_rows"]["C1"] == 1 and set(manifest["rare_rows"]) == set(CRITEO.categorical_names)
     assert list(manifest["rare_rows"].values()) == (categorical == RARE_ROW).sum(axis=0).tolist()
+    # And the rows that read the missing row: C1's empty field, and every row of C3 (never filled here).
+    assert manifest["missing_rows"]["C1"] == 1 and manifest["missing_rows"]["C3"] == 9
+    assert list(manifest["missing_rows"].values()) == (categorical == MISSING_ROW).sum(axis=0).tolist()
     raw_dense = np.full((9, 13), np.nan)
     raw_dense[:, 0] = [0, 1, 3, np.nan, -2, 10, 1e6, 7, 2]
     raw_dense[:, 1] = 5
