@@ -471,7 +471,9 @@ def evaluate(ctx: RunContext) -> dict:
     comparison = _baseline_comparison(ctx, data["labels"], data["predictions"], evaluation.auc)
     failures = check_gate(evaluation, ctx.config.gate, comparison)
     report = {"metrics": evaluation.metrics(), "planted_auc": best, "baseline": comparison,
-              "gate": {"passed": not failures, "failures": failures, "config": ctx.config.gate.__dict__}}
+              "gate": {"passed": not failures, "failures": failures, "config": ctx.config.gate.__dict__},
+              # The table report's totals (the whole report: tables.json beside this file).
+              "tables": _stored_table_report(evaluation_dir).get("tables", {}).get("totals")}
     write_json_atomic(evaluation_dir / "report.json", report)
     metrics = {f"eval.{k}": v for k, v in evaluation.metrics().items()}
     if best is not None:

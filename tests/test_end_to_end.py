@@ -105,6 +105,10 @@ def test_model_beats_chance_and_is_published(daily_run):
     layout = Layout(daily_run["config"].paths.root)
     report = json.loads((layout.evaluation_dir(DAY) / "report.json").read_text())
     assert report["gate"]["passed"] is True
+    # The table report's totals: 26 tables of the criteo spec, every admitted value's row seen in this first run.
+    tables = json.loads((layout.evaluation_dir(DAY) / "tables.json").read_text())
+    assert report["tables"] == tables["totals"] and len(tables["tables"]) == 26
+    assert 0 < tables["totals"]["rows_in_use"] <= tables["totals"]["rows_touched"] <= tables["totals"]["rows"]
     assert 0.6 < report["metrics"]["auc"] <= report["planted_auc"] + 0.01
     assert abs(report["metrics"]["mean_prediction"] - report["metrics"]["mean_label"]) < 0.05
     # The run's own baseline on the same held-out rows, below what the planted model reaches; its interval of the
