@@ -7,6 +7,11 @@
 #                                  and what `make test-stack`'s browser checks need (tools/requirements-browser.txt:
 #                                  Playwright; Debian's chromium package, installed with apt-get when missing)
 #
+# Outside Python it needs Java 17 (Spark), Debian's docker-compose (the compose-file tests) and clang with
+# libFuzzer's and the sanitizers' runtimes (tests/serving/test_native_rows_fuzz.py and `make fuzz-native` fuzz
+# serving/native/rows.c: Debian's clang-14 and libclang-rt-14-dev); each is installed with apt-get when missing
+# and this runs as root. Without clang the fuzzing test skips and says how to install it.
+#
 # The environment is ~4 GB and takes ~5 minutes to install, so it lives outside the clone,
 # keyed by the hash of requirements.lock: every clone (and CI) with the same lock reuses it,
 # and a changed lock builds a new one. A build that was interrupted is detected by the
@@ -42,6 +47,26 @@ if ! command -v docker-compose >/dev/null 2>&1; then
       || log "warning: could not install docker-compose; the compose-file tests will fail and say how to install it"
   else
     log "warning: docker-compose is not on PATH and cannot be installed here (not root): the compose-file tests will fail; install Debian's docker-compose"
+  fi
+fi
+# The fuzzing test builds a libFuzzer harness with AddressSanitizer and UndefinedBehaviorSanitizer
+# (tools/fuzz_native_rows.sh): clang-14 and libclang-rt-14-dev, which holds libclang_rt.fuzzer and the sanitizers.
+has_libfuzzer() {
+  local compiler resource
+  for compiler in clang-14 clang; do
+    command -v "$compiler" >/dev/null 2>&1 || continue
+    resource=$("$compiler" -print-resource-dir 2>/dev/null) || continue
+    compgen -G "$resource/lib/*/libclang_rt.fuzzer*.a" >/dev/null && return 0
+  done
+  return 1
+}
+if ! has_libfuzzer; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    log "clang with libFuzzer is missing (the fuzzing test of the native row reader needs it): installing clang-14 and libclang-rt-14-dev with apt-get"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev) >&2 \
+      || log "warning: could not install clang-14 and libclang-rt-14-dev; the fuzzing test of the native row reader will skip"
+  else
+    log "warning: no clang with libFuzzer here and it cannot be installed (not root): the fuzzing test of the native row reader will skip; install clang-14 and libclang-rt-14-dev"
   fi
 fi
 if ! command -v "$python_bin" >/dev/null 2>&1; then
