@@ -90,7 +90,13 @@ class EmbeddingAdagrad(keras.optimizers.Adagrad):
         self.assign_add(accumulator, tf.IndexedSlices(tf.square(values), rows))
         scale = tf.sqrt(tf.gather(accumulator.value, rows) + self.epsilon)
         lr = tf.cast(learning_rate, variable.dtype)
-        self.assign_sub(variable, tf.IndexedSlices(lr * values / scale, rows))
+        # Not `lr * values / scale`: in a tf.function, Grappler rewrites x / sqrt(y) as x * rsqrt(y), and Eigen's
+        # vectorised rsqrt is not correctly rounded, so a row's new value would depend by an ulp on where it sits
+        # in the batch's rows (which other rows the batch touched, and the table's layout). divide_no_nan is
+        # not rewritten and divides exactly (scale > 0, so it never takes the "no nan" branch): each row's update
+        # depends on its own gradient and accumulator alone, which is what lets a tiered table
+        # (trainer/hot_tier.py) train bit for bit like the same table in memory.
+        self.assign_sub(variable, tf.IndexedSlices(tf.math.divide_no_nan(lr * values, scale), rows))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -11,6 +11,7 @@ from keras import ops
 
 from trainer.arguments import is_integer, require_integer, require_integer_list
 from trainer.layers.embedding_rows import take_rows
+from trainer.layers.hot_table import HotTable
 from trainer.layers.multi_hash_embedding import MultiHashEmbedding
 
 
@@ -47,6 +48,14 @@ class CategoricalEmbedding(keras.layers.Layer):
     MultiHashEmbedding of `num_hash_functions` tables of `num_hash_buckets` rows, combined by `hash_combiner`,
     for vocabularies too large to give every value a row of its own. Their `offsets` entry is -1.
 
+    Tables in `tiered_tables` (table index -> hot_rows) live on disk (trainer/row_store.py) with a hot tier
+    in memory (trainer/hot_tier.py): each gets a HotTable of `hot_rows` slots, a variable of its own named
+    "embeddings" (the embedding learning rate and row-sparse updates, as for this table), and its input
+    columns carry SLOT ids, remapped from row ids before each step (trainer/tiered_training.py). Their `offsets`
+    entry is -1. A tiered table cannot also be hashed, and tiering refuses `rare_row_rate` (the rare row would
+    be drawn by row id inside the step, where only slot ids are known) and `embeddings_regularizer` (it would
+    penalise every slot, and the rows on disk not at all).
+
     `row_multiple` > 1 gives the table variable a multiple of that many rows (`num_rows` rounded up; the rows
     past `num_rows` are never read), so that it splits evenly when it is sharded row-wise across that many
     devices (trainer/devices.py).
@@ -69,6 +78,7 @@ class CategoricalEmbedding(keras.layers.Layer):
         missing_row: int = 1,
         seed: int | None = None,
         row_multiple: int = 1,
+        tiered_tables: Mapping[int | str, int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -129,7 +139,20 @@ class CategoricalEmbedding(keras.layers.Layer):
             )
             for f in self.hashed_features
         ]
-        self.tabled_features = [f for f in range(num_features) if f not in self.hashed_features]
+        self.tiered_tables = tiered_tables_of(tiered_tables, num_features, self.hashed_features)
+        if self.tiered_tables and (self.draws_rare_rows or self.embeddings_regularizer is not None):
+            raise ValueError(
+                "`tiered_tables` cannot be combined with `rare_row_rate` > 0 or an `embeddings_regularizer`: the "
+                "rare row is drawn by row id inside the step, where a tiered column holds slot ids, and a "
+                "regularizer would penalise every slot of the hot tier. Received: "
+                f"rare_row_rate={self.rare_row_rate!r}, embeddings_regularizer={embeddings_regularizer!r}; set "
+                "rare_row_rate=0 and embeddings_regularizer=None (row_l2 works with tiered tables)")
+        self.hot_tables = [
+            HotTable(hot_rows, embedding_dim, dtype=self.dtype_policy, name=f"tiered_table_{table}")
+            for table, hot_rows in self.tiered_tables.items()
+        ]
+        self.tabled_features = [f for f in range(num_features)
+                                if f not in self.hashed_features and f not in self.tiered_tables]
         tabled_sizes = [self.table_sizes[f] for f in self.tabled_features]
         self.offsets = np.full(num_features, -1, dtype=np.int64)
         self.offsets[self.tabled_features] = np.cumsum([0, *tabled_sizes])[:-1]
@@ -137,9 +160,12 @@ class CategoricalEmbedding(keras.layers.Layer):
         # Input columns by where their table lives, and the position of each column among [tabled columns...,
         # hashed columns...], to restore column order.
         self._tabled_columns = [f for f, t in enumerate(self.feature_tables) if t not in self.hashed_features]
+        self._tabled_columns = [f for f in self._tabled_columns if self.feature_tables[f] not in self.tiered_tables]
         self._hashed_columns = [f for f, t in enumerate(self.feature_tables) if t in self.hashed_features]
         self._column_offsets = np.asarray([self.offsets[t] for t in self.feature_tables], dtype=np.int64)
-        self._feature_order = np.argsort(self._tabled_columns + self._hashed_columns).astype(np.int64)
+        ordered = self._tabled_columns + self._hashed_columns + [
+            column for table in self.tiered_tables for column in self.tiered_columns(table)]
+        self._feature_order = np.argsort(ordered).astype(np.int64)
 
     @property
     def draws_rare_rows(self) -> bool:
@@ -166,6 +192,8 @@ class CategoricalEmbedding(keras.layers.Layer):
             )
         for hashed in self.hashed_embeddings:
             hashed.build(tuple(input_shape[:-1]))
+        for hot in self.hot_tables:
+            hot.build(tuple(input_shape[:-1]))
         if self.draws_rare_rows:
             # Only a layer that draws has a generator. Its state is a variable but not one of `weights`, so
             # deltas, warm starts and weight files see the same weights with and without it.
@@ -192,7 +220,7 @@ class CategoricalEmbedding(keras.layers.Layer):
     def _lookup(self, inputs: Any) -> Any:
         if not keras.backend.is_int_dtype(inputs.dtype):
             inputs = ops.cast(inputs, "int64")
-        if not self._hashed_columns:
+        if not self._hashed_columns and not self.tiered_tables:
             rows = ops.add(inputs, ops.convert_to_tensor(self._column_offsets, dtype=inputs.dtype))
             return ops.cast(take_rows(self.embeddings, rows), self.compute_dtype)
         parts = []
@@ -203,6 +231,11 @@ class CategoricalEmbedding(keras.layers.Layer):
         for column in self._hashed_columns:
             hashed = self.hashed_embeddings[self.hashed_features.index(self.feature_tables[column])]
             parts.append(ops.expand_dims(hashed(ops.take(inputs, column, axis=-1)), -2))
+        for table, hot in zip(self.tiered_tables, self.hot_tables, strict=True):
+            # All of a table's columns in one gather, batch-major like the one-table lookup above, so that a
+            # row's gradients are summed in the same order whether its table is tiered or not.
+            slots = ops.take(inputs, self.tiered_columns(table), axis=-1)
+            parts.append(ops.cast(hot(slots), self.compute_dtype))
         return ops.take(ops.concatenate(parts, axis=-2), self._feature_order, axis=-2)
 
     def embed_feature(self, ids: Any, feature: int) -> Any:
@@ -222,8 +255,20 @@ class CategoricalEmbedding(keras.layers.Layer):
             ids = ops.cast(ids, "int64")
         if table in self.hashed_features:
             return self.hashed_embeddings[self.hashed_features.index(table)](ids)
+        if table in self.tiered_tables:  # slot ids, remapped like call's columns
+            return ops.cast(self.hot_table(table)(ids), self.compute_dtype)
         rows = ops.add(ids, int(self.offsets[table]))
         return ops.cast(take_rows(self.embeddings, rows), self.compute_dtype)
+
+    def tiered_columns(self, table: int) -> list[int]:
+        """The input columns that read table `table`."""
+        return [column for column, t in enumerate(self.feature_tables) if t == table]
+
+    def hot_table(self, table: int) -> HotTable:
+        """The HotTable of tiered table `table`."""
+        if table not in self.tiered_tables:
+            raise ValueError(f"Table {table!r} is not tiered; the tiered tables are {sorted(self.tiered_tables)}")
+        return self.hot_tables[list(self.tiered_tables).index(table)]
 
     def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return (*input_shape, self.embedding_dim)
@@ -247,6 +292,29 @@ class CategoricalEmbedding(keras.layers.Layer):
                 "missing_row": self.missing_row,
                 "seed": self.seed,
                 "row_multiple": self.row_multiple,
+                "tiered_tables": dict(self.tiered_tables),
             }
         )
         return config
+
+
+def tiered_tables_of(tiered_tables: Mapping[int | str, int] | None, num_tables: int,
+                     hashed_features: Sequence[int]) -> dict[int, int]:
+    """`tiered_tables` checked and as {table: hot_rows} in table order. Keys may be strings of digits, as a
+    saved config's JSON gives them back."""
+    if tiered_tables is None:
+        return {}
+    valid = isinstance(tiered_tables, Mapping)
+    checked: dict[int, int] = {}
+    for key, hot_rows in (tiered_tables.items() if valid else ()):
+        table = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not (is_integer(table) and 0 <= table < num_tables and table not in hashed_features
+                and is_integer(hot_rows) and hot_rows >= 1):
+            valid = False
+            break
+        checked[int(table)] = int(hot_rows)
+    if not valid:
+        raise ValueError(
+            f"`tiered_tables` must map table indices in [0, {num_tables}) that are not hashed to a number of hot "
+            f"rows >= 1, e.g. {{1: 100000}}. Received: tiered_tables={tiered_tables!r}")
+    return dict(sorted(checked.items()))

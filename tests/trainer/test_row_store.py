@@ -1,0 +1,129 @@
+import os
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from trainer.row_store import HEADER_BYTES, RowStore, StoreCounters, consecutive_runs, uniform_initializer
+
+pytestmark = pytest.mark.unit
+
+
+def table(num_rows: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    values = np.arange(num_rows * dim, dtype=np.float32).reshape(num_rows, dim)
+    return values, -values - 0.5
+
+
+def test_rows_read_back_as_written_in_any_order_with_duplicates(tmp_path):
+    values, accumulators = table(10, 3)
+    with RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=4) as store:
+        got_values, got_accumulators = store.read(np.array([7, 2, 7, 0, 9]))
+        np.testing.assert_array_equal(got_values, values[[7, 2, 7, 0, 9]])
+        np.testing.assert_array_equal(got_accumulators, accumulators[[7, 2, 7, 0, 9]])
+        store.write(np.array([5, 1]), np.full((2, 3), 100.0), np.full((2, 3), 200.0))
+        got_values, got_accumulators = store.read(np.arange(10))
+    expected = values.copy()
+    expected[[1, 5]] = 100.0
+    np.testing.assert_array_equal(got_values, expected)
+    with RowStore.open(tmp_path / "t.rows", writable=False) as reopened:
+        assert (reopened.num_rows, reopened.embedding_dim) == (10, 3)
+        np.testing.assert_array_equal(reopened.read(np.array([5]))[1], [[200.0, 200.0, 200.0]])
+        np.testing.assert_array_equal(reopened.read(np.array([4]))[0], values[[4]])
+    # The layout is the documented one: header, then records of values then accumulator, float32 little-endian.
+    raw = (tmp_path / "t.rows").read_bytes()
+    assert len(raw) == HEADER_BYTES + 10 * 6 * 4
+    np.testing.assert_array_equal(np.frombuffer(raw[HEADER_BYTES + 4 * 24:HEADER_BYTES + 5 * 24], "<f4"),
+                                  [12, 13, 14, -12.5, -13.5, -14.5])
+
+
+def test_create_calls_the_initializer_by_chunks_and_fills_the_accumulator(tmp_path):
+    calls = []
+
+    def rows(start, stop):
+        calls.append((start, stop))
+        return np.arange(start, stop, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
+
+    with RowStore.create(tmp_path / "t.rows", 10, 2, rows, initial_accumulator=0.25, chunk_rows=4) as store:
+        values, accumulators = store.read(np.arange(10))
+    assert calls == [(0, 4), (4, 8), (8, 10)]
+    np.testing.assert_array_equal(values[:, 0], np.arange(10))
+    assert np.all(accumulators == 0.25)
+
+
+def test_the_uniform_initializer_gives_the_same_rows_whatever_the_chunks(tmp_path):
+    initializer = uniform_initializer(4, seed=7)
+    big = RowStore.create(tmp_path / "a.rows", 9000, 4, initializer, initial_accumulator=0.1, chunk_rows=9000)
+    small = RowStore.create(tmp_path / "b.rows", 9000, 4, initializer, initial_accumulator=0.1, chunk_rows=777)
+    rows = np.array([0, 4095, 4096, 5000, 8999])
+    np.testing.assert_array_equal(big.read(rows)[0], small.read(rows)[0])
+    values = big.read(np.arange(9000))[0]
+    assert -0.05 <= values.min() < -0.049 and 0.049 < values.max() < 0.05
+    other_seed = RowStore.create(tmp_path / "c.rows", 10, 4, uniform_initializer(4, seed=8), initial_accumulator=0.1)
+    assert not np.array_equal(other_seed.read(np.arange(10))[0], values[:10])
+
+
+def test_a_snapshot_is_independent_of_the_live_store(tmp_path):
+    values, accumulators = table(50, 4)
+    live = RowStore.from_arrays(tmp_path / "live.rows", values, accumulators)
+    method = live.snapshot(tmp_path / "snap.rows")
+    assert method in ("reflink", "copy_file_range", "copy")
+    live.write(np.array([3, 40]), np.full((2, 4), 9.0), np.full((2, 4), 8.0))
+    live.flush()
+    assert os.stat(tmp_path / "live.rows").st_ino != os.stat(tmp_path / "snap.rows").st_ino  # not a hard link
+    with RowStore.open(tmp_path / "snap.rows", writable=False) as snapshot:
+        np.testing.assert_array_equal(snapshot.read(np.arange(50))[0], values)
+        np.testing.assert_array_equal(snapshot.read(np.arange(50))[1], accumulators)
+    np.testing.assert_array_equal(live.read(np.array([3]))[0], [[9.0] * 4])
+    assert not list(tmp_path.glob(".*partial*"))
+    assert live.counters.snapshots == 1 and live.counters.snapshot_bytes == HEADER_BYTES + 50 * 8 * 4
+
+
+def test_counters_count_distinct_rows_bytes_and_one_call_per_run_of_consecutive_rows(tmp_path):
+    values, accumulators = table(100, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=64)
+    # Creation counts too: 100 rows of 32 bytes in two chunks of 64 rows, one call each.
+    assert store.counters == StoreCounters(rows_written=100, bytes_written=3200, write_calls=2)
+    store.read(np.array([5, 6, 7, 7, 20, 90, 91]))  # runs 5-7, 20, 90-91: 6 distinct rows, 3 calls
+    store.write(np.array([11, 10, 50]), np.zeros((3, 4)), np.zeros((3, 4)))  # runs 10-11, 50: 2 calls
+    store.flush()
+    assert store.counters == StoreCounters(rows_read=6, bytes_read=6 * 32, read_calls=3, rows_written=103,
+                                           bytes_written=3296, write_calls=4, fsyncs=1)
+    assert consecutive_runs(np.array([1, 2, 3, 8, 10, 11])) == [(0, 3), (3, 4), (4, 6)]
+
+
+def test_creating_and_scanning_a_table_holds_a_chunk_not_the_table(tmp_path):
+    num_rows, dim, chunk = 200_000, 8, 2_000  # 12.8 MB of table, chunks of 128 KB
+    tracemalloc.start()
+    store = RowStore.create(tmp_path / "t.rows", num_rows, dim, uniform_initializer(dim, seed=1),
+                            initial_accumulator=0.1, chunk_rows=chunk)
+    for start in range(0, num_rows, chunk):
+        store.read(np.arange(start, start + chunk))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert os.path.getsize(tmp_path / "t.rows") == HEADER_BYTES + num_rows * dim * 8
+    assert peak < 2 << 20, peak  # a few chunks' worth; the table is 12.8 MB
+
+
+def test_bad_rows_and_files_are_refused_with_the_value(tmp_path):
+    store = RowStore.from_arrays(tmp_path / "t.rows", *table(5, 2))
+    with pytest.raises(ValueError, match=re.escape("Row ids must be in [0, 5)") + r".*\[-1, 5\]"):
+        store.read(np.array([0, 5, -1]))
+    with pytest.raises(ValueError, match=r"distinct.*Received duplicates: \[2\]"):
+        store.write(np.array([2, 2]), np.zeros((2, 2)), np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=re.escape("shape (1, 2). Received: (1, 3) and (1, 2)")):
+        store.write(np.array([1]), np.zeros((1, 3)), np.zeros((1, 2)))
+    with pytest.raises(ValueError, match="opened read-only"):
+        RowStore.open(tmp_path / "t.rows", writable=False).write(np.array([1]), np.zeros((1, 2)), np.zeros((1, 2)))
+    (tmp_path / "other").write_bytes(b"not a store at all")
+    with pytest.raises(ValueError, match=re.escape("is not a row store: its first bytes are b'not a st'")):
+        RowStore.open(tmp_path / "other")
+    with open(tmp_path / "t.rows", "r+b") as file:
+        file.truncate(HEADER_BYTES + 10)
+    with pytest.raises(ValueError, match=f"holds {HEADER_BYTES + 10} bytes; a store of 5 rows"):
+        RowStore.open(tmp_path / "t.rows")
+    with pytest.raises(ValueError, match=r"\[stop - start, embedding_dim\] = \[3, 2\].*shape \(3, 4\)"):
+        RowStore.create(tmp_path / "u.rows", 3, 2, lambda a, b: np.zeros((b - a, 4)), initial_accumulator=0.1)
+    assert not (tmp_path / "u.rows").exists() and not list(tmp_path.glob(".u.rows*"))  # nothing half made
+    with pytest.raises(ValueError, match=re.escape("num_rows=0")):
+        RowStore.create(tmp_path / "v.rows", 0, 2, lambda a, b: None, initial_accumulator=0.1)

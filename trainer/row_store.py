@@ -1,0 +1,409 @@
+"""An embedding table and its Adagrad accumulator on local disk: fixed-size records addressed by row id.
+
+Layout: one file, a header of HEADER_BYTES (magic, format version, embedding_dim, num_rows), then num_rows
+records of 2 * embedding_dim little-endian float32: the row's embedding values, then its accumulator values.
+Row r lives at byte HEADER_BYTES + r * record_bytes, so a row is read or written without an index; the header
+is a whole page so that records start page-aligned (an O_DIRECT reader needs that, and a page holds whole
+records for the usual power-of-two dimensions).
+
+Why pread/pwrite and not a memmap: a memmap's pages count as the process's resident memory until the kernel
+reclaims them, so scanning a 100 M-row table (a flush, a snapshot, an export) would look like, and under a
+memory limit (cgroup, Kubernetes) be charged as, a 12.8 GB process; its writes reach the file whenever the
+kernel chooses; and an I/O error arrives as SIGBUS inside numpy instead of an OSError at the call. With
+pread/pwrite the process holds only the rows it asked for (memory does not grow with the table), every byte
+read or written is counted here, and errors are exceptions. The cost is a system call per run of consecutive
+rows: `read` and `write` sort the rows and read or write each run of consecutive ids with one call, so
+sequential scans are a call per chunk and random rows a call per row.
+
+A store is not safe against a crash on its own: a write is in place, and a kill half-way through one leaves a
+record half old and half new. Consistency comes from checkpoints: `snapshot` copies the file (after an fsync)
+into an immutable file, and a resumed run starts from the snapshot, not from the live store. See docs/tiers.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from trainer.arguments import require_integer
+
+MAGIC = b"CTRROWS1"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+HEADER = struct.Struct("<8sIIQ")  # magic, version, embedding_dim, num_rows
+RECORD_DTYPE = np.dtype("<f4")
+# Rows written per call when a store is created: bounds the memory creation needs (8 MiB at dimension 16).
+CREATE_CHUNK_ROWS = 65_536
+# Bytes per call when a snapshot falls back to copying through the process.
+COPY_CHUNK_BYTES = 8 << 20
+# Linux's FICLONE ioctl (_IOW(0x94, 9, int), linux/fs.h): a reflink, the whole file shared copy-on-write.
+# Python's fcntl names it only from 3.12.
+FICLONE = 0x40049409
+# Rows per independently seeded block of `uniform_initializer`: its values depend on (seed, row), not on how
+# creation cuts the table into chunks.
+INITIALIZER_BLOCK_ROWS = 4096
+
+RowInitializer = Callable[[int, int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class StoreCounters:
+    """What a store has read and written since it was opened: rows asked for, bytes moved, system calls."""
+
+    rows_read: int = 0
+    bytes_read: int = 0
+    read_calls: int = 0
+    rows_written: int = 0
+    bytes_written: int = 0
+    write_calls: int = 0
+    fsyncs: int = 0
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+
+
+class RowStore:
+    """A table of `num_rows` rows of `embedding_dim` values and as many accumulator values, in one file.
+
+    Make one with `create` (rows from an initializer) or `from_arrays`, or open one with `open`. Reads and
+    writes may come from two threads (a prefetching producer and the training loop): pread/pwrite take their
+    offset as an argument, and the counters are updated under a lock.
+    """
+
+    def __init__(self, path: Path, fd: int, embedding_dim: int, num_rows: int, writable: bool) -> None:
+        self.path = Path(path)
+        self.fd = fd
+        self.embedding_dim = embedding_dim
+        self.num_rows = num_rows
+        self.writable = writable
+        self.record_floats = 2 * embedding_dim
+        self.record_bytes = self.record_floats * RECORD_DTYPE.itemsize
+        self._lock = threading.Lock()
+        self._counters = StoreCounters()
+
+    # --- making and opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        path: Path | str,
+        num_rows: int,
+        embedding_dim: int,
+        initializer: RowInitializer,
+        *,
+        initial_accumulator: float,
+        chunk_rows: int = CREATE_CHUNK_ROWS,
+    ) -> RowStore:
+        """A new store at `path` whose row r holds `initializer(start, stop)[r - start]` and whose accumulator
+        values are all `initial_accumulator` (the optimizer's initial accumulator value). The initializer is
+        called once per chunk of `chunk_rows` rows and must return float32-convertible [stop - start,
+        embedding_dim]: the table is never whole in memory."""
+        require_integer("num_rows", num_rows)
+        require_integer("embedding_dim", embedding_dim)
+        require_integer("chunk_rows", chunk_rows)
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for start in range(0, num_rows, chunk_rows):
+                stop = min(num_rows, start + chunk_rows)
+                values = np.asarray(initializer(start, stop), dtype=np.float32)
+                if values.shape != (stop - start, embedding_dim):
+                    raise ValueError(
+                        f"The initializer must return [stop - start, embedding_dim] = [{stop - start}, "
+                        f"{embedding_dim}] for rows {start}..{stop - 1}. Received: shape {values.shape}; fix the "
+                        "initializer to return one row of embedding_dim values per row id in [start, stop)")
+                yield values, np.full_like(values, initial_accumulator)
+
+        return cls.write_new(path, num_rows, embedding_dim, chunks())
+
+    @classmethod
+    def from_arrays(
+        cls,
+        path: Path | str,
+        values: np.ndarray,
+        accumulators: np.ndarray | None = None,
+        *,
+        initial_accumulator: float | None = None,
+        chunk_rows: int = CREATE_CHUNK_ROWS,
+    ) -> RowStore:
+        """A new store at `path` holding `values` [num_rows, embedding_dim] and `accumulators` (same shape), or,
+        without accumulators, `initial_accumulator` everywhere. The arrays are copied a chunk at a time, so a
+        memmap of any size can be the source."""
+        if getattr(values, "ndim", 0) != 2 or not values.shape[0] or not values.shape[1]:
+            raise ValueError(f"`values` must be a non-empty [num_rows, embedding_dim] array. Received: shape "
+                             f"{getattr(values, 'shape', type(values).__name__)}")
+        if accumulators is not None and getattr(accumulators, "shape", None) != values.shape:
+            raise ValueError(f"`accumulators` must have the shape of `values`, {values.shape}. Received: shape "
+                             f"{getattr(accumulators, 'shape', type(accumulators).__name__)}")
+        if (accumulators is None) == (initial_accumulator is None):
+            raise ValueError("Give exactly one of `accumulators` and `initial_accumulator`. Received: "
+                             f"accumulators={'an array' if accumulators is not None else None}, "
+                             f"initial_accumulator={initial_accumulator!r}")
+        require_integer("chunk_rows", chunk_rows)
+        num_rows, embedding_dim = values.shape
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for start in range(0, num_rows, chunk_rows):
+                part = np.asarray(values[start:start + chunk_rows], dtype=np.float32)
+                if accumulators is None:
+                    yield part, np.full_like(part, initial_accumulator)
+                else:
+                    yield part, np.asarray(accumulators[start:start + chunk_rows], dtype=np.float32)
+
+        return cls.write_new(path, num_rows, embedding_dim, chunks())
+
+    @classmethod
+    def write_new(
+        cls, path: Path | str, num_rows: int, embedding_dim: int, chunks: Iterator[tuple[np.ndarray, np.ndarray]]
+    ) -> RowStore:
+        """Writes a store from (values, accumulators) chunks in row order under a temporary name, fsyncs it and
+        renames it to `path`: a crash during creation never leaves a partial store under the final name."""
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize)
+            write_all(fd, HEADER.pack(MAGIC, FORMAT_VERSION, embedding_dim, num_rows), 0)
+            store = cls(partial, fd, embedding_dim, num_rows, writable=True)
+            start = 0
+            for values, accumulators in chunks:
+                store.write(np.arange(start, start + len(values)), values, accumulators)
+                start += len(values)
+            if start != num_rows:
+                raise ValueError(f"The chunks held {start} rows for a store of num_rows={num_rows}; give rows for "
+                                 "every row id")
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, path)
+        fsync_directory(path.parent)
+        store.path = path
+        return store
+
+    @classmethod
+    def open(cls, path: Path | str, writable: bool = True) -> RowStore:
+        """The store at `path`, after checking its header and its size."""
+        path = Path(path)
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            header = os.pread(fd, HEADER.size, 0)
+            if len(header) != HEADER.size or header[:len(MAGIC)] != MAGIC:
+                raise ValueError(f"{path} is not a row store: its first bytes are {header[:len(MAGIC)]!r}, a "
+                                 f"store's are {MAGIC!r}. Open the file RowStore.create or .snapshot wrote")
+            _, version, embedding_dim, num_rows = HEADER.unpack(header)
+            if version != FORMAT_VERSION:
+                raise ValueError(f"{path} is a row store of format version {version}; this code reads version "
+                                 f"{FORMAT_VERSION}. Rewrite the store with this version's RowStore")
+            expected = HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize
+            size = os.fstat(fd).st_size
+            if size != expected:
+                raise ValueError(f"{path} holds {size} bytes; a store of {num_rows} rows of dimension "
+                                 f"{embedding_dim} holds {expected}. The file is truncated or was written by "
+                                 "something else: restore it from its last snapshot")
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, embedding_dim, num_rows, writable)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> RowStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- rows ------------------------------------------------------------------------------------------------
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values, accumulators) of `rows` (ids in any order, duplicates allowed), each float32
+        [len(rows), embedding_dim]. Each distinct row is read once."""
+        rows = self.check_rows(rows)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        records = np.empty((len(unique), self.record_floats), dtype=RECORD_DTYPE)
+        calls = 0
+        for begin, end in consecutive_runs(unique):
+            read_all(self.fd, memoryview(records[begin:end]).cast("B"), self.offset(int(unique[begin])))
+            calls += 1
+        self.count(rows_read=len(unique), bytes_read=records.nbytes, read_calls=calls)
+        records = records[inverse]
+        return records[:, :self.embedding_dim], records[:, self.embedding_dim:]
+
+    def write(self, rows: np.ndarray, values: np.ndarray, accumulators: np.ndarray) -> None:
+        """Writes `values` and `accumulators` ([len(rows), embedding_dim]) to distinct `rows`, in place."""
+        if not self.writable:
+            raise ValueError(f"{self.path} was opened read-only; open it with RowStore.open(path, writable=True) "
+                             "to write rows")
+        rows = self.check_rows(rows)
+        shape = (len(rows), self.embedding_dim)
+        if np.shape(values) != shape or np.shape(accumulators) != shape:
+            raise ValueError(f"Writing {len(rows)} rows needs values and accumulators of shape {shape}. Received: "
+                             f"{np.shape(values)} and {np.shape(accumulators)}")
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        if len(rows) > 1 and not np.all(np.diff(rows) > 0):
+            duplicates = np.unique(rows[1:][np.diff(rows) == 0])
+            raise ValueError(f"Rows written in one call must be distinct (which value would win is undefined). "
+                             f"Received duplicates: {duplicates[:10].tolist()}; write each row once")
+        records = np.empty((len(rows), self.record_floats), dtype=RECORD_DTYPE)
+        records[:, :self.embedding_dim] = np.asarray(values, dtype=np.float32)[order]
+        records[:, self.embedding_dim:] = np.asarray(accumulators, dtype=np.float32)[order]
+        calls = 0
+        for begin, end in consecutive_runs(rows):
+            write_all(self.fd, memoryview(records[begin:end]).cast("B"), self.offset(int(rows[begin])))
+            calls += 1
+        self.count(rows_written=len(rows), bytes_written=records.nbytes, write_calls=calls)
+
+    def flush(self) -> None:
+        """Makes every write so far durable (fsync)."""
+        os.fsync(self.fd)
+        self.count(fsyncs=1)
+
+    def snapshot(self, destination: Path | str) -> str:
+        """Flushes, then copies the store to `destination` (renamed into place once complete and fsynced), and
+        returns how: "reflink", "copy_file_range" or "copy".
+
+        A reflink (FICLONE: btrfs, XFS, bcachefs) shares the file's blocks copy-on-write, so a snapshot of a
+        100 GB table is instant and costs no space until the live store is written; elsewhere (ext4)
+        copy_file_range copies inside the kernel, and without it the copy goes through a buffer of
+        COPY_CHUNK_BYTES. None of them holds the table in memory. A hard link would cost nothing, and be wrong:
+        both names would be one inode, and the live store's next in-place write would change the snapshot too.
+        Call it between steps: a write during the copy could land in the snapshot or not.
+        """
+        self.flush()
+        destination = Path(destination)
+        partial = destination.with_name(f".{destination.name}.{uuid.uuid4().hex}.partial")
+        target = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        size = os.fstat(self.fd).st_size
+        try:
+            method = copy_file(self.fd, target, size)
+            os.fsync(target)
+        except BaseException:
+            os.close(target)
+            partial.unlink(missing_ok=True)
+            raise
+        os.close(target)
+        os.replace(partial, destination)
+        fsync_directory(destination.parent)
+        self.count(snapshots=1, snapshot_bytes=size)
+        return method
+
+    # --- bookkeeping -----------------------------------------------------------------------------------------
+
+    @property
+    def counters(self) -> StoreCounters:
+        with self._lock:
+            return self._counters
+
+    def count(self, **increments: int) -> None:
+        with self._lock:
+            self._counters = replace(self._counters, **{name: getattr(self._counters, name) + value
+                                                        for name, value in increments.items()})
+
+    def offset(self, row: int) -> int:
+        return HEADER_BYTES + row * self.record_bytes
+
+    def check_rows(self, rows: np.ndarray) -> np.ndarray:
+        """`rows` as a flat int64 array, after checking every id is in [0, num_rows)."""
+        rows = np.asarray(rows)
+        if rows.size and not np.issubdtype(rows.dtype, np.integer):
+            raise ValueError(f"Row ids must be integers. Received: dtype {rows.dtype}")
+        rows = rows.astype(np.int64, copy=False).reshape(-1)
+        outside = rows[(rows < 0) | (rows >= self.num_rows)]
+        if outside.size:
+            raise ValueError(f"Row ids must be in [0, {self.num_rows}) for {self.path}. Received: "
+                             f"{np.unique(outside)[:10].tolist()}; check the ids against the table's size")
+        return rows
+
+
+def uniform_initializer(embedding_dim: int, seed: int, minval: float = -0.05,
+                        maxval: float = 0.05) -> RowInitializer:
+    """Rows uniform in [minval, maxval) (Keras' "uniform" default range), each a function of (seed, row id)
+    alone: blocks of INITIALIZER_BLOCK_ROWS rows draw from their own generator, so the table is the same
+    whatever chunks `RowStore.create` asks for."""
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        first, last = start // INITIALIZER_BLOCK_ROWS, (stop - 1) // INITIALIZER_BLOCK_ROWS
+        blocks = [np.random.default_rng([seed, block]).uniform(minval, maxval, (INITIALIZER_BLOCK_ROWS,
+                                                                                embedding_dim))
+                  for block in range(first, last + 1)]
+        values = np.concatenate(blocks).astype(np.float32)
+        begin = start - first * INITIALIZER_BLOCK_ROWS
+        return values[begin:begin + stop - start]
+
+    return rows
+
+
+def consecutive_runs(sorted_rows: np.ndarray) -> list[tuple[int, int]]:
+    """[begin, end) positions of the runs of consecutive ids in sorted, distinct `sorted_rows`."""
+    if not len(sorted_rows):
+        return []
+    breaks = (np.flatnonzero(np.diff(sorted_rows) != 1) + 1).tolist()
+    return list(zip([0, *breaks], [*breaks, len(sorted_rows)], strict=True))
+
+
+def read_all(fd: int, buffer: memoryview, offset: int) -> None:
+    """Fills `buffer` from `offset`, looping over short reads."""
+    done = 0
+    while done < len(buffer):
+        count = os.preadv(fd, [buffer[done:]], offset + done)
+        if count == 0:
+            raise OSError(errno.EIO, f"The store ended at byte {offset + done} while reading {len(buffer)} bytes "
+                                     f"from {offset}: it is truncated; restore it from its last snapshot")
+        done += count
+
+
+def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Writes all of `data` at `offset`, looping over short writes."""
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.pwritev(fd, [view[done:]], offset + done)
+
+
+def copy_file(source: int, target: int, size: int) -> str:
+    """Copies `size` bytes of `source` into the empty `target`: a reflink where the filesystem can, else
+    copy_file_range, else through a bounded buffer. Returns which."""
+    try:
+        fcntl.ioctl(target, FICLONE, source)
+        return "reflink"
+    except OSError as error:  # EOPNOTSUPP, EXDEV, EINVAL or ENOTTY: this filesystem (or pair) cannot reflink
+        if error.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS):
+            raise
+    done = 0
+    try:
+        while done < size:
+            count = os.copy_file_range(source, target, size - done, done, done)
+            if count == 0:
+                raise OSError(errno.EIO, f"copy_file_range stopped at byte {done} of {size}")
+            done += count
+        return "copy_file_range"
+    except OSError as error:  # EXDEV across filesystems on old kernels, ENOSYS/EINVAL where unsupported
+        if error.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    while done < size:
+        chunk = os.pread(source, min(COPY_CHUNK_BYTES, size - done), done)
+        write_all(target, chunk, done)
+        done += len(chunk)
+    return "copy"
+
+
+def fsync_directory(directory: Path) -> None:
+    """Makes a rename in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

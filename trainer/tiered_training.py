@@ -1,0 +1,325 @@
+"""Training a model whose CategoricalEmbedding has tiered tables, with stock `model.fit`.
+
+Three pieces, used together:
+
+- `TieredBatches` wraps a source of (features, label) numpy batches. A producer thread of its own reads the
+  source, plans each batch in each tiered table's HotTier (prefetching the rows that are safe to read early,
+  trainer/hot_tier.py), rewrites the tiered columns from row ids to slot ids, and queues the batch and its
+  plans. Its own thread, not Keras' data pipeline, runs ahead, so plans are ready whatever adapter Keras picks.
+- `HotTierCallback` applies the plans in batch order at `on_train_batch_begin` (or, for a stream made with
+  training=False, at `on_test_batch_begin` / `on_predict_batch_begin`): Keras calls it after step i - 1
+  returned and before step i reads its batch, the one point where a write-back sees step i - 1's update and a
+  load lands before step i. It writes the rows into the HotTable's variable and the optimizer's accumulator
+  rows of that variable, and flushes every dirty slot at the end of training.
+- `TieredCheckpoint` saves, every N steps: flush, a snapshot of each store, the model's weights with the
+  optimizer's state, and last a state file naming them with the step; `restore_tiered_checkpoint` puts a run
+  back there.
+
+Limits: `steps_per_execution` must be 1 (plans are applied between steps), validation during `fit` is refused
+(evaluate afterwards with a training=False stream), and only the columns of one features key (or a plain ids
+array) are remapped: sequence inputs that read a tiered table through `embed_table` are not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer.arguments import require_integer
+from trainer.hot_tier import HotTier, PreparedPlan
+from trainer.layers.categorical_embedding import CategoricalEmbedding
+from trainer.layers.embedding_rows import take_rows
+from trainer.row_store import RowStore
+
+STATE_FILE = "state.json"
+# How long the training thread waits for the producer to plan the next batch before calling it stuck.
+PLAN_WAIT_SECONDS = 600.0
+END = object()  # queued after the last batch
+
+
+def accumulator_of(optimizer: keras.optimizers.Optimizer, variable: keras.Variable) -> keras.Variable:
+    """The optimizer's accumulator of `variable`, found by the name Keras gives it (`add_variable_from_reference`:
+    the variable's path with "/" as "_", then "_accumulator"), from the public `optimizer.variables`."""
+    name = variable.path.replace("/", "_") + "_accumulator"
+    found = [v for v in optimizer.variables if v.name == name]
+    if len(found) != 1 or tuple(found[0].shape) != tuple(variable.shape):
+        raise ValueError(
+            f"Found {len(found)} optimizer variables named {name!r} of shape {tuple(variable.shape)} for "
+            f"{variable.path}; the optimizer has {[v.name for v in optimizer.variables]}. Tiered tables need an "
+            "Adagrad optimizer (EmbeddingAdagrad) built on the model's trainable variables")
+    return found[0]
+
+
+class VariableSlots:
+    """Slots of a HotTable's variable and of its accumulator (trainer.hot_tier.SlotAccess), row by row: on
+    TensorFlow a gather and a scatter of the slots named, never the whole variable."""
+
+    def __init__(self, embeddings: keras.Variable, accumulator: keras.Variable | None) -> None:
+        self.embeddings = embeddings
+        self.accumulator = accumulator
+
+    def read(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.accumulator is None:
+            raise ValueError(f"Writing slots of {self.embeddings.path} back needs their accumulator, and the model "
+                             "has no optimizer: compile the model before running batches through its hot tier")
+        return read_rows(self.embeddings, slots), read_rows(self.accumulator, slots)
+
+    def write(self, slots: np.ndarray, values: np.ndarray, accumulators: np.ndarray) -> None:
+        write_rows(self.embeddings, slots, values)
+        if self.accumulator is not None:
+            write_rows(self.accumulator, slots, accumulators)
+
+
+def read_rows(variable: keras.Variable, rows: np.ndarray) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(take_rows(variable, rows)), dtype=np.float32)
+
+
+def write_rows(variable: keras.Variable, rows: np.ndarray, values: np.ndarray) -> None:
+    """Writes `values` into rows `rows` of `variable`: a scatter of those rows on TensorFlow, elsewhere a
+    scatter into a copy that is assigned whole (the JAX path is not row-sparse yet)."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        variable.value.scatter_update(tf.IndexedSlices(tf.constant(values, tf.float32), tf.constant(rows)))
+    else:
+        variable.assign(keras.ops.scatter_update(variable.value, np.asarray(rows)[:, None], values))
+
+
+class TieredBatches:
+    """(features, label) batches from `source` with the tiered columns of `layer` as slot ids of `tiers`
+    (table -> HotTier). Iterate it once; pass `iter(batches)` (a generator) to `fit`, `evaluate` or `predict`,
+    with a HotTierCallback on the same object.
+
+    `key` names the features entry holding the layer's input ids (None: the features are that array). With
+    `training`, the batches' slots are marked dirty (the step updates them). `ahead` bounds the batches the
+    producer runs ahead of the consumer.
+    """
+
+    def __init__(self, source: Iterable[tuple[Any, Any]], layer: CategoricalEmbedding, tiers: Mapping[int, HotTier],
+                 key: str | None = "categorical", training: bool = True, ahead: int = 2) -> None:
+        require_integer("ahead", ahead)
+        if set(tiers) != set(layer.tiered_tables) or any(
+                tiers[table].hot_rows != hot_rows for table, hot_rows in layer.tiered_tables.items()):
+            raise ValueError(
+                f"`tiers` must give each tiered table of the layer a HotTier of its hot_rows; the layer's are "
+                f"{layer.tiered_tables}. Received: { {t: tier.hot_rows for t, tier in tiers.items()} }")
+        self.source = source
+        self.layer = layer
+        self.tiers = dict(tiers)
+        self.key = key
+        self.training = bool(training)
+        self.batches: queue.Queue[Any] = queue.Queue(maxsize=ahead)
+        self.plans: queue.Queue[Any] = queue.Queue()
+        self.stop = threading.Event()
+        self.started = False
+        self.ended = False
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        if self.started:
+            raise ValueError("A TieredBatches stream is iterated once (its plans are applied once, in order); make "
+                             "a new TieredBatches for another pass")
+        pending = {table: tier.num_pending for table, tier in self.tiers.items() if tier.num_pending}
+        if pending:
+            raise ValueError(f"The hot tiers hold plans made and never applied (table: plans {pending}), left by "
+                             "a stream that stopped early: call HotTierCallback.reset() before a new stream")
+        self.started = True
+        threading.Thread(target=self.produce, name="tiered-batches", daemon=True).start()
+        try:
+            while True:
+                item = self.batches.get()
+                if item is END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stop.set()
+
+    def produce(self) -> None:
+        try:
+            for features, label in self.source:
+                ids = np.asarray(features if self.key is None else features[self.key])
+                slot_ids = ids.copy()
+                plans = {}
+                for table, tier in self.tiers.items():
+                    columns = self.layer.tiered_columns(table)
+                    prepared = tier.prepare(ids[:, columns], training=self.training)
+                    slot_ids[:, columns] = prepared.plan.slot_ids
+                    plans[table] = prepared
+                self.plans.put(plans)  # before the batch: the consumer's step waits on it
+                batch = slot_ids if self.key is None else {**features, self.key: slot_ids}
+                if not self.put((batch, label)):
+                    return
+            self.plans.put(END)
+            self.put(END)
+        except BaseException as error:  # noqa: BLE001 -- handed to the consumer threads, which raise it
+            self.plans.put(error)
+            self.put(error)
+
+    def put(self, item: Any) -> bool:
+        """Queues `item` for the consumer unless the consumer stopped; False if it did."""
+        while not self.stop.is_set():
+            try:
+                self.batches.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next_plans(self) -> dict[int, PreparedPlan] | None:
+        """The next batch's plans, waiting for the producer; None once the source is exhausted."""
+        if self.ended:
+            return None
+        try:
+            item = self.plans.get(timeout=PLAN_WAIT_SECONDS)
+        except queue.Empty:
+            raise TimeoutError(f"No plan for the next batch after {PLAN_WAIT_SECONDS} s: the batch source is stuck, "
+                               "or the stream was never iterated (pass iter(batches) to fit)") from None
+        if item is END:
+            self.ended = True
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class HotTierCallback(keras.callbacks.Callback):
+    """Applies a TieredBatches stream's plans before each step and flushes the hot tiers when training ends.
+    `apply_seconds` is the time spent applying plans (write-backs, deferred loads, slot writes)."""
+
+    def __init__(self, batches: TieredBatches) -> None:
+        super().__init__()
+        self.batches = batches
+        self.slots: dict[int, VariableSlots] = {}
+        self.in_fit = False
+        self.apply_seconds = 0.0
+
+    def slot_access(self) -> dict[int, VariableSlots]:
+        if not self.slots:
+            optimizer = getattr(self.model, "optimizer", None)
+            if optimizer is not None and not optimizer.built:
+                optimizer.build(self.model.trainable_variables)
+            for table in self.batches.tiers:
+                variable = self.batches.layer.hot_table(table).embeddings
+                accumulator = accumulator_of(optimizer, variable) if optimizer is not None else None
+                self.slots[table] = VariableSlots(variable, accumulator)
+        return self.slots
+
+    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        if self.model.steps_per_execution != 1:
+            raise ValueError(f"Tiered tables apply a plan between steps, so the model must be compiled with "
+                             f"steps_per_execution=1. Received: steps_per_execution={self.model.steps_per_execution}")
+        if not self.batches.training:
+            raise ValueError("This stream was made with training=False, and fit trains: make the TieredBatches with "
+                             "training=True, or pass this one to evaluate or predict")
+        self.in_fit = True
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self.in_fit = False
+        self.flush()
+
+    def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.apply_next()
+
+    def on_test_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        if self.in_fit:
+            raise ValueError("Validation batches during fit do not go through the hot tier (its plans are in the "
+                             "order of the training batches): fit without validation_data, then evaluate with a "
+                             "TieredBatches(..., training=False)")
+        self.apply_next()
+
+    def on_predict_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.apply_next()
+
+    def apply_next(self) -> None:
+        plans = self.batches.next_plans()
+        if plans is None:
+            return
+        start = time.perf_counter()
+        slots = self.slot_access()
+        for table, prepared in plans.items():
+            self.batches.tiers[table].apply(prepared, slots[table])
+        self.apply_seconds += time.perf_counter() - start
+
+    def flush(self) -> None:
+        """Writes every dirty slot back: each store then holds its whole table as of the last step."""
+        slots = self.slot_access()
+        for table, tier in self.batches.tiers.items():
+            tier.flush(slots[table])
+
+    def reset(self) -> None:
+        """Flushes and empties every tier (for a new stream after one that stopped early)."""
+        slots = self.slot_access()
+        for table, tier in self.batches.tiers.items():
+            tier.reset(slots[table])
+
+
+class TieredCheckpoint(keras.callbacks.Callback):
+    """Every `every_n_steps` training steps (counted from `first_step`): flush, snapshot each table's store,
+    save the model's weights and optimizer state, then write `state.json` naming them with the step. Each file
+    is written under a temporary name and renamed, the state last, and older files are removed after it: a kill
+    at any moment (even in the middle of a write-back to the live store) leaves a complete checkpoint."""
+
+    def __init__(self, directory: Path, tiers: HotTierCallback, every_n_steps: int, first_step: int = 0) -> None:
+        super().__init__()
+        require_integer("every_n_steps", every_n_steps)
+        self.directory = Path(directory)
+        self.tiers = tiers
+        self.every_n_steps = every_n_steps
+        self.step = first_step
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.step += 1
+        if self.step % self.every_n_steps == 0:
+            self.save()
+
+    def save(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.tiers.flush()
+        tables = {}
+        for table, tier in self.tiers.batches.tiers.items():
+            name = f"table-{table}-{self.step:09d}.rows"
+            tier.store.snapshot(self.directory / name)
+            tables[str(table)] = name
+        weights = f"weights-{self.step:09d}.weights.h5"
+        partial = self.directory / f".{uuid.uuid4().hex}.partial.weights.h5"
+        self.model.save_weights(partial)
+        os.replace(partial, self.directory / weights)
+        state = self.directory / f".{uuid.uuid4().hex}.partial.json"
+        state.write_text(json.dumps({"step": self.step, "weights": weights, "tables": tables}))
+        os.replace(state, self.directory / STATE_FILE)
+        kept = {weights, *tables.values()}
+        for old in [*self.directory.glob("table-*.rows"), *self.directory.glob("weights-*.weights.h5")]:
+            if old.name not in kept:
+                old.unlink()
+
+
+def restore_tiered_checkpoint(directory: Path, model: keras.Model, store_paths: Mapping[int, Path]) -> int | None:
+    """Puts a run back at its last TieredCheckpoint in `directory`: each table's snapshot copied to its live
+    store path in `store_paths` (the snapshot itself stays as it was), the model's weights and optimizer state
+    loaded. Returns the step to go on from (batches to skip), or None when there is no checkpoint. Open the
+    stores and make fresh HotTiers afterwards: the hot tier starts empty, every row on disk."""
+    state_path = Path(directory) / STATE_FILE
+    if not state_path.exists():
+        return None
+    state = json.loads(state_path.read_text())
+    if {int(table) for table in state["tables"]} != set(store_paths):
+        raise ValueError(f"The checkpoint in {directory} holds tables {sorted(state['tables'])}. Received store "
+                         f"paths for {sorted(store_paths)}; give one live path per checkpointed table")
+    for table, name in state["tables"].items():
+        with RowStore.open(Path(directory) / name, writable=False) as snapshot:
+            snapshot.snapshot(store_paths[int(table)])
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.load_weights(Path(directory) / state["weights"])
+    return int(state["step"])
