@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -77,6 +77,10 @@ bench-encode:
 
 bench-multi-hash:
 	@$(WITH_ENV); $(BENCH) bench/bench_multi_hash.py
+
+BENCH_TIERS_ARGS ?=
+bench-tiers:
+	@$(WITH_ENV); $(BENCH) bench/bench_tiers.py $(BENCH_TIERS_ARGS)
 
 bench-input:
 	@$(WITH_ENV); $(BENCH) bench/bench_input.py

@@ -1,0 +1,378 @@
+"""A tiered table against the same table in memory: one table of ids drawn Zipf, at least 4x the memory the
+training process is allowed, trained once with its rows in a store on disk behind a hot tier
+(trainer/hot_tier.py) and once whole in memory, on the same batches from the same starting weights.
+Writes bench/results/tiers.json.
+
+    make bench-tiers                               both Zipf exponents (1.05 and 0.8), about 10 minutes
+    make bench-tiers BENCH_TIERS_ARGS='--zipf 1.05 --train-rows 200000'
+
+The memory limit: the tiered run's process is started in a memory cgroup of its own (cgroup v1
+`memory.limit_in_bytes`, or v2 `memory.max`) whose limit is `--memory-limit-mib` (1,024 MiB); the cgroup's
+limit counts the page cache its reads and writes fill, which the kernel reclaims under it. The in-memory run
+has no limit: its table fits this machine's memory, so the two train the very same table on the same data.
+
+The model: the big table (`--table-rows`, by default 4x the limit in records of `2 x 16` float32, values and
+Adagrad accumulator) read by one column, three tables of 1,000 values read by three more, and a 64-unit layer;
+labels from a planted logit (a fixed effect per id). Ids: rank r ~ r^-s, scattered over the table's rows by a
+multiplicative hash (popular ids do not sit together). Per run (under `zipf_<s>`): examples per second over the
+training (without its first step), step time p50 / p99 (applying the plan included), the time applying plans,
+the hot tier's hit rate, the store's rows and bytes read and written, the process's read and written bytes and
+system calls (/proc/self/io), peak RSS, the cgroup's peak, held-out AUC, and a minute's delta (the next 60
+batches trained, then the rows they changed gathered): its rows, bytes and seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.provenance import provenance
+
+RESULT = Path(__file__).resolve().parent / "results" / "tiers.json"
+DIM = 16
+BATCH = 1024
+SMALL_TABLES = 3
+SMALL_VALUES = 1000
+RESERVED = 2  # the rare and the missing row, never drawn here
+MINUTE_BATCHES = 60
+RECORD_BYTES = 2 * DIM * 4  # a row's values and its Adagrad accumulator, float32
+HASH_MULTIPLIER = 2_654_435_761  # Knuth's multiplicative hash: scatters ranks over rows
+SEED = 7
+
+
+def zipf_ranks(rng: np.random.Generator, count: int, num_ranks: int, exponent: float) -> np.ndarray:
+    """Ranks in [0, num_ranks) with p(r) ~ (r + 1)^-exponent, by the continuous inverse CDF."""
+    u = rng.random(count)
+    if abs(exponent - 1.0) < 1e-9:
+        ranks = np.exp(u * np.log(num_ranks + 1.0)) - 1.0
+    else:
+        top = (num_ranks + 1.0) ** (1.0 - exponent)
+        ranks = (1.0 + u * (top - 1.0)) ** (1.0 / (1.0 - exponent)) - 1.0
+    return np.minimum(ranks.astype(np.int64), num_ranks - 1)
+
+
+def effect(rows: np.ndarray, salt: int) -> np.ndarray:
+    """A fixed effect in [-1, 1) per row id (a hash of the id, so no table of effects is kept)."""
+    x = (rows.astype(np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(29)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53) * 2.0 - 1.0
+
+
+def generate(path: Path, num_rows: int, table_rows: int, exponent: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    usable = table_rows - RESERVED
+    big = RESERVED + (zipf_ranks(rng, num_rows, usable, exponent) * HASH_MULTIPLIER) % usable
+    small = RESERVED + zipf_ranks(rng, num_rows * SMALL_TABLES, SMALL_VALUES, 1.0).reshape(num_rows, SMALL_TABLES)
+    logit = -1.2 + 1.5 * effect(big, 1) + sum(0.5 * effect(small[:, i], 10 + i) for i in range(SMALL_TABLES))
+    labels = (rng.random(num_rows) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    np.savez(path, ids=np.column_stack([big, small]).astype(np.int64), labels=labels)
+
+
+# --- the child: one training run -------------------------------------------------------------------------------
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    from components.delta import changed_rows
+    from components.evaluation import roc_auc
+    from trainer.hot_tier import HotTier
+    from trainer.layers.categorical_embedding import CategoricalEmbedding
+    from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE, EmbeddingAdagrad
+    from trainer.row_store import RowStore, uniform_initializer
+    from trainer.tiered_training import HotTierCallback, TieredBatches
+
+    data = np.load(args.data)
+    ids, labels = data["ids"], data["labels"]
+    train_rows, eval_rows = args.train_rows, args.eval_rows
+    minute_rows = MINUTE_BATCHES * BATCH
+    train = slice(0, train_rows)
+    held_out = slice(train_rows, train_rows + eval_rows)
+    minute = slice(train_rows + eval_rows, train_rows + eval_rows + minute_rows)
+    tiered = args.mode == "tiered"
+    initializer = uniform_initializer(DIM, SEED)
+    sizes = [args.table_rows] + [SMALL_VALUES + RESERVED] * SMALL_TABLES
+    started = time.perf_counter()
+
+    keras.utils.set_random_seed(SEED)
+    layer = CategoricalEmbedding(sizes, DIM, tiered_tables={0: args.hot_rows} if tiered else None,
+                                 name="embedding")
+    inputs = keras.Input((1 + SMALL_TABLES,), dtype="int64", name="categorical")
+    hidden = keras.layers.Dense(64, activation="relu", name="hidden")(keras.layers.Flatten()(layer(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid", name="head")(hidden))
+    model.compile(optimizer=EmbeddingAdagrad(learning_rate=0.02, embedding_learning_rate=0.2),
+                  loss="binary_crossentropy")
+    small = initializer(0, SMALL_TABLES * (SMALL_VALUES + RESERVED))  # the same small tables in both runs
+    store = None
+    if tiered:
+        store = RowStore.create(Path(args.work) / "table.rows", args.table_rows, DIM, initializer,
+                                initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
+        layer.embeddings.assign(small)
+    else:
+        table = np.empty((args.table_rows + len(small), DIM), np.float32)
+        for start in range(0, args.table_rows, 1 << 20):
+            stop = min(args.table_rows, start + (1 << 20))
+            table[start:stop] = initializer(start, stop)
+        table[args.table_rows:] = small
+        layer.embeddings.assign(table)
+        del table
+    setup_s = time.perf_counter() - started
+
+    def source(part: slice):
+        for start in range(part.start, part.stop, BATCH):
+            stop = min(part.stop, start + BATCH)
+            yield ids[start:stop], labels[start:stop]
+
+    class StepTimer(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[float] = []
+            self.begin = self.last_end = 0.0
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.begin = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.last_end = time.perf_counter()
+            self.times.append(self.last_end - self.begin)
+
+    def fit(part: slice, timer: StepTimer) -> tuple[float, float]:
+        """Trains one pass over `part`; (seconds of the fit, seconds applying plans)."""
+        steps = -(-(part.stop - part.start) // BATCH)
+        begin = time.perf_counter()
+        if tiered:
+            stream = TieredBatches(source(part), layer, {0: tier}, key=None)
+            callback = HotTierCallback(stream)
+            model.fit(iter(stream), steps_per_epoch=steps, epochs=1, callbacks=[timer, callback], verbose=0)
+            return time.perf_counter() - begin, callback.apply_seconds
+        model.fit(source(part), steps_per_epoch=steps, epochs=1, callbacks=[timer], verbose=0)
+        return time.perf_counter() - begin, 0.0
+
+    def predict(part: slice) -> np.ndarray:
+        steps = -(-(part.stop - part.start) // BATCH)
+        if tiered:
+            stream = TieredBatches(((x, y) for x, y in source(part)), layer, {0: tier}, key=None, training=False)
+            return model.predict(iter(stream), steps=steps, callbacks=[HotTierCallback(stream)], verbose=0)
+        return model.predict(((x,) for x, _ in source(part)), steps=steps, verbose=0)
+
+    tier = HotTier(store, args.hot_rows) if tiered else None
+    io_before = proc_io()
+    timer = StepTimer()
+    train_s, apply_s = fit(train, timer)
+    io_after = proc_io()
+    steps = np.asarray(timer.times)
+    predictions = predict(held_out).reshape(-1)
+    auc = roc_auc(labels[held_out], predictions)
+
+    # A minute: the next batches trained, then the rows they changed gathered as a delta would carry them.
+    if tiered:
+        # The delta's rows are the rows the minute's batches trained (the dirty rows); the time runs from the
+        # minute's last step, so it holds the flush that ends the fit (every dirty slot written to the store).
+        minute_timer = StepTimer()
+        minute_s, _ = fit(minute, minute_timer)
+        touched = np.unique(ids[minute, 0])
+        values, _ = store.read(touched)
+        delta_s, delta_rows = time.perf_counter() - minute_timer.last_end, len(touched)
+    else:
+        parent = np.array(layer.embeddings.value[:args.table_rows])
+        minute_s, _ = fit(minute, StepTimer())
+        begin = time.perf_counter()
+        current = np.asarray(layer.embeddings.value[:args.table_rows])
+        changed = changed_rows(parent, current)
+        values = current[changed]
+        delta_s, delta_rows = time.perf_counter() - begin, len(changed)
+        del parent, current
+    timed = steps[1:] if len(steps) > 1 else steps
+    result = {
+        "mode": args.mode,
+        "setup_s": setup_s,
+        "train_rows": train_rows,
+        "train_s": train_s,
+        "ex_per_s": (train_rows - BATCH) / float(timed.sum()) if len(timed) else float("nan"),
+        "step_p50_ms": float(np.percentile(timed, 50) * 1e3),
+        "step_p99_ms": float(np.percentile(timed, 99) * 1e3),
+        "apply_s_per_step": apply_s / len(steps) if len(steps) else 0.0,
+        "auc": float(auc),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "process_io": {key: io_after.get(key, 0) - io_before.get(key, 0) for key in io_after},
+        "minute": {"rows": minute_rows, "train_s": minute_s, "delta_rows": int(delta_rows),
+                   "delta_bytes": int(values.nbytes + delta_rows * 8), "delta_s": delta_s},
+    }
+    if tiered:
+        counters = tier.counters
+        lookups = counters.rows_hit + counters.rows_loaded
+        stats = store.counters
+        result.update({
+            "hot_rows": args.hot_rows,
+            "hit_rate": counters.rows_hit / lookups if lookups else None,
+            "tier": {key: getattr(counters, key) for key in counters.__dataclass_fields__},
+            "store": {key: getattr(stats, key) for key in stats.__dataclass_fields__},
+        })
+    return result
+
+
+def proc_io() -> dict[str, int]:
+    """/proc/self/io: bytes the process read and wrote (rchar, wchar), those that reached the disk (read_bytes,
+    write_bytes) and its read and write calls (syscr, syscw)."""
+    try:
+        lines = Path("/proc/self/io").read_text().splitlines()
+    except OSError:
+        return {}
+    return {key: int(value) for key, value in (line.split(": ") for line in lines)}
+
+
+# --- the parent: data, the cgroup, the runs --------------------------------------------------------------------
+
+
+class MemoryCgroup:
+    """A memory cgroup of its own for the tiered run's process: v1 (memory.limit_in_bytes) or v2 (memory.max)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        if unified:
+            own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                       if line.startswith("0::"))
+            base = Path("/sys/fs/cgroup") / own.lstrip("/")
+            self.limit_file, self.peak_file, self.kind = "memory.max", "memory.peak", "cgroup v2 memory.max"
+        else:
+            own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                       if line.split(":")[1] == "memory")
+            base = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
+            self.limit_file, self.peak_file = "memory.limit_in_bytes", "memory.max_usage_in_bytes"
+            self.kind = "cgroup v1 memory.limit_in_bytes"
+        self.path = base / f"ctr-bench-tiers-{os.getpid()}"
+        try:
+            self.path.mkdir()
+            (self.path / self.limit_file).write_text(str(limit_bytes))
+        except OSError as error:
+            raise SystemExit(f"cannot make a memory cgroup at {self.path} ({error}); run as root on a host with a "
+                             "writable cgroup memory controller, or pass --no-memory-limit (the result then says "
+                             "no limit was applied)") from None
+
+    def enter(self) -> None:
+        """In the child, before it execs: join the cgroup."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_bytes(self) -> int | None:
+        try:
+            return int((self.path / self.peak_file).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
+              cgroup: MemoryCgroup | None) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", mode, "--data", str(data), "--work", str(work),
+               "--table-rows", str(args.table_rows), "--hot-rows", str(args.hot_rows),
+               "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    print(f"[bench-tiers] {mode}: {' '.join(command[2:])}", flush=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
+                          preexec_fn=cgroup.enter if cgroup is not None else None, timeout=3600)
+    if done.returncode != 0:
+        killed = " (killed: over the memory limit?)" if done.returncode in (-9, 137) else ""
+        raise SystemExit(f"the {mode} run failed with status {done.returncode}{killed}:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if cgroup is not None:
+        result["cgroup_peak_bytes"] = cgroup.peak_bytes()
+    print(f"[bench-tiers] {mode}: {result['ex_per_s']:.0f} ex/s, step p50 {result['step_p50_ms']:.1f} ms, "
+          f"AUC {result['auc']:.4f}, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--zipf", type=float, action="append", help="Zipf exponents (default 1.05 and 0.8)")
+    parser.add_argument("--memory-limit-mib", type=int, default=1024)
+    parser.add_argument("--no-memory-limit", action="store_true")
+    parser.add_argument("--table-rows", type=int, default=0, help="default: 4x the limit in records")
+    parser.add_argument("--hot-rows", type=int, default=131_072)
+    parser.add_argument("--train-rows", type=int, default=1_000_000)
+    parser.add_argument("--eval-rows", type=int, default=100_000)
+    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--child", choices=("tiered", "memory"), help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    limit = args.memory_limit_mib * 2**20
+    if not args.table_rows:
+        args.table_rows = -(-4 * limit // RECORD_BYTES)
+    if args.child:
+        args.mode = args.child
+        print(json.dumps(child(args)))
+        return
+    command = "make bench-tiers" + (f" BENCH_TIERS_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
+    result: dict[str, Any] = {
+        "command": command,
+        "memory_limit_bytes": None if args.no_memory_limit else limit,
+        "memory_limit": "none" if args.no_memory_limit else None,
+        "table_rows": args.table_rows,
+        "table_bytes": args.table_rows * RECORD_BYTES,
+        "embedding_dim": DIM,
+        "batch_size": BATCH,
+        "hot_rows": args.hot_rows,
+    }
+    for exponent in args.zipf or [1.05, 0.8]:
+        with tempfile.TemporaryDirectory(prefix="bench-tiers-") as scratch:
+            work = Path(scratch)
+            data = work / "data.npz"
+            generate(data, args.train_rows + args.eval_rows + MINUTE_BATCHES * BATCH, args.table_rows, exponent,
+                     SEED)
+            cgroup = None if args.no_memory_limit else MemoryCgroup(limit)
+            if cgroup is not None:
+                result["memory_limit"] = cgroup.kind
+            try:
+                tiered = run_child(args, "tiered", data, work, cgroup)
+            finally:
+                if cgroup is not None:
+                    cgroup.remove()
+            (work / "table.rows").unlink(missing_ok=True)
+            memory = run_child(args, "memory", data, work, None)
+        result[f"zipf_{exponent}"] = {
+            "tiered_ex_per_s": tiered["ex_per_s"],
+            "memory_ex_per_s": memory["ex_per_s"],
+            "speed_ratio": tiered["ex_per_s"] / memory["ex_per_s"],
+            "tiered_auc": tiered["auc"],
+            "memory_auc": memory["auc"],
+            "peak_rss_bytes": tiered["peak_rss_bytes"],
+            "memory_limit_bytes": result["memory_limit_bytes"],
+            "table_bytes": result["table_bytes"],
+            "hit_rate": tiered["hit_rate"],
+            "delta_s_ratio": tiered["minute"]["delta_s"] / memory["minute"]["delta_s"],
+            "tiered": tiered,
+            "memory": memory,
+        }
+        print(json.dumps({k: v for k, v in result[f"zipf_{exponent}"].items() if not isinstance(v, dict)}),
+              flush=True)
+    result["goals"] = {
+        "speed_ratio_at_1.05": ">= 0.5", "auc_difference_at_1.05": "<= 0.001",
+        "peak_rss_under_limit": True, "minute_delta_cost": "tiered <= in memory",
+    }
+    result = {**provenance(command), **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"[bench-tiers] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
