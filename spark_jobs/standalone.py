@@ -15,11 +15,9 @@ answers `/api/v1/applications/<id>/executors` with what each executor ran (`exec
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -57,8 +55,7 @@ class ClusterState:
 def cluster_state(master_webui: str, timeout_s: float = 3.0) -> ClusterState:
     """The master's view of its cluster, from its web UI's JSON (`master_webui` like http://127.0.0.1:8081).
     Raises OSError when it does not answer."""
-    with urllib.request.urlopen(f"{master_webui.rstrip('/')}/json/", timeout=timeout_s) as response:
-        doc = json.load(response)
+    doc = _get_json(f"{master_webui.rstrip('/')}/json/", timeout_s)
 
     def apps(key: str) -> list[dict]:
         return [{"id": a["id"], "name": a["name"], "cores": a.get("cores", 0), "state": a.get("state")}
@@ -82,9 +79,19 @@ def executor_tasks(driver_ui: str, application_id: str, timeout_s: float = 5.0) 
     """Tasks each executor of the application completed, from the driver's REST API (executor id ->
     completed tasks; "driver" is the driver itself, which runs no task on a cluster)."""
     url = f"{driver_ui.rstrip('/')}/api/v1/applications/{application_id}/allexecutors"
+    return {e["id"]: int(e.get("completedTasks", 0)) for e in _get_json(url, timeout_s)}
+
+
+def _get_json(url: str, timeout_s: float) -> Any:
+    """The JSON at `url` (httpx, as the stack's other health checks); OSError when it does not answer or
+    answers with an error status."""
+    import httpx
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            executors = json.load(response)
-    except urllib.error.HTTPError as err:
-        raise OSError(f"{url}: HTTP {err.code}") from err
-    return {e["id"]: int(e.get("completedTasks", 0)) for e in executors}
+        response = httpx.get(url, timeout=timeout_s)
+        response.raise_for_status()
+    except httpx.HTTPStatusError as err:
+        raise OSError(f"{url}: HTTP {err.response.status_code}") from err
+    except httpx.HTTPError as err:
+        raise OSError(f"{url}: {type(err).__name__}: {err}") from err
+    return response.json()
