@@ -18,20 +18,26 @@ The order, for batch i (plans are made and applied in batch order, one sequence 
    them; fixed there by making prefetch wait for the pending writes). Such loads are deferred: read at apply
    time, after the write-back that precedes them.
 3. Apply (training thread, after step i - 1 completed, before step i; `apply`): write-backs first (they read
-   the slots' values after step i - 1's update and write them to the store), then the deferred loads read the
-   store, then every load writes its row and accumulator into its slot.
+   the slots' values after step i - 1's update, one gather per variable), then the deferred loads take their
+   rows as last written back, then every load writes its row and accumulator into its slot (one scatter per
+   variable). The write-backs' values are kept in memory, in plan order, until written to the store.
 4. Step i (Keras): reads and updates only slots of batch i.
+5. Write-behind (producer thread, at the start of the next `prepare`; or `flush`): the applied plans'
+   write-backs are written to the store, oldest first, and only then dropped from memory. The store writes
+   thus run beside the steps instead of between them.
 
 Why this is free of the race: a row is loaded by plan i either from a store that already holds its last
-write-back (the write-back's plan was applied before the prefetch read), or at apply time of plan i, after the
-write-backs of every plan < i were applied. No other write of the row can be pending, since a row is written
-back only by a plan that evicts it, and it is not resident between that plan and plan i. A write-back and a
-load in the same plan never name the same row (victims are rows the batch does not read), and when they
-share a slot the write-back reads it first.
+write-back (the write-back's plan was applied, and written behind by this same `prepare`, before the prefetch
+read), or at apply time of plan i, after every plan < i was applied, from its latest write-back: in memory if
+not written yet, else from the store. No other write of the row can be pending, since a row is written back
+only by a plan that evicts it, and it is not resident between that plan and plan i. A write-back and a load in
+the same plan never name the same row (victims are rows the batch does not read), and when they share a slot
+the write-back reads it first. Write-backs reach the store one writer at a time, in plan order, so a row
+written back twice ends with its later value.
 
-`flush` writes every slot that is dirty as of the last applied plan back to its row (the applied state, not
-the planner's, which may be ahead with plans of batches not yet trained), then fsyncs: the store then holds
-the whole table as of the last step. A checkpoint is flush + RowStore.snapshot.
+`flush` writes the pending write-backs, then every slot that is dirty as of the last applied plan back to its
+row (the applied state, not the planner's, which may be ahead with plans of batches not yet trained), then
+fsyncs: the store then holds the whole table as of the last step. A checkpoint is flush + RowStore.snapshot.
 
 A prepared plan belongs to the tier that made it; one producer thread prepares, one training thread applies.
 """
@@ -39,7 +45,7 @@ A prepared plan belongs to the tier that made it; one producer thread prepares, 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -57,25 +63,153 @@ class Plan:
     slot_ids: np.ndarray  # the batch's row ids mapped to slots, same shape
     write_back_slots: np.ndarray  # int64: these slots' values go to...
     write_back_rows: np.ndarray  # ...these rows of the store
-    load_rows: np.ndarray  # int64: these rows of the store go to...
+    load_rows: np.ndarray  # int64, ascending: these rows of the store go to...
     load_slots: np.ndarray  # ...these slots
     training: bool  # a training step updates the batch's slots: they become dirty
+    num_rows: int = 0  # distinct rows the batch reads (resident ones and loads)
+
+
+# Entries per bucket of RowSlotMap: 16 int64 row ids, two cache lines.
+BUCKET_WIDTH = 16
+# Odd 64-bit multipliers (Fibonacci hashing, and the one of xxHash64's finaliser): a row's two buckets.
+HASH_MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)
+EMPTY = -1
+
+
+class RowSlotMap:
+    """Row id -> slot, for up to `capacity` rows and slots in [0, capacity), a batch of rows at a time, in numpy.
+
+    A hash table of buckets of BUCKET_WIDTH entries, at least 2 * capacity entries in all. A row lives in the
+    less full of its two buckets (two hash functions, "two choices"), so a bucket is at most half full on
+    average and almost never full; a lookup compares each row with the entries of its two buckets, with no
+    probing loop, and a removal empties the row's entry (no tombstones). Should both of a row's buckets be
+    full, the table doubles. Its memory is 40 to 72 bytes per slot and does not grow with the table on disk
+    (an array indexed by row id would: 4 bytes per row of the table).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        require_integer("capacity", capacity)
+        self.capacity = int(capacity)
+        num_buckets = 2
+        while num_buckets * BUCKET_WIDTH < 2 * self.capacity:
+            num_buckets *= 2
+        self.allocate(num_buckets)
+
+    def allocate(self, num_buckets: int) -> None:
+        self.num_buckets = num_buckets
+        self.shift = np.uint64(64 - (num_buckets.bit_length() - 1))
+        self.rows = np.full((num_buckets, BUCKET_WIDTH), EMPTY, dtype=np.int64)
+        self.slots = np.zeros((num_buckets, BUCKET_WIDTH), dtype=np.int64)
+        self.fill = np.zeros(num_buckets, dtype=np.int64)  # rows per bucket
+        self.entry_of_slot = np.full(self.capacity, -1, dtype=np.int64)  # flat position of each slot's row
+
+    def __len__(self) -> int:
+        return int(self.fill.sum())
+
+    def buckets(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's two buckets, distinct."""
+        keys = rows.astype(np.uint64)
+        first = ((keys * np.uint64(HASH_MULTIPLIERS[0])) >> self.shift).astype(np.intp)
+        second = ((keys * np.uint64(HASH_MULTIPLIERS[1])) >> self.shift).astype(np.intp)
+        return first, np.where(second == first, first ^ 1, second)
+
+    def lookup(self, rows: np.ndarray) -> np.ndarray:
+        """The slot of each of `rows` (int64), -1 where a row is absent."""
+        rows = np.asarray(rows, dtype=np.int64)
+        first, second = self.buckets(rows)
+        entries = np.full(len(rows), -1, dtype=np.intp)
+        matches = np.flatnonzero(self.rows[first] == rows[:, None])  # at most one per row
+        found = matches // BUCKET_WIDTH
+        entries[found] = first[found] * BUCKET_WIDTH + matches % BUCKET_WIDTH
+        rest = np.flatnonzero(entries < 0)
+        matches = np.flatnonzero(self.rows[second[rest]] == rows[rest, None])
+        found = rest[matches // BUCKET_WIDTH]
+        entries[found] = second[found] * BUCKET_WIDTH + matches % BUCKET_WIDTH
+        return np.where(entries >= 0, self.slots.reshape(-1)[entries], -1)
+
+    def insert(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        """Adds distinct `rows`, none of them present, with their distinct `slots`, none of them in use."""
+        rows, slots = np.asarray(rows, dtype=np.int64), np.asarray(slots, dtype=np.int64)
+        if len(self) + len(rows) > self.capacity:
+            raise ValueError(f"A RowSlotMap of capacity {self.capacity} holds {len(self)} rows; adding "
+                             f"{len(rows)} would exceed it. Remove rows first")
+        while len(rows):
+            first, second = self.buckets(rows)
+            free_first, free_second = BUCKET_WIDTH - self.fill[first], BUCKET_WIDTH - self.fill[second]
+            chosen = np.where(free_second > free_first, second, first)
+            free = np.maximum(free_first, free_second)
+            if not free.all():
+                self.grow()
+                continue
+            # Rows that chose one bucket take its empty entries in turn; the ones that do not fit choose again.
+            order = np.argsort(chosen, kind="stable")
+            ordered = chosen[order]
+            group_start = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+            rank = np.arange(len(order)) - np.repeat(group_start, np.diff(np.append(group_start, len(order))))
+            fits = rank < free[order]
+            placed, bucket, rank = order[fits], ordered[fits], rank[fits]
+            empty = self.rows[bucket] == EMPTY
+            column = empty.argmax(axis=1)  # rank 0: the first empty entry; rank k: the (k + 1)-th
+            later = np.flatnonzero(rank)
+            column[later] = (np.cumsum(empty[later], axis=1) <= rank[later, None]).sum(axis=1)
+            self.rows[bucket, column] = rows[placed]
+            self.slots[bucket, column] = slots[placed]
+            self.entry_of_slot[slots[placed]] = bucket * BUCKET_WIDTH + column
+            np.add.at(self.fill, bucket, 1)
+            left = np.sort(order[~fits])
+            rows, slots = rows[left], slots[left]
+
+    def remove_slots(self, slots: np.ndarray) -> None:
+        """Removes the rows of distinct `slots`, all in use."""
+        entries = self.entry_of_slot[slots]
+        if (entries < 0).any():
+            raise ValueError(f"Slots {np.asarray(slots)[entries < 0][:10].tolist()} hold no row of the map; remove "
+                             "only slots in use")
+        self.rows.reshape(-1)[entries] = EMPTY
+        self.entry_of_slot[slots] = -1
+        np.subtract.at(self.fill, entries // BUCKET_WIDTH, 1)
+
+    def grow(self) -> None:
+        """Doubles the buckets and puts every row back."""
+        if self.num_buckets * BUCKET_WIDTH >= 64 * self.capacity:  # two choices make this all but impossible
+            raise RuntimeError(f"A RowSlotMap of {len(self)} rows filled both buckets of a row at "
+                               f"{self.num_buckets} buckets; its rows or slots were not distinct (a bug)")
+        present = self.rows != EMPTY
+        rows, slots = self.rows[present], self.slots[present]
+        self.allocate(2 * self.num_buckets)
+        self.insert(rows, slots)
 
 
 class HotTierPlanner:
     """Maps each batch's row ids to `hot_rows` slots, least recently used slot evicted first.
 
     Sequential and pure (no I/O): the plan for a batch depends on the plans made before it. Recency is by
-    batch; within a batch, lower row ids count as used earlier. Free slots are taken lowest first.
+    batch; within a batch, lower row ids count as used earlier (whether resident or loaded). Free slots are
+    taken lowest first, then the least recently used slots the batch does not read, the loads in ascending
+    row order taking them in that order.
+
+    Vectorised: row -> slot is a RowSlotMap; each slot carries the number of its last use (uses are numbered
+    in batch order, then row order); and a queue of (slot, use) in use order gives the victims: the queue's
+    front entries whose use is still their slot's last, the others being stale (the slot was used again
+    since). Each entry is appended once and passed over once, so a batch costs O(its distinct rows), whatever
+    `hot_rows`.
     """
 
     def __init__(self, hot_rows: int, first_sequence: int = 0) -> None:
         require_integer("hot_rows", hot_rows)
         self.hot_rows = int(hot_rows)
-        self.slot_of_row: OrderedDict[int, int] = OrderedDict()  # least recently used first
-        self.free_slots: deque[int] = deque(range(self.hot_rows))
+        self.slot_map = RowSlotMap(self.hot_rows)
+        self.row_of_slot = np.full(self.hot_rows, -1, dtype=np.int64)
+        self.last_use = np.full(self.hot_rows, -1, dtype=np.int64)
+        self.num_used_slots = 0  # slots [0, num_used_slots) hold rows; an evicted slot goes to the next row
         self.dirty = np.zeros(self.hot_rows, dtype=bool)
         self.num_planned = first_sequence
+        self.num_uses = 0
+        # The recency queue: entries [queue_head, queue_tail), in use order. At most one entry per slot is live,
+        # so compacting leaves at most hot_rows, and a batch adds at most hot_rows.
+        self.queue_slots = np.empty(2 * self.hot_rows, dtype=np.int64)
+        self.queue_uses = np.empty(2 * self.hot_rows, dtype=np.int64)
+        self.queue_head = self.queue_tail = 0
 
     def plan(self, row_ids: np.ndarray, training: bool = True) -> Plan:
         ids = np.asarray(row_ids)
@@ -89,41 +223,74 @@ class HotTierPlanner:
                 f"A batch reads {len(unique)} distinct rows of this table, more than its hot tier's hot_rows="
                 f"{self.hot_rows} slots. Set hot_rows to at least {len(unique)} (a few times the distinct rows of a "
                 "batch, so that rows stay resident between batches) or use smaller batches")
-        slots = np.empty(len(unique), dtype=np.int64)
-        missing = []
-        for position, row in enumerate(unique.tolist()):
-            slot = self.slot_of_row.get(row)
-            if slot is None:
-                missing.append(position)
-            else:
-                self.slot_of_row.move_to_end(row)
-                slots[position] = slot
-        write_back_slots, write_back_rows = [], []
-        for position in missing:
-            if self.free_slots:
-                slot = self.free_slots.popleft()
-            else:  # the front holds rows this batch does not read: its own rows were moved or added to the end
-                victim, slot = self.slot_of_row.popitem(last=False)
-                if self.dirty[slot]:
-                    write_back_slots.append(slot)
-                    write_back_rows.append(victim)
-                    self.dirty[slot] = False
-            row = int(unique[position])
-            self.slot_of_row[row] = slot
-            slots[position] = slot
+        slots = self.slot_map.lookup(unique)
+        uses = self.num_uses + np.arange(len(unique), dtype=np.int64)
+        resident = slots >= 0
+        self.last_use[slots[resident]] = uses[resident]  # before choosing victims: the batch's rows stay
+        missing = np.flatnonzero(~resident)
+        num_free = min(len(missing), self.hot_rows - self.num_used_slots)
+        free = np.arange(self.num_used_slots, self.num_used_slots + num_free, dtype=np.int64)
+        self.num_used_slots += num_free
+        victims = self.least_recently_used(len(missing) - num_free)
+        victim_rows = self.row_of_slot[victims]
+        written = self.dirty[victims]
+        if len(victims):
+            self.dirty[victims] = False
+            self.slot_map.remove_slots(victims)
+        new_slots = np.concatenate([free, victims])
+        load_rows = unique[missing]
+        self.slot_map.insert(load_rows, new_slots)
+        self.row_of_slot[new_slots] = load_rows
+        self.last_use[new_slots] = uses[missing]
+        slots[missing] = new_slots
+        self.enqueue(slots, uses)
+        self.num_uses += len(unique)
         if training:
             self.dirty[slots] = True
         plan = Plan(
             sequence=self.num_planned,
             slot_ids=slots[inverse].reshape(ids.shape),
-            write_back_slots=np.asarray(write_back_slots, dtype=np.int64),
-            write_back_rows=np.asarray(write_back_rows, dtype=np.int64),
-            load_rows=unique[missing],
-            load_slots=slots[missing],
+            write_back_slots=victims[written],
+            write_back_rows=victim_rows[written],
+            load_rows=load_rows,
+            load_slots=new_slots,
             training=bool(training),
+            num_rows=len(unique),
         )
         self.num_planned += 1
         return plan
+
+    def least_recently_used(self, count: int) -> np.ndarray:
+        """Takes the `count` least recently used slots off the queue's front, least recent first."""
+        taken: list[np.ndarray] = []
+        while count > 0:
+            if self.queue_head == self.queue_tail:
+                raise RuntimeError(f"The recency queue ran out with {count} victims still to find; the planner's "
+                                   "state is inconsistent (a bug: report it with the batches that led here)")
+            stop = min(self.queue_tail, self.queue_head + max(2 * count, 64))
+            window = self.queue_slots[self.queue_head:stop]
+            live = np.flatnonzero(self.last_use[window] == self.queue_uses[self.queue_head:stop])
+            if len(live) >= count:
+                taken.append(window[live[:count]])
+                self.queue_head += int(live[count - 1]) + 1
+                count = 0
+            else:
+                taken.append(window[live])
+                self.queue_head = stop
+                count -= len(live)
+        return np.concatenate(taken) if taken else np.empty(0, dtype=np.int64)
+
+    def enqueue(self, slots: np.ndarray, uses: np.ndarray) -> None:
+        """Appends (slot, use) entries, `uses` ascending and above every use queued so far."""
+        if self.queue_tail + len(slots) > len(self.queue_slots):  # compact: keep the live entries, in order
+            window = slice(self.queue_head, self.queue_tail)
+            live = self.last_use[self.queue_slots[window]] == self.queue_uses[window]
+            kept_slots, kept_uses = self.queue_slots[window][live], self.queue_uses[window][live]
+            self.queue_head, self.queue_tail = 0, len(kept_slots)
+            self.queue_slots[:self.queue_tail], self.queue_uses[:self.queue_tail] = kept_slots, kept_uses
+        self.queue_slots[self.queue_tail:self.queue_tail + len(slots)] = slots
+        self.queue_uses[self.queue_tail:self.queue_tail + len(slots)] = uses
+        self.queue_tail += len(slots)
 
 
 @dataclass(frozen=True)
@@ -188,10 +355,12 @@ class HotTier:
         self.applied_row_of_slot = np.full(self.hot_rows, -1, dtype=np.int64)
         self.applied_dirty = np.zeros(self.hot_rows, dtype=bool)
         self.num_applied = 0
-        # Rows whose latest write-back is in a plan that may not be applied yet: row -> that plan's sequence;
-        # and the write-backs by plan, to forget them once applied.
-        self.last_write_back: dict[int, int] = {}
+        # The write-backs of plans that may not be applied yet, by plan: (sequence, rows), oldest first.
         self.write_backs_by_plan: deque[tuple[int, np.ndarray]] = deque()
+        # Write-backs of applied plans whose rows are not in the store yet, oldest first: (rows ascending,
+        # values, accumulators). Appended by `apply`, removed by `write_behind` once written.
+        self.unwritten: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self.writing = threading.Lock()  # one writer at a time, so write-backs of a row land in plan order
         self.condition = threading.Condition()
         self.counters = TierCounters()
 
@@ -201,44 +370,53 @@ class HotTier:
         return self.planner.num_planned - self.num_applied
 
     def prepare(self, row_ids: np.ndarray, training: bool = True) -> PreparedPlan:
-        """Plans the next batch and reads its loads that are safe to read now (producer thread)."""
+        """Writes the write-backs of the plans applied so far to the store, then plans the next batch and reads its
+        loads that are safe to read now (producer thread)."""
         with self.condition:
             applied = self.num_applied
+        self.write_behind()  # every write-back of plans < applied is in the store after this
         while self.write_backs_by_plan and self.write_backs_by_plan[0][0] < applied:
-            sequence, rows = self.write_backs_by_plan.popleft()
-            for row in rows.tolist():
-                if self.last_write_back.get(row) == sequence:
-                    del self.last_write_back[row]
+            self.write_backs_by_plan.popleft()
         plan = self.planner.plan(row_ids, training)
-        # A write-back of plan s is in the store once s < applied (plans are applied in sequence order).
-        deferred = np.asarray([self.last_write_back.get(row, -1) >= applied for row in plan.load_rows.tolist()],
-                              dtype=bool)
-        load_values = np.empty((len(plan.load_rows), self.store.embedding_dim), dtype=np.float32)
-        load_accumulators = np.empty_like(load_values)
+        # A row written back by a plan not applied yet is read when this plan is applied.
+        if self.write_backs_by_plan and len(plan.load_rows):
+            pending = np.concatenate([rows for _, rows in self.write_backs_by_plan])
+            deferred = np.isin(plan.load_rows, pending)
+        else:
+            deferred = np.zeros(len(plan.load_rows), dtype=bool)
         ready = ~deferred
-        if ready.any():
-            load_values[ready], load_accumulators[ready] = self.store.read(plan.load_rows[ready])
+        num_deferred = int(deferred.sum())
+        if num_deferred:
+            load_values = np.empty((len(plan.load_rows), self.store.embedding_dim), dtype=np.float32)
+            load_accumulators = np.empty_like(load_values)
+            if num_deferred < len(ready):
+                load_values[ready], load_accumulators[ready] = self.store.read(plan.load_rows[ready])
+        else:
+            load_values, load_accumulators = self.store.read(plan.load_rows)
         if len(plan.write_back_rows):
             self.write_backs_by_plan.append((plan.sequence, plan.write_back_rows))
-            self.last_write_back.update(dict.fromkeys(plan.write_back_rows.tolist(), plan.sequence))
-        self.count(plans_made=1, rows_hit=int(np.unique(plan.slot_ids).size) - len(plan.load_rows),
-                   rows_prefetched=int(ready.sum()), rows_deferred=int(deferred.sum()))
+        self.count(plans_made=1, rows_hit=plan.num_rows - len(plan.load_rows),
+                   rows_prefetched=len(ready) - num_deferred, rows_deferred=num_deferred)
         return PreparedPlan(plan, load_values, load_accumulators, deferred)
 
     def apply(self, prepared: PreparedPlan, slots: SlotAccess) -> None:
-        """Applies the next plan (training thread, between steps): write-backs, then loads."""
+        """Applies the next plan (training thread, between steps): write-backs read from the slots, then loads
+        written to them. The write-backs reach the store later, written by the next `prepare` (the producer
+        thread) or by `flush`; until then a load of their rows takes them from memory."""
         plan = prepared.plan
         if plan.sequence != self.num_applied:
             raise ValueError(
                 f"Plans must be applied once each, in the order they were made: the next is plan "
                 f"{self.num_applied}. Received: plan {plan.sequence}. Apply each batch's plan just before its step")
+        written_back = None
         if len(plan.write_back_slots):
             values, accumulators = slots.read(plan.write_back_slots)
-            self.store.write(plan.write_back_rows, values, accumulators)
+            order = np.argsort(plan.write_back_rows)
+            written_back = (plan.write_back_rows[order], values[order], accumulators[order])
         load_values, load_accumulators = prepared.load_values, prepared.load_accumulators
         if prepared.deferred.any():
             load_values, load_accumulators = load_values.copy(), load_accumulators.copy()
-            load_values[prepared.deferred], load_accumulators[prepared.deferred] = self.store.read(
+            load_values[prepared.deferred], load_accumulators[prepared.deferred] = self.read_latest(
                 plan.load_rows[prepared.deferred])
         if len(plan.load_slots):
             slots.write(plan.load_slots, load_values, load_accumulators)
@@ -248,13 +426,46 @@ class HotTier:
         if plan.training:
             self.applied_dirty[plan.slot_ids.reshape(-1)] = True
         with self.condition:
+            if written_back is not None:
+                self.unwritten.append(written_back)
             self.num_applied += 1
             self.condition.notify_all()
         self.count(plans_applied=1, rows_loaded=len(plan.load_rows), rows_written_back=len(plan.write_back_rows))
 
+    def read_latest(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values, accumulators) of `rows` as last written back: from a write-back not in the store yet (the
+        latest holding the row), else from the store (every write-back of it is there)."""
+        with self.condition:
+            unwritten = list(self.unwritten)
+        values = np.empty((len(rows), self.store.embedding_dim), dtype=np.float32)
+        accumulators = np.empty_like(values)
+        found = np.zeros(len(rows), dtype=bool)
+        for written_rows, written_values, written_accumulators in reversed(unwritten):
+            positions = np.minimum(np.searchsorted(written_rows, rows), len(written_rows) - 1)
+            here = ~found & (written_rows[positions] == rows)
+            values[here], accumulators[here] = written_values[positions[here]], written_accumulators[positions[here]]
+            found |= here
+        if not found.all():
+            values[~found], accumulators[~found] = self.store.read(rows[~found])
+        return values, accumulators
+
+    def write_behind(self) -> None:
+        """Writes the applied plans' write-backs that are not in the store yet, oldest first."""
+        with self.writing:
+            while True:
+                with self.condition:
+                    if not self.unwritten:
+                        return
+                    rows, values, accumulators = self.unwritten[0]
+                self.store.write(rows, values, accumulators)
+                with self.condition:  # only now: until written, `read_latest` takes the rows from here
+                    self.unwritten.popleft()
+
     def flush(self, slots: SlotAccess) -> int:
-        """Writes every slot dirty as of the last applied plan back to its row and fsyncs the store; returns the
-        rows written. Call it between steps; plans prepared ahead stay valid."""
+        """Writes the pending write-backs, then every slot dirty as of the last applied plan back to its row, and
+        fsyncs the store; returns the dirty rows written. Call it between steps; plans prepared ahead stay
+        valid."""
+        self.write_behind()
         dirty = np.flatnonzero(self.applied_dirty)
         if len(dirty):
             values, accumulators = slots.read(dirty)
@@ -270,7 +481,6 @@ class HotTier:
         self.flush(slots)
         self.planner = HotTierPlanner(self.hot_rows, first_sequence=self.num_applied)
         self.applied_row_of_slot[:] = -1
-        self.last_write_back.clear()
         self.write_backs_by_plan.clear()
 
     def resident_rows(self) -> dict[int, int]:

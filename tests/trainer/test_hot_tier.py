@@ -1,11 +1,12 @@
 import queue
 import re
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import pytest
 
-from trainer.hot_tier import ArraySlots, HotTier, HotTierPlanner
+from trainer.hot_tier import ArraySlots, HotTier, HotTierPlanner, RowSlotMap
 from trainer.row_store import RowStore
 
 pytestmark = pytest.mark.unit
@@ -50,6 +51,106 @@ def test_the_least_recently_used_slot_the_batch_does_not_read_is_evicted():
     assert fourth.slot_ids.tolist() == [2, 1, 0]
     assert (fourth.write_back_rows.tolist(), fourth.load_rows.tolist()) == ([13], [14])
     assert [first.sequence, hit.sequence, third.sequence, fourth.sequence] == [0, 1, 2, 3]
+
+
+def test_within_a_batch_lower_row_ids_count_as_used_earlier_whether_resident_or_loaded():
+    planner = HotTierPlanner(3)
+    planner.plan(np.array([5, 7]))  # 5 -> slot 0, 7 -> slot 1
+    second = planner.plan(np.array([7, 6]))  # 7 resident, 6 loaded into slot 2; in this batch 6 counts as first
+    assert (second.load_rows.tolist(), second.load_slots.tolist()) == ([6], [2])
+    # Least recent first: 5 (batch 1), then 6 and 7 (batch 2, 6 < 7).
+    assert planner.plan(np.array([8])).write_back_rows.tolist() == [5]
+    fourth = planner.plan(np.array([9]))
+    assert (fourth.write_back_rows.tolist(), fourth.write_back_slots.tolist()) == ([6], [2])
+    assert planner.plan(np.array([10])).write_back_rows.tolist() == [7]
+
+
+class ReferencePlanner:
+    """The planner's rule written plainly: an OrderedDict in recency order, a batch's rows moved to its end in
+    ascending id order, loads taking free slots lowest first, then the front's rows (which the batch does not
+    read)."""
+
+    def __init__(self, hot_rows: int) -> None:
+        self.slot_of_row: OrderedDict[int, int] = OrderedDict()
+        self.free = list(range(hot_rows))
+        self.dirty = np.zeros(hot_rows, dtype=bool)
+
+    def plan(self, ids: np.ndarray, training: bool) -> tuple[list, list, list, list, list]:
+        rows = np.unique(ids).tolist()
+        slots = {row: self.slot_of_row.pop(row) for row in rows if row in self.slot_of_row}
+        write_back_slots, write_back_rows, loads = [], [], []
+        for row in rows:
+            if row in slots:
+                continue
+            if self.free:
+                slot = self.free.pop(0)
+            else:
+                victim, slot = self.slot_of_row.popitem(last=False)
+                if self.dirty[slot]:
+                    write_back_slots.append(slot)
+                    write_back_rows.append(victim)
+                    self.dirty[slot] = False
+            slots[row] = slot
+            loads.append(row)
+        for row in rows:
+            self.slot_of_row[row] = slots[row]
+        if training:
+            self.dirty[[slots[row] for row in rows]] = True
+        slot_ids = [slots[row] for row in np.asarray(ids).reshape(-1).tolist()]
+        return slot_ids, write_back_slots, write_back_rows, loads, [slots[row] for row in loads]
+
+
+def test_the_planner_makes_the_plans_of_a_plain_least_recently_used_map():
+    rng = np.random.default_rng(4)
+    for hot_rows, num_rows in ((1, 5), (7, 40), (50, 400), (200, 5000)):
+        reference, planner = ReferencePlanner(hot_rows), HotTierPlanner(hot_rows)
+        num_planned = 0
+        for _ in range(150):
+            size = int(rng.integers(1, min(hot_rows, 40) + 1))
+            ids = (np.minimum(rng.zipf(1.3, size), num_rows) * 7919) % num_rows
+            if len(np.unique(ids)) > hot_rows:
+                continue
+            training = bool(rng.random() < 0.8)
+            plan = planner.plan(ids, training)
+            num_planned += 1
+            expected = reference.plan(ids, training)
+            got = (plan.slot_ids.tolist(), plan.write_back_slots.tolist(), plan.write_back_rows.tolist(),
+                   plan.load_rows.tolist(), plan.load_slots.tolist())
+            assert got == expected
+        assert num_planned > 100
+
+
+def test_the_row_slot_map_agrees_with_a_dict_through_removals_and_growth():
+    rows_map = RowSlotMap(300)
+    assert rows_map.lookup(np.array([4, 1 << 40])).tolist() == [-1, -1]
+    rows_map.insert(np.array([4, 1 << 40, 9]), np.array([2, 0, 299]))
+    assert rows_map.lookup(np.array([9, 5, 4, 1 << 40])).tolist() == [299, -1, 2, 0]
+    rows_map.remove_slots(np.array([2]))
+    assert rows_map.lookup(np.array([4, 9])).tolist() == [-1, 299] and len(rows_map) == 2
+    with pytest.raises(ValueError, match=re.escape("Slots [2] hold no row of the map")):
+        rows_map.remove_slots(np.array([2]))
+
+    rng = np.random.default_rng(0)
+    rows_map, expected = RowSlotMap(300), {}
+    rows_map.allocate(2)  # 32 entries to start with: the map has to double several times
+    free_slots, most = list(range(300)), 0
+    for _ in range(300):
+        if expected and rng.random() < 0.5:
+            removed = rng.choice(list(expected), int(rng.integers(1, min(len(expected), 12) + 1)), replace=False)
+            slots = np.array([expected.pop(int(row)) for row in removed])
+            rows_map.remove_slots(slots)
+            free_slots += slots.tolist()
+        added = np.unique(rng.integers(0, 1 << 40, int(rng.integers(0, 30))))
+        added = added[~np.isin(added, list(expected))][:300 - len(expected)]
+        rng.shuffle(free_slots)
+        slots, free_slots = np.array(free_slots[:len(added)], dtype=np.int64), free_slots[len(added):]
+        rows_map.insert(added, slots)
+        expected.update(zip(added.tolist(), slots.tolist(), strict=True))
+        asked = np.concatenate([added, rng.integers(0, 1 << 40, 20), np.array(list(expected), dtype=np.int64)])
+        assert rows_map.lookup(asked).tolist() == [expected.get(int(row), -1) for row in asked]
+        assert len(rows_map) == len(expected)
+        most = max(most, len(expected))
+    assert most == 300 and rows_map.num_buckets >= 32  # 300 rows need 19 buckets of 16 at least
 
 
 def test_only_dirty_slots_are_written_back():
@@ -111,6 +212,26 @@ def test_a_load_whose_write_back_is_pending_is_read_after_it_not_before(tmp_path
     assert plan3.deferred.tolist() == [False, False]
     np.testing.assert_array_equal(plan3.load_values[0], [20 + 2 + 0.5] * DIM)
     assert tier.counters.rows_deferred == 2 and tier.counters.rows_prefetched == 6
+
+
+def test_write_backs_reach_the_store_at_the_next_prepare_or_flush_and_loads_see_them_before(tmp_path):
+    """Applying a plan reads its write-backs from the slots; the store gets them from the next prepare (the
+    producer thread, beside the steps) or a flush. A load applied in between takes them from memory."""
+    store = make_store(tmp_path / "t.rows", 10)
+    tier, slots = HotTier(store, hot_rows=2), ArraySlots(2, DIM)
+    plan0 = tier.prepare(np.array([0, 1]))
+    tier.apply(plan0, slots)
+    step(plan0.plan, slots, np.array([0, 1]), 0)  # rows 0 and 1: 1 and 11.25
+    plan1, plan2 = tier.prepare(np.array([2, 3])), tier.prepare(np.array([0, 5]))
+    tier.apply(plan1, slots)  # writes back 0 and 1: in memory, not in the store yet
+    np.testing.assert_array_equal(store.read(np.array([0, 1]))[0][:, 0], [0, 10])
+    step(plan1.plan, slots, np.array([2, 3]), 1)
+    tier.apply(plan2, slots)  # loads 0 (deferred: its write-back was not applied when plan 2 was made)
+    assert plan2.deferred.tolist() == [True, False]
+    np.testing.assert_array_equal(slots.read(plan2.plan.slot_ids)[0][:, 0], [1, 50])
+    tier.prepare(np.array([6]))  # writes behind: plan 1's write-backs (rows 0, 1) and plan 2's (rows 2, 3)
+    np.testing.assert_array_equal(store.read(np.arange(4))[0][:, 0], [1, 11.25, 22.5, 32.75])
+    assert tier.counters.rows_written_back == 4
 
 
 def test_plans_are_applied_once_each_in_order(tmp_path):
@@ -201,6 +322,25 @@ def test_a_producer_thread_planning_ahead_gives_the_same_table(tmp_path):
         step(plan.plan, slots, batch, number)
         reference_step(values, accumulators, batch, number)
     producer.join()
+    tier.flush(slots)
+    np.testing.assert_array_equal(store.read(np.arange(num_rows))[0], values)
+    np.testing.assert_array_equal(store.read(np.arange(num_rows))[1], accumulators)
+
+
+def test_every_plan_made_before_the_first_is_applied_gives_the_same_table(tmp_path):
+    """Nothing is written behind until the end: a row evicted, reloaded and evicted again has several write-backs
+    in memory, and a load must take the latest."""
+    num_rows, hot_rows = 60, 12
+    batches = random_batches(80, num_rows, 8, seed=3)
+    store = make_store(tmp_path / "t.rows", num_rows)
+    values, accumulators = store.read(np.arange(num_rows))
+    tier, slots = HotTier(store, hot_rows), ArraySlots(hot_rows, DIM)
+    prepared = [tier.prepare(batch) for batch in batches]
+    for number, (plan, batch) in enumerate(zip(prepared, batches, strict=True)):
+        tier.apply(plan, slots)
+        step(plan.plan, slots, batch, number)
+        reference_step(values, accumulators, batch, number)
+    assert len(tier.unwritten) > 20  # write-backs of as many plans wait in memory
     tier.flush(slots)
     np.testing.assert_array_equal(store.read(np.arange(num_rows))[0], values)
     np.testing.assert_array_equal(store.read(np.arange(num_rows))[1], accumulators)

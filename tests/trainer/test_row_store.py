@@ -1,3 +1,4 @@
+import errno
 import os
 import re
 import tracemalloc
@@ -5,7 +6,16 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from trainer.row_store import HEADER_BYTES, RowStore, StoreCounters, consecutive_runs, uniform_initializer
+from trainer.row_store import (
+    AIO_BATCH,
+    BATCHED_IO,
+    BATCHED_MIN_RUNS,
+    HEADER_BYTES,
+    RowStore,
+    StoreCounters,
+    consecutive_runs,
+    uniform_initializer,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -90,6 +100,60 @@ def test_counters_count_distinct_rows_bytes_and_one_call_per_run_of_consecutive_
     assert store.counters == StoreCounters(rows_read=6, bytes_read=6 * 32, read_calls=3, rows_written=103,
                                            bytes_written=3296, write_calls=4, fsyncs=1)
     assert consecutive_runs(np.array([1, 2, 3, 8, 10, 11])) == [(0, 3), (3, 4), (4, 6)]
+
+
+def test_creation_writes_a_page_per_call(tmp_path):
+    # 300 records of 32 bytes from byte 4096: pages of 4096, 4096 and 1408 bytes.
+    store = RowStore.from_arrays(tmp_path / "t.rows", *table(300, 4))
+    assert (store.counters.write_calls, store.counters.bytes_written) == (3, 9600)
+    # Other writes are a call per run, however long.
+    store.write(np.arange(300), *table(300, 4))
+    assert store.counters.write_calls == 4
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_many_scattered_rows_are_read_and_written_in_batches_or_a_call_each(tmp_path, monkeypatch, batched):
+    if not batched:
+        monkeypatch.setattr(BATCHED_IO, "available", False)
+    values, accumulators = table(3000, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=4096)
+    before = store.counters
+    rows = np.random.default_rng(0).permutation(3000)[:2 * AIO_BATCH + 7]  # 519 rows, about 430 runs
+    runs = len(consecutive_runs(np.sort(rows)))
+    assert runs > AIO_BATCH and BATCHED_MIN_RUNS < runs
+    got_values, got_accumulators = store.read(rows)
+    np.testing.assert_array_equal(got_values, values[rows])
+    np.testing.assert_array_equal(got_accumulators, accumulators[rows])
+    store.write(rows, -values[rows], values[rows])
+    values[rows], accumulators[rows] = -values[rows], values[rows]
+    np.testing.assert_array_equal(store.read(np.arange(3000))[0], values)
+    np.testing.assert_array_equal(store.read(np.arange(3000))[1], accumulators)
+    counters = store.counters
+    # A request per run; the two reads of the whole table are one run each.
+    assert (counters.read_calls - before.read_calls, counters.write_calls - before.write_calls) == (runs + 2, runs)
+    # Two batches of AIO_BATCH runs or fewer, for the read and for the write; none where AIO is missing.
+    expected = 2 * -(-runs // AIO_BATCH) if BATCHED_IO.available else 0
+    assert counters.batched_calls - before.batched_calls == expected
+
+
+@pytest.mark.skipif(not BATCHED_IO.available, reason="no Linux AIO here: every request is a call already")
+def test_requests_a_batch_did_not_complete_are_done_again_a_call_each(tmp_path, monkeypatch):
+    values, accumulators = table(1000, 2)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
+    rows = np.arange(0, 1000, 5)  # 200 runs of one row
+    transfer = BATCHED_IO.transfer
+
+    def half_done(fd, opcode, offsets, addresses, sizes):  # the odd requests go through; the even ones fail
+        done = np.full(len(offsets), -errno.EIO, dtype=np.int64)
+        done[1::2] = transfer(fd, opcode, offsets[1::2], addresses[1::2], sizes[1::2])
+        return done
+
+    monkeypatch.setattr(BATCHED_IO, "transfer", half_done)
+    np.testing.assert_array_equal(store.read(rows)[0], values[rows])
+    store.write(rows, np.full((200, 2), 7.0), np.full((200, 2), 8.0))
+    monkeypatch.undo()
+    assert (store.read(rows)[0] == 7.0).all() and (store.read(rows)[1] == 8.0).all()
+    assert store.counters.read_calls == 3 * 200  # requests: the ones done twice are counted once
 
 
 def test_creating_and_scanning_a_table_holds_a_chunk_not_the_table(tmp_path):
