@@ -108,6 +108,12 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{value('freshness.json', 'steady_p50_s'):.1f} s, `steady_p95_s` {value('freshness.json', 'steady_p95_s'):.1f}"
         f" s), {value('freshness.json', 'failed_requests')} failed of {value('freshness.json', 'requests'):,} "
         "requests"),
+    "tiers.json, tiers_run0.json": lambda: (
+        # ("zipf_1.05" holds a dot, so not through `value`)
+        f"same AUC ({result('tiers.json')['zipf_1.05']['tiered_auc']:.4f} at Zipf 1.05), peak RSS "
+        f"{result('tiers.json')['zipf_1.05']['peak_rss_bytes'] / 2**20:.0f} MiB, speed "
+        f"{result('tiers.json')['zipf_1.05']['speed_ratio']:.3f}x of in memory (tiers.json; "
+        f"{result('tiers_run0.json')['zipf_1.05']['speed_ratio']:.3f}x in tiers_run0.json, before the speed work)"),
     "spark.json": lambda: (
         f"the join runs at {value('spark.json', 'join_over_sql'):.2f}x the throughput of a plain dedup-and-join of "
         f"the same streams (goal 0.5), the feature state at {value('spark.json', 'features_over_count'):.2f}x one "
