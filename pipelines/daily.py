@@ -370,10 +370,10 @@ def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict) ->
     hashed = hashed_tables(ctx.spec, ctx.config.train.multi_hash_features)
     changed, parent = None, None
     previous = saved_weights(warm_start.checkpoint_dir) if warm_start is not None else None
-    if previous is not None and embeddings is not None and embedding_table(*previous) is not None:
+    parent_embeddings = embedding_table(*previous) if previous is not None else None
+    if embeddings is not None and parent_embeddings is not None:
         parent_sizes = read_manifest(warm_start.checkpoint_dir, kind="checkpoint")["table_sizes"]
-        changed = changed_rows_by_table(embeddings, state.table_sizes(), embedding_table(*previous), parent_sizes,
-                                        hashed)
+        changed = changed_rows_by_table(embeddings, state.table_sizes(), parent_embeddings, parent_sizes, hashed)
         parent = warm_start.checkpoint_dir.name
     report = table_report(ctx.spec, state, kind="daily", version=model_version(ctx), embeddings=embeddings,
                           hashed=hashed, changed=changed, parent=parent, since_day=day_number(ctx.interval.start),
