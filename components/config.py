@@ -150,6 +150,11 @@ class TrainConfig:
     # mesh (trainer/devices.py). The TensorFlow backend ignores both.
     devices: int = 0
     shard_table_rows: int = 1_000_000
+    # train.backend=jax: training processes joined into one mesh by keras.distribution.initialize (over
+    # jax.distributed; trainer/processes.py). Above 1 the train step starts that many on this host, on loopback, and
+    # train.devices counts the devices of all of them: each process feeds its share of every batch and holds its
+    # share of a sharded table. On several hosts a cluster scheduler starts them (docs/scale.md).
+    processes: int = 1
     embedding_dim: int = 16
     num_cross_layers: int = 3
     # DCNv2's cross layers: r > 0 gives each a low-rank matrix, [width, r] then [r, width] (the paper's

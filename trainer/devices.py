@@ -42,10 +42,12 @@ def resolve_devices(requested: int) -> int:
     return requested or available
 
 
-def table_rows(config: TrainConfig, table_sizes: Mapping[str, int], tables: Sequence[str]) -> int:
-    """Rows of the embedding table variable the model will have: the tables not multi-hashed, rounded up to a
-    multiple of `config.devices`."""
-    rows = sum(int(table_sizes[name]) for name in tables if name not in config.multi_hash_features)
+def table_rows(config: TrainConfig, table_sizes: Mapping[str, int], tables: Sequence[str],
+               hashed: Sequence[str] = ()) -> int:
+    """Rows of the embedding table variable the model will have: the tables multi-hashed neither by the config
+    nor by the spec (`hashed`), rounded up to a multiple of `config.devices`."""
+    rows = sum(int(table_sizes[name]) for name in tables
+               if name not in config.multi_hash_features and name not in hashed)
     multiple = max(1, config.devices)
     return -(-rows // multiple) * multiple
 
@@ -59,7 +61,10 @@ def distribution(devices: int, shard_table: bool) -> Any:
     layout_map = keras_distribution.LayoutMap(mesh)
     if shard_table:
         layout_map[TABLE_PATH] = (DEVICE_AXIS, None)
-    return keras_distribution.ModelParallel(layout_map=layout_map, batch_dim_name=DEVICE_AXIS)
+    # The data is never a tf.data dataset for Keras to shard: with several processes each feeds its own share
+    # (trainer/processes.py).
+    return keras_distribution.ModelParallel(layout_map=layout_map, batch_dim_name=DEVICE_AXIS,
+                                            auto_shard_dataset=False)
 
 
 def whole_batches(batches: Iterable[tuple[Any, Any]], devices: int) -> Iterator[tuple[Any, Any]]:

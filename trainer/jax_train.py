@@ -32,6 +32,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ import numpy as np
 from components.block_codec import BLOCK_LAYOUT
 from components.config import TrainConfig
 from components.feature_spec import FeatureSpec
+from trainer.processes import free_loopback_address, join_from_environment, process_environment
 
 logger = logging.getLogger(__name__)
 
@@ -102,37 +104,69 @@ def train_in_jax_process(
         eval_files=[str(f) for f in eval_files], checkpoint_dir=str(checkpoint_dir), version=version,
         warm_start=warm_start, layout=layout, num_rows=num_rows, spec=spec, log_every_steps=every,
     )
-    with tempfile.TemporaryDirectory(prefix="ctr-jax-train-") as scratch:
+    if not isinstance(config.processes, int) or config.processes < 1:
+        raise ValueError(f"train.processes={config.processes!r} must be a number of processes, 1 or more")
+    with tempfile.TemporaryDirectory(prefix="ctr-jax-train-") as scratch, contextlib.ExitStack() as stack:
         request_file = Path(scratch) / "request.pkl"
         request_file.write_bytes(pickle.dumps(request))
-        stderr_file = Path(scratch) / "stderr.log"
-        env = {**os.environ, "KERAS_BACKEND": "jax"}
-        with open(stderr_file, "w+") as stderr:
-            child = subprocess.Popen(
+        coordinator = free_loopback_address() if config.processes > 1 else ""
+        children, logs = [], []
+        for index in range(config.processes):
+            env = {**os.environ, "KERAS_BACKEND": "jax"}
+            if config.processes > 1:
+                env.update(process_environment(coordinator, config.processes, index))
+            logs.append(stack.enter_context(open(Path(scratch) / f"stderr-{index}.log", "w+")))
+            children.append(stack.enter_context(subprocess.Popen(
                 [sys.executable, "-m", "trainer.jax_train", str(request_file), scratch],
-                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
-            )
-            assert child.stdout is not None
-            for line in child.stdout:
-                if not line.startswith(_STEP_MARK):
-                    continue
-                message = json.loads(line[len(_STEP_MARK):])
-                for callback in loggers:
-                    if message["epoch_end"] or message["step"] % callback.every_n_steps == 0:
-                        callback.step = message["step"]
-                        callback.log_fn(message["metrics"], message["step"])
-            code = child.wait()
-            stderr.seek(0)
-            log = stderr.read()
-        if code != 0:
-            raise RuntimeError(f"the JAX train step (python -m trainer.jax_train, KERAS_BACKEND=jax) exited with "
-                               f"code {code}; the end of its log:\n{log[-4000:]}")
+                stdout=subprocess.PIPE if index == 0 else subprocess.DEVNULL, stderr=logs[-1], text=True, env=env,
+            )))
+        relay = threading.Thread(target=_relay_steps, args=(children[0].stdout, loggers), daemon=True)
+        relay.start()
+        failed = _wait_all(children)
+        relay.join()
+        if failed is not None:
+            index, code = failed
+            logs[index].seek(0)
+            log = logs[index].read()
+            which = f"process {index} of {config.processes} of " if config.processes > 1 else ""
+            raise RuntimeError(f"{which}the JAX train step (python -m trainer.jax_train, KERAS_BACKEND=jax) exited "
+                               f"with code {code}; the end of its log:\n{log[-4000:]}")
         summary = json.loads((Path(scratch) / RESULT_FILE).read_text())
         summary["averaged_epochs"] = tuple(summary.get("averaged_epochs", ()))
         with np.load(Path(scratch) / EVAL_FILE) as data:
             eval_labels, eval_predictions = data["labels"], data["predictions"]
     return TrainResult(model=load_checkpoint(Path(checkpoint_dir)), eval_labels=eval_labels,
                        eval_predictions=eval_predictions, **summary)
+
+
+def _relay_steps(stdout: Any, loggers: Sequence[Any]) -> None:
+    """Hands the step and epoch metrics the first process prints to this process's StepMetricsLoggers."""
+    for line in stdout:
+        if not line.startswith(_STEP_MARK):
+            continue
+        message = json.loads(line[len(_STEP_MARK):])
+        for callback in loggers:
+            if message["epoch_end"] or message["step"] % callback.every_n_steps == 0:
+                callback.step = message["step"]
+                callback.log_fn(message["metrics"], message["step"])
+
+
+def _wait_all(children: Sequence[subprocess.Popen[str]]) -> tuple[int, int] | None:
+    """Waits for every child; the first to fail (index, exit code) stops the others, which would otherwise wait
+    for it in a collective forever. None when all exited with 0."""
+    while True:
+        codes = [child.poll() for child in children]
+        failed = next(((index, code) for index, code in enumerate(codes) if code not in (None, 0)), None)
+        if failed is not None:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+            for child in children:
+                child.wait()
+            return failed
+        if all(code == 0 for code in codes):
+            return None
+        time.sleep(0.2)
 
 
 def train_model_jax(
@@ -180,6 +214,7 @@ def train_model_jax(
     from trainer.model_inputs import CRITEO_INPUTS, model_inputs
     from trainer.models import build_model
     from trainer.parallel_reader import parallel_block_batches
+    from trainer.processes import HostCopy, first_process_decides, process_share, resolve_processes
     from trainer.progress import ProgressCheckpoint, clear_progress, read_progress
     from trainer.train import (
         MIXED_PRECISION_POLICY,
@@ -203,21 +238,33 @@ def train_model_jax(
         raise ValueError(f"train.backend=jax reads block samples ({BLOCK_LAYOUT!r}) only; these are {layout!r}: "
                          "write them with features.samples_layout=block or train with train.backend=tensorflow")
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
+    processes = resolve_processes(config.processes)
+    primary = jax.process_index() == 0
     devices = resolve_devices(config.devices)
+    if processes > 1 and devices != jax.device_count():
+        raise ValueError(f"train.processes={processes} trains on the devices of every process: set train.devices to 0 "
+                         f"or {jax.device_count()} (they show {jax.device_count()} in all), not {config.devices}")
     config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows), devices=devices)
     micro_batch_size = micro_batch_size_of(config)
     if num_rows and config.micro_batches == 1:
         micro_batch_size = even_batch_size(num_rows, micro_batch_size)
     if devices > 1:  # a batch splits evenly across the devices
         micro_batch_size = max(devices, micro_batch_size // devices * devices)
-        sharded_rows = table_rows(config, table_sizes, list(inputs.tables))
-        scope: Any = distribution(devices, sharded_rows > config.shard_table_rows).scope()
+        spec_hashed = inputs.embedding_options(spec).get("hashed_features", []) if spec is not None else []
+        sharded_rows = table_rows(config, table_sizes, list(inputs.tables), [inputs.tables[i] for i in spec_hashed])
+        mesh = distribution(devices, sharded_rows > config.shard_table_rows)
     else:
-        sharded_rows, scope = 0, contextlib.nullcontext()
+        sharded_rows, mesh = 0, None
+
+    def in_scope() -> Any:
+        return mesh.scope() if mesh is not None else contextlib.nullcontext()
+
     workers = reader_workers or min(DEFAULT_READER_WORKERS, os.cpu_count() or 1)
     if num_rows:
         workers = min(workers, max(1, num_rows // (4 * micro_batch_size)))
     workers = max(1, min(workers, len(train_files)))
+    if processes > 1:  # one reader each: every process reads the same batches in the same (seeded) order
+        workers = 1
     transfer = to_device or (host_copy if devices > 1 else device_put_batch)
 
     checkpoint_dir = Path(checkpoint_dir)
@@ -234,17 +281,29 @@ def train_model_jax(
         return block_batches(eval_files, config.batch_size, inputs=inputs)
 
     try:
-        with scope:
+        with in_scope():
             model = build_model(config, table_sizes, spec)
             compile_model(model, dataclasses.replace(config, jit_compile=True), steps_per_execution=steps_per_execution)
-            if resumed is not None:
+            if resumed is not None or processes > 1:
                 model.optimizer.build(model.trainable_variables)
+            if resumed is not None:
                 model.load_weights(progress_dir / resumed.weights)
             elif warm_start is not None:
                 previous = load_checkpoint(warm_start.checkpoint_dir)
                 warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
+        host: HostCopy | None = None
+        if processes > 1:  # the first process keeps an unsharded copy for what needs the whole table
+            copy = None
+            if primary:
+                copy = build_model(config, table_sizes, spec)
+                compile_model(copy, dataclasses.replace(config, jit_compile=True))
+            host = HostCopy(model, copy)
+        kept_model = host.model if host is not None else model  # None on the other processes
+
+        with in_scope():
             meter = ThroughputMeter()
-            saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
+            saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed,
+                                       save_weights=host.save_weights if host is not None else None)
             best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
                              average=config.average_epochs)
             for callback in callbacks:
@@ -263,30 +322,48 @@ def train_model_jax(
                         train_data = itertools.islice(train_data, resumed.batches_done, None)
                     if devices > 1:
                         train_data = whole_batches(train_data, devices)
+                    if processes > 1:
+                        train_data = process_share(train_data, jax.process_index(), processes)
                     fitted = model.fit(train_data, validation_data=eval_batches() if devices == 1 else None,
                                        initial_epoch=epoch, epochs=epoch + 1, callbacks=[meter, saver, *callbacks],
                                        verbose=0)
                     logs = {name: float(values[-1]) for name, values in fitted.history.items()}
-                    if devices > 1:
-                        logs.update(held_out_metrics(model, eval_batches()))
+                    if host is None:
+                        if devices > 1:
+                            logs.update(held_out_metrics(model, eval_batches()))
+                        stop = best.update(epoch, logs, model)
+                    else:  # the first process scores its gathered copy and decides for all
+                        host.sync()
+                        stop = False
+                        if host.model is not None:
+                            with host.local():
+                                logs.update(held_out_metrics(host.model, eval_batches()))
+                                stop = best.update(epoch, logs, host.model)
+                        stop = first_process_decides(stop)
                     for name, value in logs.items():
                         history.setdefault(name, []).append(value)
-                    if best.update(epoch, logs, model):
+                    if stop:
                         break
-                best_epoch = best.restore(model)
-                averaged_epochs = tuple(best.averaged_epochs)
-                calibration = None
-                if config.calibrate:
-                    rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
-                                            -(-config.calibration_rows // config.batch_size))
-                    calibration = calibrate(model, rows, eval_batches() if config.calibrate_on == "held_out" else None,
-                                            config.calibration_min_clicks)
-                labels, predictions = [], []
-                for features, batch_labels in eval_batches():
-                    # Several devices: a direct call, which takes a batch of any number of rows.
-                    predicted = model.predict_on_batch(features) if devices == 1 else model(features, training=False)
-                    predictions.append(np.asarray(predicted).reshape(-1))
-                    labels.append(batch_labels)
+        if kept_model is None:  # another process scores, calibrates and writes the checkpoint
+            return None
+        # The rest runs on the kept model: the sharded one in its scope, or the first process's unsharded copy.
+        with in_scope() if host is None else host.local():
+            best_epoch = best.restore(kept_model)
+            averaged_epochs = tuple(best.averaged_epochs)
+            calibration = None
+            if config.calibrate:
+                rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
+                                        -(-config.calibration_rows // config.batch_size))
+                calibration = calibrate(kept_model, rows,
+                                        eval_batches() if config.calibrate_on == "held_out" else None,
+                                        config.calibration_min_clicks)
+            labels, predictions = [], []
+            for features, batch_labels in eval_batches():
+                # A sharded model: a direct call, which takes a batch of any number of rows.
+                predicted = (model(features, training=False) if devices > 1 and host is None
+                             else kept_model.predict_on_batch(features))
+                predictions.append(np.asarray(predicted).reshape(-1))
+                labels.append(batch_labels)
     finally:
         keras.config.set_dtype_policy(previous_policy)
     eval_labels = np.concatenate(labels).astype(np.float32)
@@ -295,12 +372,14 @@ def train_model_jax(
     speed_flags = {**speed_flags_of(dataclasses.replace(config, jit_compile=True), 1),
                    "backend": "jax", "row_sparse_updates": False, "reader_workers": workers,
                    "steps_per_execution": steps_per_execution, "device": _device_kind(jax), "devices": devices,
+                   "processes": processes,
                    "sharded_table_rows": sharded_rows if sharded_rows > config.shard_table_rows else 0,
+                   # This process's shards (every process holds as many when the table is sharded).
                    "shard_rows": shard_rows(model)}
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
     write_training_checkpoint(
-        model, checkpoint_dir, config=config, version=version or identity, spec=spec, table_sizes=table_sizes,
+        kept_model, checkpoint_dir, config=config, version=version or identity, spec=spec, table_sizes=table_sizes,
         train_files=train_files, eval_files=eval_files,
         warm_start=warm_start if warm_start_summary is not None else None, warm_start_summary=warm_start_summary,
         num_train_examples=num_train_examples, num_eval_examples=len(eval_labels), history=history, kept=kept,
@@ -313,7 +392,7 @@ def train_model_jax(
                                           for name, module in list(sys.modules.items()))})
     clear_progress(progress_dir)
     return TrainResult(
-        model=model, history=history, num_train_examples=num_train_examples,
+        model=kept_model, history=history, num_train_examples=num_train_examples,
         examples_per_second=meter.examples_per_second(), eval_labels=eval_labels, eval_predictions=eval_predictions,
         speed_flags=speed_flags, global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None, warm_start=warm_start_summary,
@@ -346,6 +425,7 @@ def _child_main(request_file: str, result_dir: str) -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not mix with the metric lines
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     request: JaxTrainRequest = pickle.loads(Path(request_file).read_bytes())
+    join_from_environment()  # several processes: before any JAX computation
 
     from trainer.train import StepMetricsLogger
 
@@ -363,6 +443,10 @@ def _child_main(request_file: str, result_dir: str) -> int:
         Path(request.checkpoint_dir), callbacks, version=request.version, warm_start=request.warm_start,
         layout=request.layout, num_rows=request.num_rows, spec=request.spec,
     )
+    if result is None:  # not the first of several processes: that one reports
+        logger.info("JAX train step done in %.1f s", time.perf_counter() - started)
+        channel.close()
+        return 0
     logger.info("JAX train step done in %.1f s, %.0f examples/s", time.perf_counter() - started,
                 result.examples_per_second)
     out = Path(result_dir)

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,11 +56,16 @@ class ProgressCheckpoint(keras.callbacks.Callback):
 
     Works with `fit` called once per epoch (`initial_epoch=e, epochs=e + 1`), as trainer.train does; `start`
     is the progress a resumed run began from, so step counts go on where they stopped.
+    `save_weights(model, path)`, when given, saves the trained model's weights to `path` its own way (from an
+    unsharded copy gathered from several processes: trainer/processes.py) and returns False where another
+    process writes them.
     """
 
-    def __init__(self, directory: Path, identity: str, every_n_steps: int, start: Progress | None = None) -> None:
+    def __init__(self, directory: Path, identity: str, every_n_steps: int, start: Progress | None = None,
+                 save_weights: Callable[[keras.Model, Path], bool] | None = None) -> None:
         super().__init__()
         require_integer("every_n_steps", every_n_steps)
+        self.save_weights = save_weights
         self.directory = Path(directory)
         self.identity = identity
         self.every_n_steps = every_n_steps
@@ -90,7 +95,10 @@ class ProgressCheckpoint(keras.callbacks.Callback):
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"weights-{self.global_step:09d}.weights.h5"
         partial = self.directory / f".{uuid.uuid4().hex}.partial.weights.h5"
-        self.model.save_weights(partial)
+        if self.save_weights is None:
+            self.model.save_weights(partial)
+        elif not self.save_weights(self.model, partial):  # another process writes the progress
+            return
         os.replace(partial, self.directory / name)
         progress = Progress(epoch, batches_done, self.global_step, name, self.identity)
         state = self.directory / f".{uuid.uuid4().hex}.partial.json"

@@ -84,10 +84,12 @@ def _criteo_with_buckets(directory: Path) -> Path:
 
 
 # "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
-# and serving stay on TensorFlow and must serve what the JAX model predicted.
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "taobao/jax"])
+# and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
+# joined over loopback (train.processes=2), the table sharded across them.
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "taobao/jax", "avazu/jax-2"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset):
     preset, _, backend = preset.partition("/")
+    backend, _, processes = backend.partition("-")
     layout_name = "criteo" if preset == "criteo_buckets" else preset
     sample = DATA / SAMPLES[layout_name]
     if not sample.is_file():
@@ -99,6 +101,8 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
                  "train.mlp_units": [16], "train.embedding_dim": 4, "train.checkpoint_every_steps": 1000,
                  "gate.min_auc": 0.0, "gate.max_logloss": 100.0, "gate.max_calibration_error": 100.0,
                  "tracking.strict": True, "train.backend": backend or "tensorflow"}
+    if processes:
+        overrides.update({"train.processes": int(processes), "train.shard_table_rows": 0})
     config = load_config(overrides=overrides, environ={})
     spec = spec_for(config)
     layout = RunContext(config, Interval.minute("2026-01-01T00:00"), "daily", "x").layout
@@ -139,6 +143,10 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
     checkpoint = json.loads((ctx.layout.checkpoint_dir(ctx.interval) / "manifest.json").read_text())
     assert checkpoint["speed_flags"].get("backend", "tensorflow") == (backend or "tensorflow")
     assert checkpoint.get("tensorflow_imported", False) is False
+    if processes:  # each process held half of the table while it trained; the checkpoint holds all of it
+        flags = checkpoint["speed_flags"]
+        assert (flags["processes"], flags["devices"]) == (2, 2)
+        assert flags["shard_rows"]["table"] == [flags["sharded_table_rows"] // 2] and flags["sharded_table_rows"] > 0
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
     if preset == "criteo_buckets":

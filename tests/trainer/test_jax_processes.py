@@ -1,0 +1,120 @@
+"""train.processes on the JAX backend: two training processes joined over loopback by
+keras.distribution.initialize (trainer/processes.py) make one mesh whose table is sharded across the processes,
+each holding its half while it trains, and train to the weights one process with one device gives."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from tests.trainer.synthetic import random_rows, write_block_files
+from tests.trainer.test_export import feature_state
+from tests.trainer.test_jax_devices import rows_within
+from tests.trainer.test_jax_train import CONFIG
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tmp_path_factory):
+    """The same batches (6,000 rows in batches of 200, one file, so one reader and the seeded order) trained by
+    one process with one device and by two processes with one device each, the table sharded across them."""
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.jax_train import train_in_jax_process
+
+    state = feature_state()
+    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
+    root = tmp_path_factory.mktemp("processes-data")
+    train_files = write_block_files(rows_within(random_rows(6000, 3, seed=1), sizes), root / "train", num_files=1,
+                                    block_rows=500)
+    eval_files = write_block_files(rows_within(random_rows(1500, 3, seed=2), sizes), root / "eval", num_files=1,
+                                   block_rows=500)
+    config = dataclasses.replace(CONFIG, batch_size=200, epochs=2, early_stopping_patience=2, calibrate=False,
+                                 shard_table_rows=0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("XLA_FLAGS", raising=False)  # one CPU device a process
+        runs = {processes: train_in_jax_process(
+                    dataclasses.replace(config, processes=processes, devices=processes), state.table_sizes(),
+                    train_files, eval_files, tmp_path_factory.mktemp(f"processes-{processes}") / "checkpoint",
+                    num_rows=6000)
+                for processes in (1, 2)}
+    return runs, sum(state.table_sizes().values())
+
+
+@pytest.mark.integration
+def test_each_of_two_processes_holds_half_of_the_table(one_and_two):
+    runs, rows = one_and_two
+    padded = -(-rows // 2) * 2
+    two = runs[2].speed_flags
+    assert (two["processes"], two["devices"]) == (2, 2)
+    assert runs[1].speed_flags["processes"] == 1
+    # The first process's shards of the table and of its Adagrad accumulator: half of each.
+    assert two["shard_rows"] == {"table": [padded // 2], "optimizer": [padded // 2]}
+    assert two["sharded_table_rows"] == padded
+    assert runs[2].model.embedding.embeddings.shape[0] == padded  # the checkpoint holds the whole table
+
+
+@pytest.mark.integration
+def test_two_processes_train_to_the_weights_of_one(one_and_two):
+    runs, rows = one_and_two
+    assert runs[1].global_step == runs[2].global_step == 60
+    assert runs[1].num_train_examples == runs[2].num_train_examples == 6000
+    for single, joined in zip(runs[1].model.weights, runs[2].model.weights, strict=True):
+        assert single.path == joined.path
+        expected, got = np.asarray(single), np.asarray(joined)
+        if got.shape != expected.shape:  # the table: the padding row past `rows` is never read
+            got = got[:rows]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=single.path)
+    np.testing.assert_allclose(runs[2].eval_predictions, runs[1].eval_predictions, atol=1e-5)
+    # Early stopping ran on the first process's gathered copy: the same held-out scores by epoch.
+    assert len(runs[2].history["val_auc"]) == 2
+    np.testing.assert_allclose(runs[2].history["val_auc"], runs[1].history["val_auc"], atol=2e-3)
+
+
+@pytest.mark.integration
+def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
+    """train.devices=1 cannot hold a mesh over two processes: both refuse, the step names the first to exit."""
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.jax_train import train_in_jax_process
+
+    state = feature_state()
+    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
+    files = write_block_files(rows_within(random_rows(400, 1, seed=1), sizes), tmp_path / "rows", num_files=1,
+                              block_rows=200)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("XLA_FLAGS", raising=False)
+        with pytest.raises(RuntimeError, match=r"(?s)process \d of 2 of the JAX train step.*train.processes=2 trains "
+                                               r"on the devices of every process: set train.devices to 0 or 2"):
+            train_in_jax_process(dataclasses.replace(CONFIG, processes=2, devices=1, epochs=1), state.table_sizes(),
+                                 files, files, tmp_path / "checkpoint", num_rows=400)
+
+
+@pytest.mark.unit
+def test_each_process_keeps_its_share_of_every_global_batch():
+    from trainer.processes import process_share
+
+    batches = [({"ids": np.arange(8) + 10 * b}, np.arange(8) + 10 * b) for b in range(2)]
+    shares = [list(process_share(batches, index, 4)) for index in range(4)]
+    assert [labels.tolist() for labels in (shares[1][0][1], shares[3][1][1])] == [[2, 3], [16, 17]]
+    joined = np.concatenate([shares[index][0][0]["ids"] for index in range(4)])
+    assert joined.tolist() == list(range(8))
+    with pytest.raises(ValueError, match="a global batch of 8 rows cannot be split evenly across 3 processes"):
+        list(process_share(batches, 0, 3))
+
+
+@pytest.mark.unit
+def test_a_job_environment_without_its_coordinator_is_refused(monkeypatch):
+    from trainer.processes import COUNT_ENV, INDEX_ENV, join_from_environment, process_environment
+
+    assert process_environment("10.0.0.1:1234", 2, 1) == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1"}
+    with pytest.raises(ValueError, match=r"process 2 of 2: the index must be in \[0, 2\)"):
+        process_environment("10.0.0.1:1234", 2, 2)
+    monkeypatch.delenv(COUNT_ENV, raising=False)
+    assert join_from_environment() == 1
+    monkeypatch.setenv(COUNT_ENV, "2")
+    monkeypatch.delenv(INDEX_ENV, raising=False)
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")  # a Kubernetes Indexed Job's pod
+    with pytest.raises(ValueError, match="KERAS_DISTRIBUTION_NUM_PROCESSES=2 needs KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+        join_from_environment()
+    assert os.environ[INDEX_ENV] == "1"
