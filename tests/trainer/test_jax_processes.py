@@ -3,7 +3,14 @@ keras.distribution.initialize (trainer/processes.py) make one mesh whose table i
 each holding its half while it trains, and train to the weights one process with one device gives."""
 
 import dataclasses
+import json
 import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +19,8 @@ from tests.trainer.synthetic import random_rows, write_block_files
 from tests.trainer.test_export import feature_state
 from tests.trainer.test_jax_devices import rows_within
 from tests.trainer.test_jax_train import CONFIG
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +46,14 @@ def one_and_two(tmp_path_factory):
                     train_files, eval_files, tmp_path_factory.mktemp(f"processes-{processes}") / "checkpoint",
                     num_rows=6000)
                 for processes in (1, 2)}
-    return runs, sum(state.table_sizes().values())
+    arguments = {"config": dataclasses.replace(config, processes=2, devices=2), "table_sizes": state.table_sizes(),
+                 "train_files": train_files, "eval_files": eval_files, "num_rows": 6000}
+    return runs, sum(state.table_sizes().values()), arguments
 
 
 @pytest.mark.integration
 def test_each_of_two_processes_holds_half_of_the_table(one_and_two):
-    runs, rows = one_and_two
+    runs, rows, _ = one_and_two
     padded = -(-rows // 2) * 2
     two = runs[2].speed_flags
     assert (two["processes"], two["devices"]) == (2, 2)
@@ -55,7 +66,7 @@ def test_each_of_two_processes_holds_half_of_the_table(one_and_two):
 
 @pytest.mark.integration
 def test_two_processes_train_to_the_weights_of_one(one_and_two):
-    runs, rows = one_and_two
+    runs, rows, _ = one_and_two
     assert runs[1].global_step == runs[2].global_step == 60
     assert runs[1].num_train_examples == runs[2].num_train_examples == 6000
     for single, joined in zip(runs[1].model.weights, runs[2].model.weights, strict=True):
@@ -68,6 +79,41 @@ def test_two_processes_train_to_the_weights_of_one(one_and_two):
     # Early stopping ran on the first process's gathered copy: the same held-out scores by epoch.
     assert len(runs[2].history["val_auc"]) == 2
     np.testing.assert_allclose(runs[2].history["val_auc"], runs[1].history["val_auc"], atol=2e-3)
+
+
+@pytest.mark.integration
+def test_two_processes_killed_after_a_progress_save_resume_to_the_unbroken_weights(one_and_two, tmp_path):
+    """The step and both of its processes SIGKILLed after a progress save (every 7 steps, gathered to the first
+    process); run again, both processes load that save and end at the unbroken two-process run's weights."""
+    from trainer.jax_train import train_in_jax_process
+
+    runs, _, arguments = one_and_two
+    checkpoint = tmp_path / "checkpoint"
+    (tmp_path / "arguments.pkl").write_bytes(pickle.dumps({**arguments, "checkpoint_dir": checkpoint}))
+    script = ("import pickle, sys; from trainer.jax_train import train_in_jax_process; "
+              "train_in_jax_process(**pickle.loads(open(sys.argv[1], 'rb').read()))")
+    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    step = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "arguments.pkl")], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state_file = checkpoint / "progress" / "state.json"
+    deadline = time.monotonic() + 240
+    while step.poll() is None and time.monotonic() < deadline:
+        if state_file.exists() and json.loads(state_file.read_text())["global_step"] >= 14:
+            break
+        time.sleep(0.05)
+    os.killpg(step.pid, signal.SIGKILL)  # the step and both training processes
+    step.wait()
+    saved = json.loads(state_file.read_text())
+    assert 14 <= saved["global_step"] < 60 and not (checkpoint / "manifest.json").exists()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("XLA_FLAGS", raising=False)
+        resumed = train_in_jax_process(**arguments, checkpoint_dir=checkpoint)
+    assert resumed.resumed_from_step == saved["global_step"]
+    assert resumed.global_step == 60
+    for unbroken, again in zip(runs[2].model.weights, resumed.model.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(again), np.asarray(unbroken), rtol=1e-5, atol=1e-6,
+                                   err_msg=unbroken.path)
 
 
 @pytest.mark.integration
