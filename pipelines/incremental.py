@@ -408,7 +408,11 @@ def train(ctx: RunContext) -> dict:
     from components.feature_state import load_feature_state
     from components.manifest import write_json_atomic
     from trainer.arguments import resolve_batch_size
-    from trainer.incremental import train_increment
+
+    if ctx.config.train.backend == "jax":  # a child process with KERAS_BACKEND=jax (trainer/jax_train.py)
+        from trainer.jax_train import train_increment_in_jax_process as train_increment
+    else:
+        from trainer.incremental import train_increment
 
     plan = read_plan(ctx)
     state = load_feature_state(_dir(ctx) / "feature_state")

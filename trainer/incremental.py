@@ -20,10 +20,9 @@ import keras
 import numpy as np
 
 from components.block_codec import BLOCK_LAYOUT
-from components.delta import save_weights, saved_weights
+from components.delta import save_weights, saved_weights, weight_specs
 from components.feature_spec import FeatureSpec, load_spec
 from trainer.arguments import even_batch_size
-from trainer.export import weight_specs
 from trainer.keras_internals import flatten_layers
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.train import CHECKPOINT_KIND, ThroughputMeter, load_checkpoint, save_checkpoint
@@ -54,7 +53,11 @@ def seed_random(seed: int) -> None:
     model's compiled test and train steps are instantiated and their graphs optimized again, in every minute.
     Python's and numpy's generators are reset either way. What is not reset then, TensorFlow's sequence of op
     seeds and Keras' global seed generator, a minute does not draw from: its shuffles take explicit seeds, its
-    initializers stateless ones, and its dropout and rare-row draws are set by reset_random_draws."""
+    initializers stateless ones, and its dropout and rare-row draws are set by reset_random_draws. On the JAX
+    backend (no TensorFlow, no kernel caches) it is keras.utils.set_random_seed."""
+    if keras.backend.backend() != "tensorflow":
+        keras.utils.set_random_seed(seed)
+        return
     import tensorflow as tf
 
     global_seed, _ = tf.compat.v1.random.get_seed(0)  # (the global seed or a default, the op seed given)
@@ -140,11 +143,25 @@ def train_increment(
     layout: str = BLOCK_LAYOUT, num_rows: int | None = None, spec: FeatureSpec | None = None,
 ) -> dict[str, Any]:
     """Trains the parent checkpoint on `train_files` and writes `checkpoint_dir`. Returns the numbers the gate
-    and the run's log need: rows, speed, holdout logloss of parent and child, the global step."""
-    from trainer.input import samples_dataset
+    and the run's log need: rows, speed, holdout logloss of parent and child, the global step.
+
+    On TensorFlow the rows come through tf.data (trainer.input); on JAX (trainer.jax_train runs this in a child
+    process with KERAS_BACKEND=jax) through the TensorFlow-free block reader, with the same seeds."""
     from trainer.model_inputs import CRITEO_INPUTS, model_inputs
 
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
+
+    def batches(files: Sequence[str], size: int, shuffle: bool, shuffle_seed: int) -> Any:
+        if keras.backend.backend() == "tensorflow":
+            from trainer.input import samples_dataset
+
+            return samples_dataset(files, size, shuffle=shuffle, seed=shuffle_seed, layout=layout, inputs=inputs)
+        if layout != BLOCK_LAYOUT:
+            raise ValueError(f"train.backend=jax reads block samples ({BLOCK_LAYOUT!r}) only; these are {layout!r}: "
+                             "write them with features.samples_layout=block or train with train.backend=tensorflow")
+        from trainer.block_reader import block_batches
+
+        return block_batches(files, size, shuffle=shuffle, seed=shuffle_seed, inputs=inputs)
 
     started = time.monotonic()
     seconds: dict[str, float] = {}
@@ -161,21 +178,22 @@ def train_increment(
     num_reset = reset_rows(model, new_rows, list(inputs.tables))
     reset_random_draws(model, seed)
     lap("reset_rows")
-    holdout = samples_dataset(holdout_files, batch_size, shuffle=False, seed=seed, layout=layout,
-                              inputs=inputs)
-    parent_logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
+
+    def holdout() -> Any:
+        return batches(holdout_files, batch_size, False, seed)
+
+    parent_logloss = float(model.evaluate(holdout(), verbose=0, return_dict=True)["loss"])
     lap("score_parent")
     meter = ThroughputMeter()
     for epoch in range(epochs):
-        data = samples_dataset(train_files, train_batch_size, shuffle=True, seed=seed + epoch, layout=layout,
-                               inputs=inputs)
-        model.fit(data, epochs=1, callbacks=[meter], shuffle=False, verbose=0)
+        model.fit(batches(train_files, train_batch_size, True, seed + epoch), epochs=1, callbacks=[meter],
+                  shuffle=False, verbose=0)
     lap("fit")
-    logloss = float(model.evaluate(holdout, verbose=0, return_dict=True)["loss"])
+    logloss = float(model.evaluate(holdout(), verbose=0, return_dict=True)["loss"])
     lap("score_child")
-    global_step = int(model.optimizer.iterations.numpy())
+    global_step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     train_rows = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
-    holdout_rows = int(sum(int(label.shape[0]) for _, label in holdout))
+    holdout_rows = int(sum(int(label.shape[0]) for _, label in holdout()))
     lap("count_holdout")
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)

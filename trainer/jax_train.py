@@ -106,18 +106,60 @@ def train_in_jax_process(
     )
     if not isinstance(config.processes, int) or config.processes < 1:
         raise ValueError(f"train.processes={config.processes!r} must be a number of processes, 1 or more")
-    with tempfile.TemporaryDirectory(prefix="ctr-jax-train-") as scratch, contextlib.ExitStack() as stack:
-        request_file = Path(scratch) / "request.pkl"
+    with tempfile.TemporaryDirectory(prefix="ctr-jax-train-") as scratch:
+        _run_children(request, config.processes, loggers, Path(scratch))
+        summary = json.loads((Path(scratch) / RESULT_FILE).read_text())
+        summary["averaged_epochs"] = tuple(summary.get("averaged_epochs", ()))
+        with np.load(Path(scratch) / EVAL_FILE) as data:
+            eval_labels, eval_predictions = data["labels"], data["predictions"]
+    return TrainResult(model=load_checkpoint(Path(checkpoint_dir)), eval_labels=eval_labels,
+                       eval_predictions=eval_predictions, **summary)
+
+
+@dataclass(frozen=True)
+class JaxIncrementRequest:
+    """`trainer.incremental.train_increment`'s arguments, for the child process."""
+
+    parent_checkpoint: str
+    train_files: list[str]
+    holdout_files: list[str]
+    checkpoint_dir: str
+    arguments: dict[str, Any]  # the keyword arguments
+
+
+def train_increment_in_jax_process(parent_checkpoint: Path, train_files: Sequence[str],
+                                   holdout_files: Sequence[str], checkpoint_dir: Path, **arguments: Any
+                                   ) -> dict[str, Any]:
+    """`trainer.incremental.train_increment` (a minute run's training) on the JAX backend, in a child process
+    with KERAS_BACKEND=jax that imports no TensorFlow; returns what it returns. Each minute is a new process, so
+    its parent is always loaded from its checkpoint (`parent_from_memory` is false) and the step is compiled
+    again: `seconds` says what that costs."""
+    request = JaxIncrementRequest(parent_checkpoint=str(parent_checkpoint), train_files=[str(f) for f in train_files],
+                                  holdout_files=[str(f) for f in holdout_files], checkpoint_dir=str(checkpoint_dir),
+                                  arguments=dict(arguments))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ctr-jax-increment-") as scratch:
+        _run_children(request, 1, [], Path(scratch))
+        result = json.loads((Path(scratch) / RESULT_FILE).read_text())
+    result["seconds"]["process"] = round(time.monotonic() - started - sum(result["seconds"].values()), 3)
+    return result
+
+
+def _run_children(request: Any, processes: int, loggers: Sequence[Any], scratch: Path) -> None:
+    """Runs `python -m trainer.jax_train` on `request` as `processes` children joined into one job (one: no
+    job), relaying the first one's step metrics to `loggers`; raises with the log of the first to fail."""
+    with contextlib.ExitStack() as stack:
+        request_file = scratch / "request.pkl"
         request_file.write_bytes(pickle.dumps(request))
-        coordinator = free_loopback_address() if config.processes > 1 else ""
+        coordinator = free_loopback_address() if processes > 1 else ""
         children, logs = [], []
-        for index in range(config.processes):
+        for index in range(processes):
             env = {**os.environ, "KERAS_BACKEND": "jax"}
-            if config.processes > 1:
-                env.update(process_environment(coordinator, config.processes, index))
-            logs.append(stack.enter_context(open(Path(scratch) / f"stderr-{index}.log", "w+")))
+            if processes > 1:
+                env.update(process_environment(coordinator, processes, index))
+            logs.append(stack.enter_context(open(scratch / f"stderr-{index}.log", "w+")))
             children.append(stack.enter_context(subprocess.Popen(
-                [sys.executable, "-m", "trainer.jax_train", str(request_file), scratch],
+                [sys.executable, "-m", "trainer.jax_train", str(request_file), str(scratch)],
                 stdout=subprocess.PIPE if index == 0 else subprocess.DEVNULL, stderr=logs[-1], text=True, env=env,
             )))
         relay = threading.Thread(target=_relay_steps, args=(children[0].stdout, loggers), daemon=True)
@@ -128,15 +170,9 @@ def train_in_jax_process(
             index, code = failed
             logs[index].seek(0)
             log = logs[index].read()
-            which = f"process {index} of {config.processes} of " if config.processes > 1 else ""
+            which = f"process {index} of {processes} of " if processes > 1 else ""
             raise RuntimeError(f"{which}the JAX train step (python -m trainer.jax_train, KERAS_BACKEND=jax) exited "
                                f"with code {code}; the end of its log:\n{log[-4000:]}")
-        summary = json.loads((Path(scratch) / RESULT_FILE).read_text())
-        summary["averaged_epochs"] = tuple(summary.get("averaged_epochs", ()))
-        with np.load(Path(scratch) / EVAL_FILE) as data:
-            eval_labels, eval_predictions = data["labels"], data["predictions"]
-    return TrainResult(model=load_checkpoint(Path(checkpoint_dir)), eval_labels=eval_labels,
-                       eval_predictions=eval_predictions, **summary)
 
 
 def _relay_steps(stdout: Any, loggers: Sequence[Any]) -> None:
@@ -424,7 +460,16 @@ def _child_main(request_file: str, result_dir: str) -> int:
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not mix with the metric lines
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    request: JaxTrainRequest = pickle.loads(Path(request_file).read_bytes())
+    request: JaxTrainRequest | JaxIncrementRequest = pickle.loads(Path(request_file).read_bytes())
+    # Run as __main__, this module's classes are not the ones the request was pickled with (trainer.jax_train's).
+    if type(request).__name__ == JaxIncrementRequest.__name__:
+        from trainer.incremental import train_increment
+
+        increment = train_increment(Path(request.parent_checkpoint), request.train_files, request.holdout_files,
+                                    Path(request.checkpoint_dir), **request.arguments)
+        (Path(result_dir) / RESULT_FILE).write_text(json.dumps(increment))
+        channel.close()
+        return 0
     join_from_environment()  # several processes: before any JAX computation
 
     from trainer.train import StepMetricsLogger

@@ -374,3 +374,32 @@ def test_a_minute_trained_from_the_model_kept_in_memory_equals_one_trained_from_
     kept = load_checkpoint(directory / "checkpoint")
     for expected, actual in zip(kept.weights, load_checkpoint(tmp_path / "checkpoint").weights, strict=True):
         np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=0, atol=1e-5)
+
+
+def test_a_minute_on_the_jax_backend_publishes_a_delta_served_as_its_checkpoint_predicts(chain, tmp_path):
+    """train.backend=jax for ctr_incremental: the minute trains its TensorFlow-trained parent in a child process
+    without TensorFlow; the export step's delta, applied by serving, answers as the child's checkpoint does."""
+    from datetime import datetime
+
+    from components.synthetic import SUCCESS_MARKER, write_minute
+
+    config, layout, store = chain["config"], chain["layout"], chain["store"]
+    parent = store.latest("ctr")
+    start = datetime.strptime(parent, "%Y%m%d%H%M")
+    minute = start.strftime("%Y-%m-%dT%H:%M")
+    if not (layout.raw_minute_dir(Interval.minute(minute).start) / SUCCESS_MARKER).exists():
+        write_minute(config.generate, layout, start.hour * 60 + start.minute, Interval.minute(minute).start)
+    outputs = run_minute(config, minute, **{"train.backend": "jax"})
+    train = outputs["train"]
+    assert train["parent_from_memory"] is False and train["seconds"]["process"] > 0 and train["train_rows"] > 1000
+    version = store.latest("ctr")
+    manifest = store.manifest("ctr", version)
+    assert (manifest["kind"], manifest["parent"]) == (DELTA_KIND, parent)
+    table = next(path for path in manifest["rows_changed"] if path.endswith("embeddings"))
+    rows = next(s for s in manifest["weight_specs"] if s["path"] == table)["shape"][0]
+    assert 0 < manifest["rows_changed"][table] < rows - 26 * 10  # a minute's rows, not the table
+    columns = raw_columns(layout, "2026-01-01T00:14")
+    watcher = ModelWatcher(store, "ctr", tmp_path / "cache", poll_seconds=60)
+    assert watcher.poll_once() and watcher.version == version
+    expected = checkpoint_predictions(layout, minute, columns)
+    np.testing.assert_allclose(watcher.current().predict_columns(columns), expected, rtol=0, atol=1e-6)

@@ -227,3 +227,36 @@ def test_a_killed_jax_step_resumes_and_a_later_one_warm_starts(data, jax_run, tm
     assert manifest["inputs"]["warm_start"] == str(previous)
     assert warm.warm_start["weights_copied"] == len(manifest["weight_specs"])
     assert warm.warm_start["rows_reset"] == 1
+
+
+@pytest.mark.integration
+def test_a_minute_run_on_jax_trains_its_parent_and_changes_only_the_rows_it_read(data, jax_run, tmp_path):
+    """ctr_incremental's train step on JAX (train_increment in a child without TensorFlow), from the JAX daily
+    checkpoint: it trains the minute's rows once, and the rows of the table it changed are rows its batches
+    read, so the delta the export step forms from the two checkpoints stays a minute's rows."""
+    from components.delta import saved_weights
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.incremental import checkpoint_weights
+    from trainer.jax_train import train_increment_in_jax_process
+    from trainer.train import load_checkpoint
+
+    state, _, eval_files, _ = data
+    _, parent, _, _, _ = jax_run
+    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
+    minute = _rows_within(random_rows(600, 3, seed=5), sizes)
+    files = write_block_files(minute, tmp_path / "minute", num_files=1, block_rows=200)
+    result = train_increment_in_jax_process(parent, files, eval_files, tmp_path / "child", new_rows={},
+                                            batch_size=200, epochs=1, seed=7, version="202601010001", num_rows=600)
+    parent_step = json.loads((parent / "manifest.json").read_text())["global_step"]
+    assert result["train_rows"] == 600 and result["global_step"] == parent_step + 3
+    assert result["parent_from_memory"] is False and result["seconds"]["process"] > 0
+    assert np.isfinite(result["holdout_logloss"]) and result["holdout_logloss"] != result["parent_holdout_logloss"]
+
+    specs, child_weights = saved_weights(tmp_path / "child")
+    _, parent_weights = checkpoint_weights(parent)
+    table = next(i for i, spec in enumerate(specs) if spec["path"].endswith("embedding/embeddings"))
+    changed = set(np.flatnonzero(np.any(child_weights[table] != parent_weights[table], axis=1)).tolist())
+    offsets = load_checkpoint(parent).embedding.offsets
+    read = set((minute.categorical + offsets[np.arange(len(sizes))]).reshape(-1).tolist())
+    assert changed and changed <= read, sorted(changed - read)[:10]
+    assert load_checkpoint(tmp_path / "child").optimizer.iterations.numpy() == parent_step + 3  # on TensorFlow
