@@ -39,7 +39,7 @@ RESULT_BUILDERS = {
 WRITTEN_BEFORE_PROVENANCE = frozenset({
     "events.json", "events_quality.json", "events_quality_ceiling.json",
     "events_quality_defaults.json",
-    "gpu.json", "history.json", "history_with_train.json", "naive.json",
+    "gpu.json", "history.json", "history_with_train.json",
     "quality.json", "real_run2.json", "reliability.json", "scale.json", "scale_run2.json",
     "serving_run1.json", "serving_run2.json", "spark.json", "train.json", "zoo_jax.json",
 })
