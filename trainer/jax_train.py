@@ -22,6 +22,7 @@ What differs from the TensorFlow step:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import itertools
@@ -127,21 +128,87 @@ class JaxIncrementRequest:
     arguments: dict[str, Any]  # the keyword arguments
 
 
+class MinuteProcess:
+    """A child process with KERAS_BACKEND=jax (no TensorFlow) that trains minutes one after another
+    (`python -m trainer.jax_train --minutes`): requests go in on its stdin, one line each, and answers come back
+    on its stdout. It outlives a minute, so a minute whose parent is the checkpoint the previous minute saved
+    trains the model that minute kept in memory, with its compiled steps (trainer.incremental keeps it), as the
+    TensorFlow step worker does. Its log goes to a file, whose end is quoted when it fails."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="ctr-jax-minutes-", suffix=".log", delete=False)  # noqa: SIM115
+        self.child = subprocess.Popen([sys.executable, "-m", "trainer.jax_train", "--minutes"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                      env={**os.environ, "KERAS_BACKEND": "jax"})
+
+    def alive(self) -> bool:
+        return self.child.poll() is None
+
+    def run(self, request: JaxIncrementRequest) -> dict[str, Any]:
+        assert self.child.stdin is not None and self.child.stdout is not None
+        with tempfile.TemporaryDirectory(prefix="ctr-jax-increment-") as scratch:
+            request_file = Path(scratch) / "request.pkl"
+            request_file.write_bytes(pickle.dumps(request))
+            self.child.stdin.write(json.dumps({"request": str(request_file), "result_dir": scratch}) + "\n")
+            self.child.stdin.flush()
+            answer = self.child.stdout.readline()
+            if not answer:  # the child died
+                code = self.child.wait()
+                raise RuntimeError(f"the JAX minute process (python -m trainer.jax_train --minutes) exited with code "
+                                   f"{code}; the end of its log:\n{self.log_tail()}")
+            reply = json.loads(answer)
+            if reply["error"]:
+                raise RuntimeError(f"the JAX minute process failed on this minute:\n{reply['error']}")
+            return json.loads((Path(scratch) / RESULT_FILE).read_text())
+
+    def log_tail(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.alive():
+            self.child.kill()
+        self.child.wait()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+_minutes: MinuteProcess | None = None
+_minutes_lock = threading.Lock()
+
+
+def stop_minute_process() -> None:
+    """Stops the kept JAX minute process, if one runs (the next minute starts a new one)."""
+    global _minutes
+    with _minutes_lock:
+        if _minutes is not None:
+            _minutes.stop()
+            _minutes = None
+
+
+atexit.register(stop_minute_process)
+
+
 def train_increment_in_jax_process(parent_checkpoint: Path, train_files: Sequence[str],
                                    holdout_files: Sequence[str], checkpoint_dir: Path, **arguments: Any
                                    ) -> dict[str, Any]:
-    """`trainer.incremental.train_increment` (a minute run's training) on the JAX backend, in a child process
-    with KERAS_BACKEND=jax that imports no TensorFlow; returns what it returns. Each minute is a new process, so
-    its parent is always loaded from its checkpoint (`parent_from_memory` is false) and the step is compiled
-    again: `seconds` says what that costs."""
+    """`trainer.incremental.train_increment` (a minute run's training) on the JAX backend, in a kept child
+    process with KERAS_BACKEND=jax that imports no TensorFlow (MinuteProcess, started by the first minute and
+    again after one that died); returns what it returns, with `seconds.process` the time outside the child's own
+    laps (its start, when this minute started it) and `minute_process_started`."""
+    global _minutes
     request = JaxIncrementRequest(parent_checkpoint=str(parent_checkpoint), train_files=[str(f) for f in train_files],
                                   holdout_files=[str(f) for f in holdout_files], checkpoint_dir=str(checkpoint_dir),
                                   arguments=dict(arguments))
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ctr-jax-increment-") as scratch:
-        _run_children(request, 1, [], Path(scratch))
-        result = json.loads((Path(scratch) / RESULT_FILE).read_text())
+    with _minutes_lock:
+        fresh = _minutes is None or not _minutes.alive()
+        if fresh:
+            if _minutes is not None:
+                _minutes.stop()
+            _minutes = MinuteProcess()
+        assert _minutes is not None
+        result = _minutes.run(request)
     result["seconds"]["process"] = round(time.monotonic() - started - sum(result["seconds"].values()), 3)
+    result["minute_process_started"] = fresh
     return result
 
 
@@ -460,16 +527,7 @@ def _child_main(request_file: str, result_dir: str) -> int:
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not mix with the metric lines
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    request: JaxTrainRequest | JaxIncrementRequest = pickle.loads(Path(request_file).read_bytes())
-    # Run as __main__, this module's classes are not the ones the request was pickled with (trainer.jax_train's).
-    if type(request).__name__ == JaxIncrementRequest.__name__:
-        from trainer.incremental import train_increment
-
-        increment = train_increment(Path(request.parent_checkpoint), request.train_files, request.holdout_files,
-                                    Path(request.checkpoint_dir), **request.arguments)
-        (Path(result_dir) / RESULT_FILE).write_text(json.dumps(increment))
-        channel.close()
-        return 0
+    request: JaxTrainRequest = pickle.loads(Path(request_file).read_bytes())
     join_from_environment()  # several processes: before any JAX computation
 
     from trainer.train import StepMetricsLogger
@@ -503,7 +561,37 @@ def _child_main(request_file: str, result_dir: str) -> int:
     return 0
 
 
+def _minutes_main() -> int:
+    """The child of MinuteProcess: one JSON line a minute on stdin ({"request", "result_dir"}), the minute
+    trained (trainer.incremental.train_increment, which keeps its model for the next minute), RESULT_FILE
+    written, and one JSON line on stdout ({"error": null or the traceback}); it ends when stdin closes."""
+    import traceback
+
+    sys.modules.setdefault("tensorflow", None)  # type: ignore[arg-type]  # as in _child_main
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from trainer.incremental import train_increment
+
+    for line in sys.stdin:
+        order = json.loads(line)
+        error = None
+        try:
+            request = pickle.loads(Path(order["request"]).read_bytes())
+            result = train_increment(Path(request.parent_checkpoint), request.train_files, request.holdout_files,
+                                     Path(request.checkpoint_dir), **request.arguments)
+            (Path(order["result_dir"]) / RESULT_FILE).write_text(json.dumps(result))
+        except Exception:  # noqa: BLE001 -- reported to the parent, which raises it; the process serves on
+            error = traceback.format_exc()
+            logger.error("minute failed: %s", error)
+        channel.write(json.dumps({"error": error}) + "\n")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--minutes"]:
+        sys.exit(_minutes_main())
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m trainer.jax_train REQUEST RESULT_DIR (run by train_in_jax_process)")
+        sys.exit("usage: python -m trainer.jax_train REQUEST RESULT_DIR (run by train_in_jax_process), or "
+                 "python -m trainer.jax_train --minutes (run by train_increment_in_jax_process)")
     sys.exit(_child_main(sys.argv[1], sys.argv[2]))

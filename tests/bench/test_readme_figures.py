@@ -106,6 +106,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{value('naive.json', 'ratio_sized_tables'):.2f}x the naive speed (naive.json's\n"
         f"                           `ratio_sized_tables`); the first definition's 100,002-row tables, which inflate "
         f"the\n                           naive side's dense Adam updates, {value('naive.json', 'ratio'):.2f}x"),
+    "updates.json": lambda: (
+        f"grows by\n{value('updates.json', 'ms_per_million_rows.jax'):.1f} ms a step per million rows, the "
+        f"TensorFlow step by {value('updates.json', 'ms_per_million_rows.tensorflow'):.1f} ms; at 16.8 M rows\n"
+        + "-".join(f"{ratio:.2f}" for ratio in sorted(result('updates.json')['by_rows'][-1]['jax_over_tensorflow']))
+        + "x the TensorFlow step's time (updates.json"),
     "freshness.json": lambda: (
         f"over {value('freshness.json', 'minutes')} minutes p50 {value('freshness.json', 'p50_s'):.1f} s,\n"
         f"p95 {value('freshness.json', 'p95_s'):.1f} s, max {value('freshness.json', 'max_s'):.1f} s, the cold first "

@@ -231,13 +231,14 @@ def test_a_killed_jax_step_resumes_and_a_later_one_warm_starts(data, jax_run, tm
 
 @pytest.mark.integration
 def test_a_minute_run_on_jax_trains_its_parent_and_changes_only_the_rows_it_read(data, jax_run, tmp_path):
-    """ctr_incremental's train step on JAX (train_increment in a child without TensorFlow), from the JAX daily
+    """ctr_incremental's train step on JAX (train_increment in a kept child without TensorFlow), from the JAX daily
     checkpoint: it trains the minute's rows once, and the rows of the table it changed are rows its batches
-    read, so the delta the export step forms from the two checkpoints stays a minute's rows."""
+    read, so the delta the export step forms from the two checkpoints stays a minute's rows. The next minute
+    trains the model the child kept, to the weights a new child reaches from the checkpoint."""
     from components.delta import saved_weights
     from components.schema import CATEGORICAL_FEATURES
     from trainer.incremental import checkpoint_weights
-    from trainer.jax_train import train_increment_in_jax_process
+    from trainer.jax_train import stop_minute_process, train_increment_in_jax_process
     from trainer.train import load_checkpoint
 
     state, _, eval_files, _ = data
@@ -245,12 +246,29 @@ def test_a_minute_run_on_jax_trains_its_parent_and_changes_only_the_rows_it_read
     sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
     minute = _rows_within(random_rows(600, 3, seed=5), sizes)
     files = write_block_files(minute, tmp_path / "minute", num_files=1, block_rows=200)
+    stop_minute_process()
     result = train_increment_in_jax_process(parent, files, eval_files, tmp_path / "child", new_rows={},
                                             batch_size=200, epochs=1, seed=7, version="202601010001", num_rows=600)
     parent_step = json.loads((parent / "manifest.json").read_text())["global_step"]
     assert result["train_rows"] == 600 and result["global_step"] == parent_step + 3
-    assert result["parent_from_memory"] is False and result["seconds"]["process"] > 0
+    assert result["parent_from_memory"] is False and result["minute_process_started"] is True
     assert np.isfinite(result["holdout_logloss"]) and result["holdout_logloss"] != result["parent_holdout_logloss"]
+
+    # The next minute goes to the same process, which kept the model it trained: the same weights as a minute
+    # trained by a new process from the checkpoint on disk.
+    later = write_block_files(_rows_within(random_rows(400, 3, seed=6), sizes), tmp_path / "later", num_files=1,
+                              block_rows=200)
+    arguments = {"new_rows": {}, "batch_size": 200, "epochs": 1, "seed": 7, "version": "202601010002",
+                 "num_rows": 400}
+    kept = train_increment_in_jax_process(tmp_path / "child", later, eval_files, tmp_path / "kept", **arguments)
+    assert kept["parent_from_memory"] is True and kept["minute_process_started"] is False
+    assert kept["seconds"]["load_parent"] < result["seconds"]["load_parent"]
+    stop_minute_process()
+    loaded = train_increment_in_jax_process(tmp_path / "child", later, eval_files, tmp_path / "loaded", **arguments)
+    assert loaded["parent_from_memory"] is False and loaded["minute_process_started"] is True
+    assert kept["global_step"] == loaded["global_step"] == parent_step + 5
+    for got, expected in zip(saved_weights(tmp_path / "kept")[1], saved_weights(tmp_path / "loaded")[1], strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
     specs, child_weights = saved_weights(tmp_path / "child")
     _, parent_weights = checkpoint_weights(parent)
