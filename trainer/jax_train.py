@@ -317,7 +317,14 @@ def train_model_jax(
     from trainer.model_inputs import CRITEO_INPUTS, model_inputs
     from trainer.models import build_model
     from trainer.parallel_reader import parallel_block_batches
-    from trainer.processes import HostCopy, first_process_decides, process_share, resolve_processes
+    from trainer.processes import (
+        HostCopy,
+        first_process_decides,
+        process_share,
+        resolve_processes,
+        split_files,
+        take,
+    )
     from trainer.progress import ProgressCheckpoint, clear_progress, read_progress
     from trainer.train import (
         MIXED_PRECISION_POLICY,
@@ -366,7 +373,11 @@ def train_model_jax(
     if num_rows:
         workers = min(workers, max(1, num_rows // (4 * micro_batch_size)))
     workers = max(1, min(workers, len(train_files)))
-    if processes > 1:  # one reader each: every process reads the same batches in the same (seeded) order
+    # Several processes: each reads its own files when their rows are known (equal steps), else the same stream.
+    split = split_files(train_files, processes, micro_batch_size, workers) if processes > 1 else None
+    if split is not None:
+        my_files, local_devices, workers, steps_per_epoch = split
+    elif processes > 1:  # one reader each: every process reads the same batches in the same (seeded) order
         workers = 1
     transfer = to_device or (host_copy if devices > 1 else device_put_batch)
 
@@ -417,16 +428,26 @@ def train_model_jax(
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
                 for epoch in range(first_epoch, config.epochs):
-                    train_data: Iterator[Any] = parallel_block_batches(
-                        train_files, micro_batch_size, workers, transfer, shuffle=True, seed=config.seed + epoch,
-                        shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
-                    )
-                    if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
-                        train_data = itertools.islice(train_data, resumed.batches_done, None)
-                    if devices > 1:
-                        train_data = whole_batches(train_data, devices)
-                    if processes > 1:
-                        train_data = process_share(train_data, jax.process_index(), processes)
+                    skip = resumed.batches_done if resumed is not None and epoch == resumed.epoch else 0
+                    if split is not None:  # this process's files, its share of every global batch
+                        local = parallel_block_batches(
+                            my_files, micro_batch_size // processes, workers, transfer, shuffle=True,
+                            seed=config.seed + epoch * processes + jax.process_index(),
+                            shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs)
+                        train_data: Iterator[Any] = take(
+                            whole_batches(itertools.islice(local, skip, None), local_devices),
+                            steps_per_epoch - skip, source=local)
+                    else:
+                        train_data = parallel_block_batches(
+                            train_files, micro_batch_size, workers, transfer, shuffle=True, seed=config.seed + epoch,
+                            shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
+                        )
+                        if skip:
+                            train_data = itertools.islice(train_data, skip, None)
+                        if devices > 1:
+                            train_data = whole_batches(train_data, devices)
+                        if processes > 1:
+                            train_data = process_share(train_data, jax.process_index(), processes)
                     fitted = model.fit(train_data, validation_data=eval_batches() if devices == 1 else None,
                                        initial_epoch=epoch, epochs=epoch + 1, callbacks=[meter, saver, *callbacks],
                                        verbose=0)
@@ -476,6 +497,9 @@ def train_model_jax(
                    "backend": "jax", "row_sparse_updates": False, "reader_workers": workers,
                    "steps_per_execution": steps_per_execution, "device": _device_kind(jax), "devices": devices,
                    "processes": processes,
+                   # Several processes: "split" (each its own files) or "shared" (each the same stream).
+                   "process_files": "split" if split is not None else "shared" if processes > 1 else None,
+                   "steps_per_epoch": split[3] if split is not None else None,
                    "sharded_table_rows": sharded_rows if sharded_rows > config.shard_table_rows else 0,
                    # This process's shards (every process holds as many when the table is sharded).
                    "shard_rows": shard_rows(model)}

@@ -6,12 +6,17 @@ of every process and trainer/devices.py's mesh spans them all: every global batc
 all devices, and a table above `train.shard_table_rows` rows is sharded row-wise across them, so each process
 holds only its share of the table and of its Adagrad state while it trains.
 
-How the data reaches them: every process reads the same training stream (one reader process each, so the
-seeded shuffle gives every process the same batches in the same order) and keeps its own contiguous share of
-the rows of each global batch (`process_share`); Keras makes the global batch from the shares
-(`jax.make_array_from_process_local_data`). Each process thus reads every block, which costs read bandwidth and
-not memory; files split between the processes would also need equal steps per process (a collective waits for
-all), which this does not do yet.
+How the data reaches them: when the samples manifest beside the files gives each file's rows, the files are
+split between the processes (`assign_files`: balanced by rows, the same on every process), each process reads
+only its own with its reader processes and feeds its share of every global batch (batch_size / processes
+rows), and every process takes the same number of steps an epoch (`equal_steps`, computed alike on all of them
+from the rows: a collective waits for all, so a process that ran out of batches first would hang the others).
+The rows past that count are left out of the epoch (the shuffle changes which every epoch). Otherwise (no
+manifest, or fewer files than processes) every process reads the same training stream (one reader process each,
+so the seeded shuffle gives every process the same batches in the same order) and keeps its own contiguous share
+of the rows of each global batch (`process_share`), which costs read bandwidth and not memory, and trains as one
+process would on the same batches. Either way Keras makes the global batch from the shares
+(`jax.make_array_from_process_local_data`).
 
 What needs the whole table goes through the first process: at each epoch's end and at every progress save the
 weights and the optimizer's state are gathered (`jax.experimental.multihost_utils.process_allgather`) into an
@@ -98,6 +103,81 @@ def process_share(batches: Iterable[tuple[Any, Any]], index: int, count: int) ->
             raise ValueError(f"a global batch of {rows} rows cannot be split evenly across {count} processes")
         share = slice(index * rows // count, (index + 1) * rows // count)
         yield {name: values[share] for name, values in features.items()}, labels[share]
+
+
+def rows_by_file(files: Sequence[str]) -> list[int] | None:
+    """Each file's rows, from the samples manifest beside it (its `shards`: file and rows); None when a file
+    has no such manifest entry (the files then cannot be split between processes with equal steps)."""
+    from components.manifest import ManifestError, read_manifest
+
+    shards: dict[Path, dict[str, int]] = {}
+    rows = []
+    for name in files:
+        path = Path(name)
+        if path.parent not in shards:
+            try:
+                manifest = read_manifest(path.parent, kind="samples", verify=False)
+            except ManifestError:
+                return None
+            shards[path.parent] = {shard["file"]: int(shard["rows"]) for shard in manifest.get("shards", [])}
+        if path.name not in shards[path.parent]:
+            return None
+        rows.append(shards[path.parent][path.name])
+    return rows
+
+
+def assign_files(rows: Sequence[int], count: int) -> list[list[int]]:
+    """The file indices each of `count` processes reads: largest files first, each to the process with the
+    fewest rows so far (ties: the lowest index); every process computes the same assignment."""
+    if len(rows) < count:
+        raise ValueError(f"{len(rows)} files cannot give each of {count} processes a file of its own")
+    shares: list[list[int]] = [[] for _ in range(count)]
+    totals = [0] * count
+    for index in sorted(range(len(rows)), key=lambda i: (-rows[i], i)):
+        process = min(range(count), key=lambda p: (totals[p], p))
+        shares[process].append(index)
+        totals[process] += rows[index]
+    return [sorted(share) for share in shares]
+
+
+def equal_steps(rows: Sequence[int], shares: Sequence[Sequence[int]], batch_size: int, workers: int) -> int:
+    """Steps every process can take in an epoch on batches of `batch_size` rows of its own files, read by up to
+    `workers` reader processes each: each reader drops its last partial batch, so a process whose files hold R
+    rows yields at least floor(R / batch_size) - workers + 1 full batches (the least over the processes)."""
+    least = min(sum(rows[i] for i in share) // batch_size for share in shares)
+    return max(0, least - max(1, workers) + 1)
+
+
+def split_files(files: Sequence[str], count: int, batch_size: int, workers: int
+                ) -> tuple[list[str], int, int, int] | None:
+    """This process's share of a global batch size `batch_size` when the files are split between `count`
+    processes: (its files, its devices, its reader processes, the steps every process takes an epoch); None when
+    they cannot be split (a file's rows unknown, fewer files than processes, or too few rows for a step)."""
+    import jax
+
+    rows = rows_by_file(files)
+    if rows is None or len(files) < count:
+        return None
+    shares = assign_files(rows, count)
+    workers = max(1, min([workers, *(len(share) for share in shares)]))
+    steps = equal_steps(rows, shares, batch_size // count, workers)
+    if steps < 1:
+        return None
+    local_devices = jax.local_device_count()
+    return [files[i] for i in shares[jax.process_index()]], local_devices, workers, steps
+
+
+def take(batches: Iterator[Any], steps: int, source: Any = None) -> Iterator[Any]:
+    """The first `steps` batches of `batches`, then `batches` and `source` (the reader generator under it, whose
+    reader processes stop) closed."""
+    try:
+        for _, batch in zip(range(steps), batches, strict=False):
+            yield batch
+    finally:
+        for generator in (batches, source):
+            close = getattr(generator, "close", None)
+            if close is not None:
+                close()
 
 
 def gather(variables: Sequence[Any]) -> list[np.ndarray]:

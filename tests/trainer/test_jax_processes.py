@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.synthetic import random_rows, write_block_files
+from tests.trainer.synthetic import random_rows, roc_auc, write_block_files
 from tests.trainer.test_export import feature_state
 from tests.trainer.test_jax_devices import rows_within
 from tests.trainer.test_jax_train import CONFIG
@@ -132,6 +132,71 @@ def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
                                                r"on the devices of every process: set train.devices to 0 or 2"):
             train_in_jax_process(dataclasses.replace(CONFIG, processes=2, devices=1, epochs=1), state.table_sizes(),
                                  files, files, tmp_path / "checkpoint", num_rows=400)
+
+
+def write_samples(rows, directory: Path, sizes: list[int]) -> list[str]:
+    """Block files of `sizes` rows each, and the samples manifest that names their rows, as the samples step
+    writes them."""
+    from components.manifest import write_manifest
+
+    directory.mkdir(parents=True)
+    bounds = np.cumsum([0, *sizes])
+    paths = []
+    for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        part = write_block_files(rows.slice(int(start), int(stop)), directory / f"part-{index}", 1, 100)[0]
+        paths.append(str(Path(part).rename(directory / f"part-{index:05d}.tfrecord")))
+        (directory / f"part-{index}").rmdir()
+    write_manifest(directory, kind="samples", version="test", files=[Path(p).name for p in paths],
+                   row_counts={"rows": int(bounds[-1])},
+                   extra={"shards": [{"file": Path(p).name, "rows": n} for p, n in zip(paths, sizes, strict=True)]})
+    return paths
+
+
+@pytest.mark.integration
+def test_two_processes_read_their_own_files_and_take_equal_steps(tmp_path):
+    """With the samples manifest beside the files, each process reads only its share of the files (balanced by
+    rows) and all take the same steps an epoch, whatever their rows: the step neither hangs nor fails."""
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.jax_train import train_in_jax_process
+    from trainer.processes import assign_files
+
+    state = feature_state()
+    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
+    files = write_samples(rows_within(random_rows(6000, 3, seed=1), sizes), tmp_path / "train",
+                          [1800, 1500, 1400, 1300])
+    eval_files = write_block_files(rows_within(random_rows(1500, 3, seed=2), sizes), tmp_path / "eval", 1, 500)
+    assert assign_files([1800, 1500, 1400, 1300], 2) == [[0, 3], [1, 2]]  # 3,100 and 2,900 rows
+    config = dataclasses.replace(CONFIG, batch_size=200, epochs=2, early_stopping_patience=0, calibrate=False,
+                                 shard_table_rows=0, processes=2, devices=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("XLA_FLAGS", raising=False)
+        run = train_in_jax_process(config, state.table_sizes(), files, eval_files, tmp_path / "checkpoint",
+                                   num_rows=6000)
+    flags = run.speed_flags
+    # Batches of 100 rows a process, two readers each: min(31, 29) - 2 + 1 steps.
+    assert (flags["process_files"], flags["steps_per_epoch"], flags["reader_workers"]) == ("split", 28, 2)
+    assert run.global_step == 56 and run.num_train_examples == 28 * 200
+    assert roc_auc(run.eval_labels, run.eval_predictions) > 0.75
+
+
+@pytest.mark.integration
+def test_the_equal_steps_are_steps_every_readers_share_can_give(tmp_path):
+    """Each reader process drops its last partial batch, so a share yields at least floor(rows / batch) - readers
+    + 1 full batches: checked against the parallel reader itself on files of uneven sizes."""
+    from trainer.parallel_reader import parallel_block_batches
+    from trainer.processes import assign_files, equal_steps
+
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(150, 900, 7)]
+    files = write_samples(random_rows(sum(sizes), 3, seed=4), tmp_path / "rows", sizes)
+    shares = assign_files(sizes, 3)
+    for workers in (1, 2, 3):
+        steps = equal_steps(sizes, shares, 64, workers)
+        for share in shares:
+            yielded = sum(1 for _ in parallel_block_batches([files[i] for i in share], 64, workers, seed=1))
+            assert yielded >= steps, (share, workers, yielded, steps)
+            if workers == 1:  # one reader drops one partial batch: the bound is exact
+                assert yielded == sum(sizes[i] for i in share) // 64
 
 
 @pytest.mark.unit
