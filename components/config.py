@@ -155,6 +155,12 @@ class TrainConfig:
     # train.devices counts the devices of all of them: each process feeds its share of every batch and holds its
     # share of a sharded table. On several hosts a cluster scheduler starts them (docs/scale.md).
     processes: int = 1
+    # Who starts the train step's processes: "local" (this host, as above) or "scheduler": the step writes its
+    # request under the checkpoint directory (which every host must mount at the same path) and waits up to
+    # scheduler_timeout_s for the processes a cluster scheduler starts on it (a Kubernetes Indexed Job:
+    # docker/kubernetes/train-job.yaml) to write the checkpoint.
+    launcher: Literal["local", "scheduler"] = "local"
+    scheduler_timeout_s: float = 3600.0
     embedding_dim: int = 16
     num_cross_layers: int = 3
     # DCNv2's cross layers: r > 0 gives each a low-rank matrix, [width, r] then [r, width] (the paper's

@@ -108,13 +108,54 @@ def train_in_jax_process(
     if not isinstance(config.processes, int) or config.processes < 1:
         raise ValueError(f"train.processes={config.processes!r} must be a number of processes, 1 or more")
     with tempfile.TemporaryDirectory(prefix="ctr-jax-train-") as scratch:
-        _run_children(request, config.processes, loggers, Path(scratch))
-        summary = json.loads((Path(scratch) / RESULT_FILE).read_text())
+        if config.launcher == "scheduler":
+            job = Path(checkpoint_dir).parent / f"{Path(checkpoint_dir).name}-job"
+            wait_for_scheduled_processes(request, config, job)
+            result_dir = job
+        else:
+            _run_children(request, config.processes, loggers, Path(scratch))
+            result_dir = Path(scratch)
+        summary = json.loads((result_dir / RESULT_FILE).read_text())
         summary["averaged_epochs"] = tuple(summary.get("averaged_epochs", ()))
-        with np.load(Path(scratch) / EVAL_FILE) as data:
+        with np.load(result_dir / EVAL_FILE) as data:
             eval_labels, eval_predictions = data["labels"], data["predictions"]
     return TrainResult(model=load_checkpoint(Path(checkpoint_dir)), eval_labels=eval_labels,
                        eval_predictions=eval_predictions, **summary)
+
+
+JOB_REQUEST = "request.pkl"
+JOB_FAILED = "failed.txt"
+
+
+def wait_for_scheduled_processes(request: JaxTrainRequest, config: TrainConfig, job: Path) -> None:
+    """train.launcher=scheduler: writes the request into `job` (beside the checkpoint directory, on storage every
+    host mounts) and waits for the processes a cluster scheduler starts on it, each running
+    `python -m trainer.jax_train <job>/request.pkl <job>` with the job's environment (trainer/processes.py), to
+    write RESULT_FILE there (the first process, after the checkpoint); raises with what a process wrote to
+    JOB_FAILED, or after `config.scheduler_timeout_s`."""
+    import shutil
+
+    shutil.rmtree(job, ignore_errors=True)  # a run before this one's results
+    job.mkdir(parents=True)
+    partial = job / f".{JOB_REQUEST}.partial"
+    partial.write_bytes(pickle.dumps(request))
+    os.replace(partial, job / JOB_REQUEST)
+    logger.info("waiting for %d train processes from the cluster scheduler: each runs `python -m trainer.jax_train "
+                "%s %s` with KERAS_DISTRIBUTION_JOB_ADDRESSES, KERAS_DISTRIBUTION_NUM_PROCESSES=%d and its index "
+                "(KERAS_DISTRIBUTION_PROCESS_ID or JOB_COMPLETION_INDEX)", config.processes, job / JOB_REQUEST, job,
+                config.processes)
+    deadline = time.monotonic() + config.scheduler_timeout_s
+    while not (job / RESULT_FILE).exists():
+        if (job / JOB_FAILED).exists():
+            raise RuntimeError(f"a train process started by the cluster scheduler failed; its report "
+                               f"({job / JOB_FAILED}):\n{(job / JOB_FAILED).read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no train process wrote {job / RESULT_FILE} within train.scheduler_timeout_s="
+                f"{config.scheduler_timeout_s:g} s: start {config.processes} processes running `python -m "
+                f"trainer.jax_train {job / JOB_REQUEST} {job}` (docker/kubernetes/train-job.yaml), or train with "
+                "train.launcher=local")
+        time.sleep(0.5)
 
 
 @dataclass(frozen=True)
@@ -580,7 +621,9 @@ def _child_main(request_file: str, result_dir: str) -> int:
     np.savez(out / EVAL_FILE, labels=result.eval_labels, predictions=result.eval_predictions)
     fields = ("history", "num_train_examples", "examples_per_second", "speed_flags", "global_step",
               "resumed_from_step", "warm_start", "calibration", "best_epoch", "averaged_epochs")
-    (out / RESULT_FILE).write_text(json.dumps({name: getattr(result, name) for name in fields}))
+    partial = out / f".{RESULT_FILE}.partial"  # renamed last: a waiting launcher reads a whole file
+    partial.write_text(json.dumps({name: getattr(result, name) for name in fields}))
+    os.replace(partial, out / RESULT_FILE)
     channel.close()
     return 0
 
@@ -616,6 +659,14 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--minutes"]:
         sys.exit(_minutes_main())
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m trainer.jax_train REQUEST RESULT_DIR (run by train_in_jax_process), or "
-                 "python -m trainer.jax_train --minutes (run by train_increment_in_jax_process)")
-    sys.exit(_child_main(sys.argv[1], sys.argv[2]))
+        sys.exit("usage: python -m trainer.jax_train REQUEST RESULT_DIR (run by train_in_jax_process, or by a "
+                 "cluster scheduler), or python -m trainer.jax_train --minutes (run by train_increment_in_jax_process)")
+    try:
+        sys.exit(_child_main(sys.argv[1], sys.argv[2]))
+    except Exception:
+        import traceback
+
+        # A launcher waiting on the result directory (train.launcher=scheduler) learns of the failure from this.
+        with open(Path(sys.argv[2]) / JOB_FAILED, "a") as report:
+            report.write(f"process {os.environ.get('KERAS_DISTRIBUTION_PROCESS_ID', '0')}:\n{traceback.format_exc()}")
+        raise

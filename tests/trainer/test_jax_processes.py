@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,87 @@ def test_the_equal_steps_are_steps_every_readers_share_can_give(tmp_path):
             assert yielded >= steps, (share, workers, yielded, steps)
             if workers == 1:  # one reader drops one partial batch: the bound is exact
                 assert yielded == sum(sizes[i] for i in share) // 64
+
+
+def start_as_a_scheduler(job: Path, count: int) -> list[subprocess.Popen]:
+    """What a Kubernetes Indexed Job does (docker/kubernetes/train-job.yaml): once the train step's request is
+    there, `count` processes of `python -m trainer.jax_train`, each told the job and its JOB_COMPLETION_INDEX."""
+    from trainer.processes import ADDRESSES_ENV, COUNT_ENV, free_loopback_address
+
+    deadline = time.monotonic() + 120
+    while not (job / "request.pkl").exists():
+        assert time.monotonic() < deadline, "the train step wrote no request"
+        time.sleep(0.1)
+    coordinator = free_loopback_address()
+    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    return [subprocess.Popen([sys.executable, "-m", "trainer.jax_train", str(job / "request.pkl"), str(job)],
+                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**env, "KERAS_BACKEND": "jax", ADDRESSES_ENV: coordinator, COUNT_ENV: str(count),
+                                  "JOB_COMPLETION_INDEX": str(index)})
+            for index in range(count)]
+
+
+@pytest.mark.integration
+def test_a_step_waits_for_the_processes_a_cluster_scheduler_starts(one_and_two, tmp_path):
+    """train.launcher=scheduler: the step writes its request beside the checkpoint and waits; two processes
+    started as an Indexed Job starts them train, and the step returns their run (the weights of the two-process
+    run the step starts itself)."""
+    from trainer.jax_train import train_in_jax_process
+
+    runs, _, arguments = one_and_two
+    config = dataclasses.replace(arguments["config"], launcher="scheduler", scheduler_timeout_s=240)
+    with ThreadPoolExecutor(1) as pool:
+        step = pool.submit(train_in_jax_process, **{**arguments, "config": config},
+                           checkpoint_dir=tmp_path / "checkpoint")
+        processes = start_as_a_scheduler(tmp_path / "checkpoint-job", 2)
+        result = step.result(timeout=300)
+    assert [process.wait(timeout=60) for process in processes] == [0, 0]
+    assert result.speed_flags["processes"] == 2 and result.global_step == runs[2].global_step
+    for expected, got in zip(runs[2].model.weights, result.model.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.integration
+def test_a_scheduled_process_that_fails_fails_the_waiting_step_with_its_report(tmp_path):
+    from components.schema import CATEGORICAL_FEATURES
+    from trainer.jax_train import train_in_jax_process
+
+    state = feature_state()
+    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
+    files = write_block_files(rows_within(random_rows(400, 1, seed=1), sizes), tmp_path / "rows", num_files=1,
+                              block_rows=200)
+    config = dataclasses.replace(CONFIG, processes=2, devices=1, epochs=1, launcher="scheduler",
+                                 scheduler_timeout_s=240)
+    with ThreadPoolExecutor(1) as pool:
+        step = pool.submit(train_in_jax_process, config, state.table_sizes(), files, files,
+                           tmp_path / "checkpoint", num_rows=400)
+        processes = start_as_a_scheduler(tmp_path / "checkpoint-job", 2)
+        with pytest.raises(RuntimeError, match=r"(?s)a train process started by the cluster scheduler failed.*"
+                                               r"train.processes=2 trains on the devices of every process"):
+            step.result(timeout=300)
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.unit
+def test_the_kubernetes_job_runs_the_train_step_as_the_processes_join():
+    """docker/kubernetes/train-job.yaml names the variables trainer/processes.py reads and the command the
+    waiting step tells the scheduler to run."""
+    import yaml
+
+    from trainer.processes import ADDRESSES_ENV, COUNT_ENV, JOB_INDEX_ENV
+
+    service, job = yaml.safe_load_all((REPO_ROOT / "docker" / "kubernetes" / "train-job.yaml").read_text())
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    spec = job["spec"]
+    assert (job["kind"], spec["completionMode"]) == ("Job", "Indexed")  # Kubernetes sets JOB_COMPLETION_INDEX
+    assert spec["completions"] == spec["parallelism"] == "${PROCESSES}"
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "trainer.jax_train", "${JOB_DIR}/request.pkl", "${JOB_DIR}"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env[ADDRESSES_ENV] == "${JOB_NAME}-0.${JOB_NAME}:7476" and env[COUNT_ENV] == "${PROCESSES}"
+    assert JOB_INDEX_ENV == "JOB_COMPLETION_INDEX" and env["KERAS_BACKEND"] == "jax"
 
 
 @pytest.mark.unit
