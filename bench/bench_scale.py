@@ -5,7 +5,8 @@ criteo spec's DCNv2-small, from block TFRecords. Writes bench/results/scale.json
     make bench-scale                                  # KERAS_BACKEND=jax; on a GPU host for absolute speeds
     make bench-scale BENCH_SCALE_ARGS=--small         # tiny sizes: checks that it runs
 
-Per run (`runs`, one per device count; only 1 device until the train step shards):
+Per run (`runs`, one per device count of `--devices`, default 1, 2 and 4, as many as the host shows; with
+several devices every batch is split across them and the table sharded row-wise, trainer/devices.py):
 - end_to_end_ex_per_s: train_model_jax over `--passes` epochs of the block files (reader worker processes,
   trainer.parallel_reader, copying each batch to the device): its TrainResult.examples_per_second, which leaves
   out the first step (compilation), the held-out scoring after each epoch, and each epoch's reader start (the
@@ -17,6 +18,14 @@ Per run (`runs`, one per device count; only 1 device until the train step shards
 - reader_rows_per_s: the reader workers alone over the same passes, decoding into shared memory without a
   device copy, from the first pass's first batch on (the later passes' worker starts are inside it, unlike
   end_to_end_ex_per_s); reader_rows_per_s_with_start: with the first start too.
+
+Also: `sharded_equals_unsharded`, the largest device count's run against one device's on the same batches
+(one reader process, one pass over the first file) ending at the same weights (rtol 1e-4, atol 1e-5, the
+padding rows of the sharded table left out), with `sharded_max_abs_difference`; and `delta_from_shards_s`, the
+seconds to form a delta (components.delta.weight_arrays: the rows that changed) from the largest device count's
+model, its table and accumulator gathered from the devices' shards, against the one-device run's weights.
+`--cpu-devices N` makes a CPU host show N devices (XLA's forced host platform device count), to check the
+several-device runs on a machine without GPUs; `--out` names the result file.
 
 The files are written here without TensorFlow (components.block_codec), with the criteo spec's widths and
 random ids; speed is all that is measured. This process blocks TensorFlow's import, as on a host without it.
@@ -108,8 +117,10 @@ def device_description() -> str:
     return f"{device.platform}: {getattr(device, 'device_kind', device)} x {jax.device_count()}"
 
 
-def one_device_run(train_files: list[str], eval_files: list[str], num_rows: int, sizes: dict, args: Any,
-                   scratch: Path) -> dict[str, Any]:
+def device_run(train_files: list[str], eval_files: list[str], num_rows: int, sizes: dict, args: Any,
+               scratch: Path, devices: int, reader_workers: int | None = None, passes: int | None = None,
+               steps_only: bool = True, mixed_precision: bool | None = None) -> tuple[dict[str, Any], Any]:
+    """(the run's figures, its TrainResult) on `devices` devices."""
     import keras
 
     from components.config import TrainConfig
@@ -120,16 +131,19 @@ def one_device_run(train_files: list[str], eval_files: list[str], num_rows: int,
     inputs = model_inputs(spec)
     config = TrainConfig(
         backend="jax", embedding_dim=16, num_cross_layers=3, mlp_units=(512, 256, 128), cross_projection_dim=0,
-        batch_size=args.batch_size, epochs=args.passes, early_stopping_patience=0, calibrate=False,
-        mixed_precision=args.mixed_precision, jit_compile=True, checkpoint_every_steps=1 << 30,
+        batch_size=args.batch_size, epochs=passes or args.passes, early_stopping_patience=0, calibrate=False,
+        mixed_precision=args.mixed_precision if mixed_precision is None else mixed_precision, jit_compile=True,
+        checkpoint_every_steps=1 << 30, devices=devices, shard_table_rows=0,
     )
     table_sizes = {name: sizes["num_values"] + NUM_RESERVED_ROWS for name in inputs.tables}
     started = time.perf_counter()
-    result = train_model_jax(config, table_sizes, train_files, eval_files, scratch / "checkpoint", spec=spec,
-                             num_rows=num_rows, reader_workers=args.reader_workers,
+    result = train_model_jax(config, table_sizes, train_files, eval_files, scratch / f"checkpoint-{devices}",
+                             spec=spec, num_rows=num_rows, reader_workers=reader_workers or args.reader_workers,
                              steps_per_execution=args.steps_per_execution)
     wall = time.perf_counter() - started
     model = result.model
+    if not steps_only:
+        return {"devices": devices}, result
 
     # Steps only: a few batches placed in device memory once, then trained on in turn by the same model.
     batches = parallel_block_batches(train_files, result.speed_flags["micro_batch_size"], 1, device_put_batch,
@@ -147,10 +161,38 @@ def one_device_run(train_files: list[str], eval_files: list[str], num_rows: int,
     fit(2 * args.steps_per_execution)  # a new fit traces once more
     steps = max(sizes["steps"] // args.steps_per_execution, 1) * args.steps_per_execution
     steps_only = steps * result.speed_flags["micro_batch_size"] / fit(steps)
-    return {"devices": 1, "steps_only_ex_per_s": steps_only, "end_to_end_ex_per_s": result.examples_per_second,
+    return {"devices": devices, "steps_only_ex_per_s": steps_only,
+            "end_to_end_ex_per_s": result.examples_per_second,
             "end_to_end_wall_s": wall, "end_to_end_rows": result.num_train_examples * args.passes,
             "end_to_end_wall_ex_per_s": result.num_train_examples * args.passes / wall,
-            "speed_flags": result.speed_flags}
+            "speed_flags": result.speed_flags}, result
+
+
+def sharded_check(train_files: list[str], eval_files: list[str], sizes: dict, args: Any, scratch: Path,
+                  devices: int) -> dict[str, Any]:
+    """`devices` devices against one on the same batches (one reader, one pass over the first file, float32):
+    whether they end at the same weights, and the seconds to form a delta from the sharded model's weights."""
+    from components.delta import weight_arrays
+
+    num_rows = args.batch_size * sizes["train_batches"] // sizes["files"]
+    runs = {d: device_run(train_files[:1], eval_files, num_rows, sizes, args, scratch / f"check-{d}", d,
+                          reader_workers=1, passes=1, steps_only=False, mixed_precision=False)[1]
+            for d in (1, devices)}
+    single = [np.asarray(w) for w in runs[1].model.weights]
+
+    def unpadded(weight: np.ndarray, like: np.ndarray) -> np.ndarray:  # the table's padding rows left out
+        return weight if weight.ndim == 0 else weight[:len(like)]
+
+    started = time.perf_counter()
+    sharded = [np.asarray(w) for w in runs[devices].model.weights]  # gathered from the devices' shards
+    arrays = weight_arrays(single, [unpadded(w, s) for w, s in zip(sharded, single, strict=True)])
+    delta_s = time.perf_counter() - started
+    pairs = [(unpadded(w, s), s) for w, s in zip(sharded, single, strict=True)]
+    differences = [float(np.max(np.abs(w.astype(np.float64) - s))) if s.size else 0.0 for w, s in pairs]
+    equal = all(np.allclose(w, s, rtol=1e-4, atol=1e-5) for w, s in pairs)
+    return {"sharded_equals_unsharded": bool(equal), "sharded_max_abs_difference": max(differences),
+            "sharded_check_devices": devices, "delta_from_shards_s": delta_s,
+            "delta_rows_changed": int(sum(len(v) for k, v in arrays.items() if k.startswith("rows_")))}
 
 
 def main() -> int:
@@ -162,7 +204,15 @@ def main() -> int:
     parser.add_argument("--steps-per-execution", type=int, default=8)
     parser.add_argument("--passes", type=int, default=2, help="epochs over the files end to end")
     parser.add_argument("--no-mixed-precision", dest="mixed_precision", action="store_false")
+    parser.add_argument("--devices", default="1,2,4", help="device counts to run, comma-separated (default 1,2,4)")
+    parser.add_argument("--cpu-devices", type=int, default=0,
+                        help="make a CPU host show this many devices (XLA's forced host platform device count)")
+    parser.add_argument("--out", help="the result file's name (default scale.json; scale_small.json with --small)")
     args = parser.parse_args()
+    if args.cpu_devices:  # before JAX starts
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + f" --xla_force_host_platform_device_count={args.cpu_devices}").strip()
+    import jax
     import keras
 
     if keras.backend.backend() != "jax":
@@ -189,14 +239,21 @@ def main() -> int:
         result["write_rows_per_s"] = num_rows / (time.perf_counter() - started)
         reader, reader_with_start = reader_rows_per_second(train_files, args.batch_size, args.reader_workers,
                                                            inputs, args.passes)
-        run = one_device_run(train_files, eval_files, num_rows, sizes, args, Path(tmp))
-        result["runs"] = [{**run, "reader_rows_per_s": reader, "reader_rows_per_s_with_start": reader_with_start}]
-    result["not_run"] = ("2 and 4 devices: the JAX train step does not shard yet (keras.distribution is the next "
-                         "part of issue 48)")
+        counts = [int(d) for d in args.devices.split(",")]
+        shown = jax.device_count()
+        result["runs"] = [{**device_run(train_files, eval_files, num_rows, sizes, args, Path(tmp), d)[0],
+                           "reader_rows_per_s": reader, "reader_rows_per_s_with_start": reader_with_start}
+                          for d in counts if d <= shown]
+        skipped = [d for d in counts if d > shown]
+        if skipped:
+            result["not_run"] = f"{skipped} devices: this host shows {shown}"
+        if max(run["devices"] for run in result["runs"]) > 1:
+            result.update(sharded_check(train_files, eval_files, sizes, args, Path(tmp),
+                                        max(run["devices"] for run in result["runs"])))
     result["tensorflow_imported"] = any(module is not None and (name == "tensorflow" or name.startswith("tensorflow."))
                                         for name, module in list(sys.modules.items()))
     result = {**provenance(result["command"]), **result}
-    name = "scale_small.json" if args.small else "scale.json"
+    name = args.out or ("scale_small.json" if args.small else "scale.json")
     out = Path(os.environ.get("BENCH_RESULTS", Path(__file__).parent / "results")) / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
