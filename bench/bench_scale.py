@@ -152,9 +152,17 @@ def device_run(train_files: list[str], eval_files: list[str], num_rows: int, siz
     batches.close()
     cycled = itertools.cycle(resident)
 
+    class InOrder(keras.callbacks.Callback):
+        """A batch-end callback, so that Keras reads each step's logs on this thread, in order. Without any, it
+        reads them on a thread pool while the next step runs, and on several CPU devices two programs' collectives
+        then interleave: the fit hung in an all-reduce until XLA aborted it (bf16, 2 and 4 forced devices)."""
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            pass
+
     def fit(steps: int) -> float:
         begun = time.perf_counter()
-        model.fit((batch for batch in cycled), steps_per_epoch=steps, epochs=1, verbose=0)
+        model.fit((batch for batch in cycled), steps_per_epoch=steps, epochs=1, callbacks=[InOrder()], verbose=0)
         keras.ops.convert_to_numpy(model.trainable_variables[-1])  # waits for the last step
         return time.perf_counter() - begun
 
