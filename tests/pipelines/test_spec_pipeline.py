@@ -85,11 +85,14 @@ def _criteo_with_buckets(directory: Path) -> Path:
 
 # "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
 # and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
-# joined over loopback (train.processes=2), the table sharded across them.
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "taobao/jax", "avazu/jax-2"])
-def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset):
+# joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
+# forced CPU devices (train.devices=4), the table sharded across them.
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
+def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")
-    backend, _, processes = backend.partition("-")
+    backend, _, scale = backend.partition("-")
+    processes = int(scale) if scale.isdigit() else 0
+    devices = int(scale[1:]) if scale.startswith("d") else 0
     layout_name = "criteo" if preset == "criteo_buckets" else preset
     sample = DATA / SAMPLES[layout_name]
     if not sample.is_file():
@@ -102,7 +105,10 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
                  "gate.min_auc": 0.0, "gate.max_logloss": 100.0, "gate.max_calibration_error": 100.0,
                  "tracking.strict": True, "train.backend": backend or "tensorflow"}
     if processes:
-        overrides.update({"train.processes": int(processes), "train.shard_table_rows": 0})
+        overrides.update({"train.processes": processes, "train.shard_table_rows": 0})
+    if devices:  # the JAX child process inherits the flag; this process's TensorFlow is already started
+        overrides.update({"train.devices": devices, "train.shard_table_rows": 0})
+        monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}")
     config = load_config(overrides=overrides, environ={})
     spec = spec_for(config)
     layout = RunContext(config, Interval.minute("2026-01-01T00:00"), "daily", "x").layout
@@ -147,6 +153,10 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, preset
         flags = checkpoint["speed_flags"]
         assert (flags["processes"], flags["devices"]) == (2, 2)
         assert flags["shard_rows"]["table"] == [flags["sharded_table_rows"] // 2] and flags["sharded_table_rows"] > 0
+    if devices:
+        flags = checkpoint["speed_flags"]
+        assert (flags["processes"], flags["devices"]) == (1, 4)
+        assert flags["shard_rows"]["table"] == [flags["sharded_table_rows"] // 4] * 4 > [0] * 4
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
     if preset == "criteo_buckets":
