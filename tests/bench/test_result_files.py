@@ -41,7 +41,7 @@ WRITTEN_BEFORE_PROVENANCE = frozenset({
     "events_quality_defaults.json",
     "gpu.json", "history.json", "history_with_train.json",
     "quality.json", "real_run2.json", "reliability.json", "scale.json", "scale_run2.json",
-    "serving_run1.json", "serving_run2.json", "spark.json",
+    "serving_run1.json", "serving_run2.json",
 })
 
 # Keys added to a file by hand, which no version of its script writes. The file must be rewritten by its command
