@@ -83,6 +83,7 @@ DenseTransformKind = Literal["log_standardize", "standardize", "buckets"]
 CategoricalDtype = Literal["string", "int"]
 Pooling = Literal["sum", "mean"]
 HashCombiner = Literal["sum", "concat"]
+TableStorage = Literal["memory", "tiered"]
 Derived = Literal["hour_of_day", "day_of_week"]
 TimestampFormat = str  # unix_seconds | unix_millis | a strptime pattern
 
@@ -97,6 +98,9 @@ DERIVED_VOCABULARIES: dict[str, tuple[str, ...]] = {
 # <name>_bucket, whose values are the bucket numbers "0" .. str(num_buckets - 1).
 BUCKET_DERIVATION = "buckets"
 BUCKET_SUFFIX = "_bucket"
+# The hot tier of a tiered table whose spec sets no `hot_rows`: 131,072 rows (16 MiB with their accumulators at
+# dimension 16), several times the distinct rows of the largest batch the batch size chosen from the rows takes.
+DEFAULT_HOT_ROWS = 131_072
 
 
 class FeatureSpecError(ConfigError):
@@ -163,6 +167,10 @@ class CategoricalFeature:
     max_rows: int | None = None
     embedding_dim: int | None = None
     hashing: HashingSpec | None = None
+    # Where the table lives while training: in memory, or on local disk with `hot_rows` rows in memory
+    # (trainer/tiered_tables.py, docs/tiers.md).
+    storage: TableStorage = "memory"
+    hot_rows: int | None = None
     # Set for features computed from the timestamp (hour_of_day, day_of_week): their fixed values.
     derived_from: str = ""
     derivation: str = ""
@@ -264,6 +272,12 @@ class TableSpec:
     hashing: HashingSpec | None = None
     # Fixed values (derived features): admitted from their first occurrence, never evicted.
     fixed_values: tuple[str, ...] = ()
+    storage: TableStorage = "memory"
+    hot_rows: int = 0  # the hot tier's rows of a tiered table; 0 in memory
+
+    @property
+    def tiered(self) -> bool:
+        return self.storage == "tiered"
 
 
 @dataclass(frozen=True)
@@ -416,6 +430,7 @@ class FeatureSpec:
                 max_rows=_or(owner.max_rows, defaults.max_rows),
                 embedding_dim=_or(owner.embedding_dim, defaults.embedding_dim),
                 hashing=owner.hashing, fixed_values=fixed,
+                **_storage(owner),
             )
         return out
 
@@ -451,7 +466,7 @@ class FeatureSpec:
         reserved rows. Two specs with the same hash read and write the same files."""
         description = {
             "spec": self.as_dict(),
-            "tables": {name: dataclasses.asdict(t) for name, t in sorted(self.tables().items())},
+            "tables": {name: _table_dict(t) for name, t in sorted(self.tables().items())},
             "reserved_rows": {"rare": RARE_ROW, "missing": MISSING_ROW},
         }
         return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
@@ -459,6 +474,22 @@ class FeatureSpec:
 
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
+
+
+def _storage(owner: TableFeature) -> dict[str, Any]:
+    """A table's storage settings from the feature that owns it (tiered: `hot_rows` or DEFAULT_HOT_ROWS)."""
+    if getattr(owner, "storage", "memory") != "tiered":
+        return {}
+    return {"storage": "tiered", "hot_rows": _or(owner.hot_rows, DEFAULT_HOT_ROWS)}  # type: ignore[union-attr]
+
+
+def _table_dict(table: TableSpec) -> dict[str, Any]:
+    """A table's settings as the hash sees them: storage only where it is not the default, so that specs that
+    do not tier a table keep the hash they had."""
+    out = dataclasses.asdict(table)
+    if not table.tiered:
+        del out["storage"], out["hot_rows"]
+    return out
 
 
 def _source_dict(source: SourceSpec) -> dict[str, Any]:
@@ -474,6 +505,10 @@ def _feature_dict(feature: Feature) -> dict[str, Any]:
     out = dataclasses.asdict(feature)
     for key in ("derived_from", "derivation"):
         out.pop(key, None)
+    if out.get("storage") == "memory":  # the default, left out: the spec's hash stays as it was
+        del out["storage"]
+    if "hot_rows" in out and out["hot_rows"] is None:
+        del out["hot_rows"]
     return _plain(out)
 
 
@@ -689,7 +724,7 @@ def _history(settings: Mapping[str, Any], names: tuple[str, ...], where: str) ->
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "min_count": int, "evict_after_days": int, "max_rows": int, "embedding_dim": int, "max_length": int,
     "num_buckets": int, "clip_quantile": (int, float), "missing_indicator": bool, "separator": str, "table": str,
-    "shares": str, "column": str, "format": str,
+    "shares": str, "column": str, "format": str, "hot_rows": int, "storage": str,
 }
 
 
@@ -701,7 +736,7 @@ def _check_feature(feature: Feature, where: str) -> None:
                                                and expected is not bool):
             raise FeatureSpecError(f"{where}: {item.name} must be {getattr(expected, '__name__', 'a number')}, "
                                    f"got {value!r}")
-    for key in ("min_count", "max_rows", "embedding_dim", "max_length", "num_buckets"):
+    for key in ("min_count", "max_rows", "embedding_dim", "max_length", "num_buckets", "hot_rows"):
         value = getattr(feature, key, None)
         if value is not None and value < 1:
             raise FeatureSpecError(f"{where}: {key} must be at least 1, got {value!r}")
@@ -720,6 +755,14 @@ def _check_feature(feature: Feature, where: str) -> None:
             if feature.hashing.functions < 1 or feature.hashing.buckets < 1:
                 raise FeatureSpecError(f"{where}: hashing needs functions >= 1 and buckets >= 1, got "
                                        f"{feature.hashing!r}")
+    if isinstance(feature, CategoricalFeature):
+        _literal(feature.storage, TableStorage, f"{where}: storage")
+        if feature.hot_rows is not None and feature.storage != "tiered":
+            raise FeatureSpecError(f"{where}: hot_rows={feature.hot_rows} sizes the hot tier of a tiered table; set "
+                                   "storage: tiered too, or drop hot_rows")
+        if feature.storage == "tiered" and feature.hashing is not None:
+            raise FeatureSpecError(f"{where}: a table is either hashed (hashing) or tiered (storage: tiered), not "
+                                   "both; drop one of them")
     if isinstance(feature, MultiCategoricalFeature):
         _literal(feature.pooling, Pooling, f"{where}: pooling")
     if isinstance(feature, TimestampFeature):
@@ -747,7 +790,7 @@ def _derived(features: list[Feature]) -> list[Feature]:
     return out
 
 
-_TABLE_KEYS = ("min_count", "evict_after_days", "max_rows", "embedding_dim", "hashing")
+_TABLE_KEYS = ("min_count", "evict_after_days", "max_rows", "embedding_dim", "hashing", "hot_rows")
 
 
 def _check_history(feature: SequenceFeature, history: HistorySpec, by_name: Mapping[str, Feature],
@@ -791,7 +834,9 @@ def _check(spec: FeatureSpec, where: str) -> None:
                     f"{where}: feature {feature.name!r} has table={feature.table!r}, which is not a categorical "
                     "feature that owns its table"
                 )
-            pinned = [k for k in _TABLE_KEYS if getattr(feature, k) is not None]
+            pinned = [k for k in _TABLE_KEYS if getattr(feature, k, None) is not None]
+            if getattr(feature, "storage", "memory") != "memory":
+                pinned.append("storage")
             if pinned:
                 raise FeatureSpecError(
                     f"{where}: feature {feature.name!r} shares the table of {feature.table!r}, so it cannot set "
@@ -812,6 +857,13 @@ def _check(spec: FeatureSpec, where: str) -> None:
                                        f"itself reads the table of {owner.table!r}: name {owner.table!r} instead")
             if feature.history is not None:
                 _check_history(feature, feature.history, by_name, spec, where)
+    for table in spec.tables().values():
+        lists = [name for name in table.features if not isinstance(by_name.get(name), CategoricalFeature)]
+        if table.tiered and lists:
+            raise FeatureSpecError(
+                f"{where}: table {table.name!r} is tiered (storage: tiered), and {lists} read it as lists of ids; a "
+                "tiered table is read by single-valued categorical features only (the hot tier remaps their "
+                f"columns). Keep {table.name!r} in memory, or give those features a table of their own")
     if spec.source.columns:
         missing = [c for c in spec.input_columns if c not in spec.source.columns]
         if missing:

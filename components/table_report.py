@@ -106,6 +106,7 @@ def table_report(
     parent: str | None = None,
     since_day: int | None = None,
     samples: Mapping[str, Any] | None = None,
+    tiered: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The report of every table after a run.
 
@@ -113,10 +114,13 @@ def table_report(
     changed (changed_rows_by_table against `parent`, the version or checkpoint it started from). Without a
     parent, the rows counted as touched are those of values seen on or after `since_day` (the run's first day),
     plus the reserved rows the training rows read. `samples`: the training split's samples manifest (its
-    row count and per-column rare and missing reads)."""
+    row count and per-column rare and missing reads). `tiered`: per tiered table, `rows` (a function of row ids
+    -> their values, read from its store) and `counters` (what its hot tier and store did in training,
+    TieredTables.counters)."""
     tables = spec.tables()
     sizes = state.table_sizes()
-    offsets = table_offsets(sizes, hashed)
+    tiered = dict(tiered or {})
+    offsets = table_offsets(sizes, [*hashed, *tiered])
     candidates = state.candidates
     feature_of = candidates["feature"]
     num_rows = int(samples["row_counts"]["rows"]) if samples else 0
@@ -135,7 +139,7 @@ def table_report(
         missing = sum(int(missing_reads.get(c, 0)) for c in columns) if missing_reads is not None else None
         entry: dict[str, Any] = {
             "name": name,
-            "storage": "hashed" if name in hashed else "memory",
+            "storage": "hashed" if name in hashed else "tiered" if name in tiered else "memory",
             "features": list(table.features),
             "min_count": table.min_count if table.min_count else state.min_count,
             "evict_after_days": table.evict_after_days,
@@ -154,7 +158,9 @@ def table_report(
             "rare_share": rare / lookups if lookups else None,
             "missing_share": (missing / lookups if lookups and missing is not None else None),
         }
-        if name in offsets and embeddings is not None:
+        if name in tiered:
+            entry.update(_tiered_entry(tiered[name], in_use, since_day, vocabulary, rare, missing))
+        elif name in offsets and embeddings is not None:
             rows = embeddings[offsets[name]:offsets[name] + int(sizes[name])].astype(np.float64)
             norms = np.sqrt(np.sum(np.square(rows), axis=1))
             entry["l2_norm"] = _percentiles(norms[in_use])
@@ -189,6 +195,33 @@ def table_report(
         "training_rows": num_rows,
         "totals": totals,
         "tables": out,
+    }
+
+
+# Rows read at a time from a tiered table's store for the norms: the report never holds a whole table.
+STORE_CHUNK_ROWS = 65_536
+
+
+def _tiered_entry(table: Mapping[str, Any], in_use: np.ndarray, since_day: int | None, vocabulary: Any,
+                  rare: int, missing: int | None) -> dict[str, Any]:
+    """A tiered table's norms (read from its store a chunk at a time), rows touched (values seen in the run),
+    hot-tier hit rate and the store's bytes read and written in training."""
+    read_rows = table["rows"]
+    norms = np.concatenate([np.sqrt(np.sum(np.square(read_rows(in_use[i:i + STORE_CHUNK_ROWS]).astype(np.float64)),
+                                           axis=1)) for i in range(0, len(in_use), STORE_CHUNK_ROWS)] or [np.zeros(0)])
+    reserved = np.sqrt(np.sum(np.square(read_rows(np.asarray([RARE_ROW, MISSING_ROW])).astype(np.float64)), axis=1))
+    counters = dict(table.get("counters") or {})
+    hits, loads = counters.get("tier_rows_hit", 0), counters.get("tier_rows_loaded", 0)
+    read = [row for row, count in ((RARE_ROW, rare), (MISSING_ROW, missing)) if count]
+    seen = (int((np.asarray(vocabulary.last_seen, np.int64) >= since_day).sum()) + len(read)
+            if since_day is not None else None)
+    return {
+        "l2_norm": _percentiles(norms), "rare_row_norm": float(reserved[0]), "missing_row_norm": float(reserved[1]),
+        "bytes": int(table.get("bytes", 0)), "hot_rows": int(table.get("hot_rows", 0)), "rows_touched": seen,
+        "hit_rate": hits / (hits + loads) if hits + loads else None,
+        "rows_loaded": loads, "rows_written_back": counters.get("tier_rows_written_back", 0),
+        "store_bytes_read": counters.get("store_bytes_read", 0),
+        "store_bytes_written": counters.get("store_bytes_written", 0),
     }
 
 

@@ -352,14 +352,16 @@ def train(ctx: RunContext) -> dict:
     model_summary.write_text("\n".join(lines) + "\n")
     tracker.log_artifact(model_summary, "model")
     _log_training_curve(ctx, curve)
-    _table_report(ctx, state, warm_start, train_manifest)
+    _table_report(ctx, state, warm_start, train_manifest, result.tiered_tables)
     ctx.progress("train: done, %.0f examples/s", result.examples_per_second)
     return {"checkpoint": str(ctx.layout.checkpoint_dir(ctx.interval))}
 
 
-def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict) -> dict:
+def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict,
+                  tier_counters: dict | None = None) -> dict:
     """The table report of the checkpoint just written (components/table_report.py), against the checkpoint it
-    was warm-started from when there is one; written beside the evaluation and put in the exported version."""
+    was warm-started from when there is one; written beside the evaluation and put in the exported version.
+    Tiered tables are read from the checkpoint's stores, with what their hot tiers did (`tier_counters`)."""
     from components.delta import saved_weights
     from components.interval import day_number
     from components.manifest import read_manifest
@@ -368,16 +370,23 @@ def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict) ->
     specs, weights = saved_weights(ctx.layout.checkpoint_dir(ctx.interval)) or ([], [])
     embeddings = embedding_table(specs, weights)
     hashed = hashed_tables(ctx.spec, ctx.config.train.multi_hash_features)
+    tiered = {name: table.hot_rows for name, table in ctx.spec.tables().items() if table.tiered}
     changed, parent = None, None
     previous = saved_weights(warm_start.checkpoint_dir) if warm_start is not None else None
     parent_embeddings = embedding_table(*previous) if previous is not None else None
     if embeddings is not None and parent_embeddings is not None:
+        # Tiered tables are not in the concatenated table: their rows touched are the values seen in the run.
         parent_sizes = read_manifest(warm_start.checkpoint_dir, kind="checkpoint")["table_sizes"]
-        changed = changed_rows_by_table(embeddings, state.table_sizes(), parent_embeddings, parent_sizes, hashed)
+        changed = changed_rows_by_table(embeddings, state.table_sizes(), parent_embeddings, parent_sizes,
+                                        [*hashed, *tiered])
         parent = warm_start.checkpoint_dir.name
+    if tiered:
+        from trainer.tiered_tables import checkpoint_tables
+
+        tiered = checkpoint_tables(ctx.layout.checkpoint_dir(ctx.interval), tiered, tier_counters)
     report = table_report(ctx.spec, state, kind="daily", version=model_version(ctx), embeddings=embeddings,
                           hashed=hashed, changed=changed, parent=parent, since_day=day_number(ctx.interval.start),
-                          samples=samples_manifest)
+                          samples=samples_manifest, tiered=tiered)
     log_table_report(ctx, report, ctx.layout.evaluation_dir(ctx.interval))
     return report
 
@@ -556,12 +565,12 @@ def example_rows(ctx: RunContext, count: int = 5) -> list[dict]:
 
 
 def export(ctx: RunContext) -> dict:
-    import keras
-
     from components.feature_state import load_feature_state
     from components.manifest import commit_dir, read_manifest, staging_dir, write_manifest
     from components.model_store import open_model_store
     from trainer.export import export_serving_model, weight_specs
+    from trainer.model_inputs import model_inputs
+    from trainer.train import load_in_memory
 
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
     state = load_feature_state(state_dir)
@@ -570,7 +579,9 @@ def export(ctx: RunContext) -> dict:
     report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
     if not report["gate"]["passed"]:
         raise RuntimeError("refusing to export: the evaluation report says the gate failed")
-    model = keras.saving.load_model(checkpoint / "model.keras")
+    # With tiered tables, their rows are read from the checkpoint's stores into a model that holds them: serving
+    # reads every table whole (reading a tiered table on demand at serving is not built: docs/tiers.md).
+    model = load_in_memory(checkpoint, model_inputs(ctx.spec).tables)
     version = model_version(ctx)
     directory = ctx.layout.export_dir(ctx.interval)
     staging = staging_dir(directory)

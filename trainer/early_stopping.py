@@ -59,13 +59,23 @@ class BestEpoch:
     def enabled(self) -> bool:
         return self.patience > 0
 
+    def improves(self, logs: Mapping[str, Any]) -> bool:
+        """Whether an epoch with these logs would become the best one (what `update` would save)."""
+        value = float(logs.get(METRIC, math.nan))
+        return self.enabled and math.isfinite(value) and (self.best is None or value > self.best.value + self.min_delta)
+
+    def reloads(self) -> bool:
+        """Whether `restore` puts back weights other than the model's (the best epoch is not the last one run)."""
+        return self.enabled and self.best is not None and bool(
+            self.best.following or self.last_epoch is None or self.last_epoch != self.best.epoch)
+
     def update(self, epoch: int, logs: Mapping[str, Any], model: keras.Model) -> bool:
         """Records epoch `epoch`'s held-out score; True when training should stop here."""
         self.last_epoch = epoch
         if not self.enabled:
             return False
         value = float(logs.get(METRIC, math.nan))
-        if math.isfinite(value) and (self.best is None or value > self.best.value + self.min_delta):
+        if self.improves(logs):
             name = f"best-{epoch:04d}.weights.h5"
             self._write(model, Best(epoch, value, name, self.identity), name)
             return False
@@ -83,10 +93,12 @@ class BestEpoch:
         off or no epoch had a finite score)."""
         if not self.enabled or self.best is None:
             return None
+        if not self.reloads():
+            return self.best.epoch
         if self.best.following:
             self._load_mean(model, [self.best.weights, *self.best.following])
             self.averaged_epochs = [self.best.epoch, *(int(name[6:10]) for name in self.best.following)]
-        elif self.last_epoch is None or self.last_epoch != self.best.epoch:
+        else:
             model.load_weights(self.directory / self.best.weights)
         return self.best.epoch
 

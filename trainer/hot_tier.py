@@ -377,7 +377,11 @@ class HotTier:
         self.write_behind()  # every write-back of plans < applied is in the store after this
         while self.write_backs_by_plan and self.write_backs_by_plan[0][0] < applied:
             self.write_backs_by_plan.popleft()
-        plan = self.planner.plan(row_ids, training)
+        try:
+            plan = self.planner.plan(row_ids, training)
+        except ValueError as error:  # name the table: a model may have several
+            raise ValueError(f"Tiered table {self.store.path.stem!r} (store {self.store.path}): {error}. In a feature "
+                             "spec, hot_rows is set on the categorical feature that owns the table") from error
         # A row written back by a plan not applied yet is read when this plan is applied.
         if self.write_backs_by_plan and len(plan.load_rows):
             pending = np.concatenate([rows for _, rows in self.write_backs_by_plan])

@@ -67,11 +67,14 @@ class ModelInputs:
         return [item.as_dict() for item in self.lists if not (attended and item.key == self.sequence)]
 
     def embedding_options(self, spec: FeatureSpec) -> dict[str, Any]:
-        """CategoricalEmbedding arguments from the spec: shared tables, and multi-hash compression of the
-        tables that ask for it (one hashing setting for all of them)."""
+        """CategoricalEmbedding arguments from the spec: shared tables, multi-hash compression of the tables that
+        ask for it (one hashing setting for all of them), and the tiered tables with their hot rows."""
         options: dict[str, Any] = {}
         if list(self.feature_tables) != list(range(len(self.tables))):
             options["feature_tables"] = list(self.feature_tables)
+        tiered = {i: table.hot_rows for i, table in enumerate(spec.tables().values()) if table.tiered}
+        if tiered:  # on disk with a hot tier in memory (trainer/tiered_tables.py)
+            options["tiered_tables"] = tiered
         hashed = [(i, table.hashing) for i, table in enumerate(spec.tables().values()) if table.hashing]
         if hashed:
             settings = {h for _, h in hashed}

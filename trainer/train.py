@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
 import warnings
@@ -23,7 +24,7 @@ from components.config import TrainConfig
 from components.feature_spec import FeatureSpec, load_spec
 from components.manifest import read_manifest, write_manifest
 from trainer.arguments import even_batch_size, require_integer, resolve_batch_size
-from trainer.calibration import calibrate
+from trainer.calibration import calibrate, predictions_of
 from trainer.early_stopping import BestEpoch
 from trainer.metrics import ctr_metrics
 from trainer.models import build_model
@@ -70,6 +71,8 @@ class TrainResult:
     # With train.average_epochs, the epochs (0-based) whose weights were averaged into the kept model: the best
     # one and the ones after it; empty when one epoch's weights were kept as they were.
     averaged_epochs: tuple[int, ...] = ()
+    # Per tiered table (storage: tiered), what its hot tier and store did: TieredTables.counters().
+    tiered_tables: dict[str, dict[str, int]] | None = None
 
 
 class StepMetricsLogger(keras.callbacks.Callback):
@@ -182,6 +185,7 @@ def train_model(
     # load_checkpoint, StepMetricsLogger) must import on JAX hosts without TensorFlow.
     from trainer.input import samples_dataset
     from trainer.model_inputs import CRITEO_INPUTS, model_inputs
+    from trainer.tiered_tables import TABLES_DIR, TieredTables, tiered_layer
 
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
 
@@ -201,6 +205,7 @@ def train_model(
         keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
     strategy = _distribution_strategy()
     warm_start_summary: dict[str, int] | None = None
+    tiered: TieredTables | None = None
     try:
         with strategy.scope():
             model = build_model(config, table_sizes, spec)
@@ -208,16 +213,27 @@ def train_model(
             warning = dense_accumulation_warning(config, embedding_shapes(model))
             if warning:
                 logger.warning(warning)
+            layer = tiered_layer(model)
+            if layer is not None:  # tables on disk with a hot tier (trainer/tiered_tables.py)
+                if config.average_epochs:
+                    raise ValueError("train.average_epochs averages whole tables, which a tiered table (storage: "
+                                     "tiered) never holds in memory; set train.average_epochs=false")
+                tiered = TieredTables(model, layer, inputs.tables, progress_dir / TABLES_DIR)
             if resumed is not None:
                 model.optimizer.build(model.trainable_variables)
                 model.load_weights(progress_dir / resumed.weights)
+                if tiered is not None:
+                    tiered.restore(progress_dir / progress_tables(resumed.global_step))
             elif warm_start is not None:
-                previous = load_checkpoint(warm_start.checkpoint_dir)
-                warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
+                warm_start_summary = _warm_start(model, warm_start, tiered, config.seed, inputs.tables)
+            elif tiered is not None:
+                tiered.create(config.seed)
         eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
                                     inputs=inputs)
         meter = ThroughputMeter()
-        saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed)
+        saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed,
+                                   save_weights=None if tiered is None else
+                                   lambda model, path: _save_tiered_progress(model, path, tiered, saver))
         best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
                          average=config.average_epochs)
         for callback in callbacks:
@@ -235,36 +251,59 @@ def train_model(
                 )
                 if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
                     train_data = train_data.skip(resumed.batches_done)
-                fitted = model.fit(
-                    train_data,
-                    validation_data=eval_data,
-                    initial_epoch=epoch,
-                    epochs=epoch + 1,
-                    callbacks=[meter, saver, *callbacks],
-                    shuffle=False,  # block_dataset shuffles
-                    verbose=0,
-                )
-                for name, values in fitted.history.items():
+                if tiered is None:
+                    fitted = model.fit(
+                        train_data,
+                        validation_data=eval_data,
+                        initial_epoch=epoch,
+                        epochs=epoch + 1,
+                        callbacks=[meter, saver, *callbacks],
+                        shuffle=False,  # block_dataset shuffles
+                        verbose=0,
+                    ).history
+                else:  # batches through the hot tiers; the held-out slice scored after the epoch, the same way
+                    stream, tier_callback = tiered.training(train_data)
+                    fitted = model.fit(stream, initial_epoch=epoch, epochs=epoch + 1,
+                                       callbacks=[tier_callback, meter, saver, *callbacks], shuffle=False,
+                                       verbose=0).history
+                    fitted.update({name: [value] for name, value in tiered.evaluate(model, eval_data).items()})
+                for name, values in fitted.items():
                     history.setdefault(name, []).extend(float(v) for v in values)
-                if best.update(epoch, {name: values[-1] for name, values in fitted.history.items()}, model):
+                logs = {name: values[-1] for name, values in fitted.items()}
+                if tiered is not None and best.improves(logs):  # its tables beside its weights
+                    tiered.snapshot(progress_dir / best_tables(epoch))
+                stop = best.update(epoch, logs, model)
+                if tiered is not None and best.best is not None:
+                    _remove_other(progress_dir, "best-tables-*", best_tables(best.best.epoch))
+                if stop:
                     break
+            reloads = best.reloads()
             best_epoch = best.restore(model)
+            if tiered is not None and best_epoch is not None and reloads:
+                tiered.restore(progress_dir / best_tables(best_epoch))
             averaged_epochs = tuple(best.averaged_epochs)
             calibration = None
             if config.calibrate:
                 rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
-                                       inputs=inputs)
-                calibration = calibrate(model, rows.take(-(-config.calibration_rows // config.batch_size)),
-                                        eval_data if config.calibrate_on == "held_out" else None,
-                                        config.calibration_min_clicks)
-            eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
+                                       inputs=inputs).take(-(-config.calibration_rows // config.batch_size))
+                held_out = eval_data if config.calibrate_on == "held_out" else None
+                if tiered is not None:
+                    rows = tiered.applied(rows)
+                    held_out = tiered.applied(held_out) if held_out is not None else None
+                calibration = calibrate(model, rows, held_out, config.calibration_min_clicks)
+            if tiered is None:
+                eval_predictions = model.predict(eval_data.map(lambda features, label: features), verbose=0)
+                eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
+            else:
+                labels, predictions = predictions_of(model, tiered.applied(eval_data))
+                eval_labels, eval_predictions = labels.astype(np.float32), predictions.astype(np.float32)
     finally:
         keras.config.set_dtype_policy(previous_policy)
-    eval_labels = np.concatenate([label.numpy() for _, label in eval_data]).astype(np.float32)
     num_train_examples = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
     speed_flags = speed_flags_of(config, strategy.num_replicas_in_sync)
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
+    table_files = tiered.commit(checkpoint_dir) if tiered is not None else []
     write_training_checkpoint(
         model, checkpoint_dir, config=config, version=version or identity, spec=spec, table_sizes=table_sizes,
         train_files=train_files, eval_files=eval_files,
@@ -272,7 +311,10 @@ def train_model(
         num_train_examples=num_train_examples, num_eval_examples=len(eval_labels), history=history, kept=kept,
         best_epoch=best_epoch, first_epoch=first_epoch, speed_flags=speed_flags, global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None, calibration=calibration,
-        extra={"averaged_epochs": list(averaged_epochs)})
+        table_files=table_files,
+        extra={"averaged_epochs": list(averaged_epochs),
+               "tiered_tables": {name: table.hot_rows for name, table in (spec.tables() if spec else {}).items()
+                                 if table.tiered}})
     clear_progress(progress_dir)  # the checkpoint supersedes it
     return TrainResult(
         model=model,
@@ -288,6 +330,7 @@ def train_model(
         calibration=calibration,
         best_epoch=best_epoch,
         averaged_epochs=averaged_epochs,
+        tiered_tables=tiered.counters() if tiered is not None else None,
     )
 
 
@@ -297,12 +340,13 @@ def write_training_checkpoint(
     warm_start: WarmStart | None, warm_start_summary: dict[str, int] | None, num_train_examples: int,
     num_eval_examples: int, history: Mapping[str, list[float]], kept: int, best_epoch: int | None, first_epoch: int,
     speed_flags: Mapping[str, Any], global_step: int, resumed_from_step: int | None,
-    calibration: dict[str, float] | None, extra: Mapping[str, Any] | None = None,
+    calibration: dict[str, float] | None, extra: Mapping[str, Any] | None = None, table_files: Sequence[str] = (),
 ) -> dict[str, Any]:
     """model.keras, the weights file deltas diff against, and the checkpoint's manifest (kind "checkpoint"),
     written last: what a training run leaves, on either backend (train_model, trainer.jax_train). `kept` indexes
     `history`'s lists: the kept epoch's metrics (the last epoch's when early stopping is off or the best epoch
-    ran before a resume). Returns the manifest."""
+    ran before a resume). `table_files`: the tiered tables' stores, already in `checkpoint_dir`. Returns the
+    manifest."""
     from components.delta import save_weights, weight_specs
 
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -311,7 +355,7 @@ def write_training_checkpoint(
         model,
         checkpoint_dir,
         version=version,
-        extra_files=[weights_file],
+        extra_files=[weights_file, *table_files],
         spec_hash=(spec or load_spec("criteo")).hash(),
         inputs={"train_files": [str(f) for f in train_files], "eval_files": [str(f) for f in eval_files],
                 "warm_start": str(warm_start.checkpoint_dir) if warm_start is not None else None},
@@ -351,9 +395,80 @@ def compile_model(model: keras.Model, config: TrainConfig, steps_per_execution: 
 
 
 def load_checkpoint(checkpoint_dir: Path, verify: bool = True) -> keras.Model:
-    """The model a `train_model` run saved, after checking the checkpoint's manifest."""
+    """The model a `train_model` run saved, after checking the checkpoint's manifest. With tiered tables its
+    CategoricalEmbedding holds hot slots, and the tables are the stores in `checkpoint_dir/tables`
+    (`load_in_memory` reads them into a model that holds them)."""
     read_manifest(checkpoint_dir, kind=CHECKPOINT_KIND, verify=verify)
     return keras.saving.load_model(Path(checkpoint_dir) / MODEL_FILE)
+
+
+def load_in_memory(checkpoint_dir: Path, table_names: Sequence[str], verify: bool = True) -> keras.Model:
+    """The checkpoint's model with every table in memory: as saved, or, with tiered tables, the same model with
+    their rows read from the checkpoint's stores (trainer/tiered_tables.py in_memory_model). `table_names`: the
+    spec's tables in model order (ModelInputs.tables)."""
+    from trainer.tiered_tables import TABLES_DIR, in_memory_model
+
+    model = load_checkpoint(checkpoint_dir, verify=verify)
+    return in_memory_model(model, Path(checkpoint_dir) / TABLES_DIR, table_names)
+
+
+def progress_tables(global_step: int) -> str:
+    """The directory, in the progress directory, of the tiered tables saved with the progress at `global_step`."""
+    return f"tables-{global_step:09d}"
+
+
+def best_tables(epoch: int) -> str:
+    """The directory, in the progress directory, of the tiered tables of best epoch `epoch`."""
+    return f"best-tables-{epoch:04d}"
+
+
+def _save_tiered_progress(model: keras.Model, path: Path, tiered: Any, saver: ProgressCheckpoint) -> bool:
+    """ProgressCheckpoint's save with tiered tables: the tables (flushed, then copied) before the weights, so a
+    progress state names weights whose tables are on disk; older table copies go, except the one the current
+    state names (a kill before the new state is written leaves it)."""
+    name = progress_tables(saver.global_step)
+    tiered.snapshot(path.parent / name)
+    current = read_progress(path.parent, saver.identity)
+    keep = {name, *([progress_tables(current.global_step)] if current is not None else [])}
+    for old in path.parent.glob("tables-*"):
+        if old.name not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+    model.save_weights(path)
+    return True
+
+
+def _remove_other(directory: Path, pattern: str, keep: str) -> None:
+    for old in Path(directory).glob(pattern):
+        if old.name != keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _warm_start(model: keras.Model, warm_start: WarmStart, tiered: Any, seed: int,
+                table_names: Sequence[str]) -> dict[str, int]:
+    """Seeds `model` from the warm start's checkpoint. Tables in memory take the parent's rows as
+    warm_start_weights does; a tiered table's store is made from the parent's store (or, when the parent held
+    it in memory, from its rows there), the reset rows drawn afresh. A tiered parent whose tables do not match
+    is read into memory first."""
+    from trainer.tiered_tables import TABLES_DIR, tiered_layer
+
+    previous = load_checkpoint(warm_start.checkpoint_dir)
+    parent_tiered = tiered_layer(previous)
+    if tiered is None:
+        if parent_tiered is not None:
+            previous = load_in_memory(warm_start.checkpoint_dir, table_names)
+        return warm_start_weights(model, previous, warm_start.reset_rows)
+    parent_tables: Path | None = warm_start.checkpoint_dir / TABLES_DIR
+    parent_rows: dict[int, np.ndarray] = {}
+    if parent_tiered is None or set(parent_tiered.tiered_tables) != set(tiered.layer.tiered_tables):
+        if parent_tiered is not None:
+            previous = load_in_memory(warm_start.checkpoint_dir, table_names)
+        layer, parent_tables = previous.embedding, None
+        values = np.asarray(layer.embeddings)
+        parent_rows = {table: values[int(layer.offsets[table]):int(layer.offsets[table]) + layer.table_sizes[table]]
+                       for table in tiered.layer.tiered_tables}
+    counts = tiered.create(seed, parent_tables, warm_start.reset_rows, parent_rows)
+    summary = warm_start_weights(model, previous, warm_start.reset_rows, skip=tiered.hot_paths())
+    return {key: summary.get(key, 0) + counts.get(key, 0) for key in {**summary, **counts}}
 
 
 def embedding_shapes(model: keras.Model) -> list[tuple[int, ...]]:

@@ -9,7 +9,7 @@ copied as is. The optimizer starts afresh (its accumulators belong to the previo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import keras
 import numpy as np
@@ -23,13 +23,15 @@ class WarmStartError(ValueError):
 
 
 def warm_start_weights(
-    model: keras.Model, previous: keras.Model, reset_rows: Mapping[int, Iterable[int]] | None = None
+    model: keras.Model, previous: keras.Model, reset_rows: Mapping[int, Iterable[int]] | None = None,
+    skip: Collection[str] = (),
 ) -> dict[str, int]:
     """Copies `previous`'s weights into the built `model`. Embedding tables of CategoricalEmbedding layers
     are copied feature by feature up to the smaller of the two sizes, leaving the rows in `reset_rows`
     (feature index -> row ids, e.g. evicted and newly assigned rows) at `model`'s initial values.
 
-    Returns counts: weights copied, embedding rows kept, rows reset, rows new (past the old tables).
+    Weights whose path is in `skip` keep their initial values (a tiered table's hot slots: its rows come from
+    its store). Returns counts: weights copied, embedding rows kept, rows reset, rows new (past the old tables).
     """
     reset = {int(f): np.asarray(sorted(set(rows)), dtype=np.int64) for f, rows in (reset_rows or {}).items()}
     previous_weights = {v.path: v for v in previous.weights}
@@ -37,6 +39,8 @@ def warm_start_weights(
     previous_tables = _embedding_tables(previous)
     summary = {"weights_copied": 0, "rows_kept": 0, "rows_reset": 0, "rows_new": 0}
     for variable in model.weights:
+        if variable.path in skip:
+            continue
         old = previous_weights.get(variable.path)
         if old is None:
             raise WarmStartError(

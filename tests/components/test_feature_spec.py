@@ -185,6 +185,21 @@ def test_a_shared_table_is_declared_once_and_read_by_both_features():
         ({"source": {"format": "tsv", "columns": ["clicked", "user"]}},
          r"columns \['item', 'price'\] are read by the spec but not in source.columns"),
         ({"features": [{"name": "bad name", "kind": "dense"}]}, r"name must be letters, digits and _"),
+        ({"features": [{"name": "x", "kind": "categorical", "storage": "ssd"}]}, r"storage: unknown value 'ssd'"),
+        ({"features": [{"name": "x", "kind": "categorical", "hot_rows": 100}]},
+         r"hot_rows=100 sizes the hot tier of a tiered table; set storage: tiered too"),
+        ({"features": [{"name": "x", "kind": "categorical", "storage": "tiered", "hot_rows": 0}]},
+         r"hot_rows must be at least 1, got 0"),
+        ({"features": [{"name": "x", "kind": "categorical", "storage": "tiered", "hashing": {"buckets": 8}}]},
+         r"either hashed \(hashing\) or tiered"),
+        ({"features": [{"name": "x", "kind": "categorical"}, {"name": "y", "kind": "categorical", "table": "x",
+                                                              "storage": "tiered"}]},
+         r"'y' shares the table of 'x', so it cannot set \['storage'\]"),
+        ({"features": [{"name": "x", "kind": "categorical", "storage": "tiered"},
+                       {"name": "tags", "kind": "multi_categorical", "max_length": 3, "table": "x"}]},
+         r"table 'x' is tiered \(storage: tiered\), and \['tags'\] read it as lists of ids"),
+        ({"features": [{"name": "x", "kind": "multi_categorical", "max_length": 3, "storage": "tiered"}]},
+         r"unknown key 'storage'"),
         ({"features": []}, r"features must be a non-empty list"),
     ],
 )
@@ -321,3 +336,19 @@ def test_a_history_sequence_is_computed_not_read():
 def test_a_malformed_history_is_refused_naming_what_to_change(history, extra, message):
     with pytest.raises(FeatureSpecError, match=message):
         spec_from_dict(_with_history(history, **extra))
+
+
+def test_a_tiered_table_takes_its_hot_rows_and_leaves_the_hash_of_other_specs_alone():
+    from components.feature_spec import DEFAULT_HOT_ROWS
+
+    plain = spec_from_dict(_minimal(features=[{"name": "x", "kind": "categorical"}]))
+    tiered = spec_from_dict(_minimal(features=[{"name": "x", "kind": "categorical", "storage": "tiered"}]))
+    sized = spec_from_dict(_minimal(features=[{"name": "x", "kind": "categorical", "storage": "tiered",
+                                               "hot_rows": 5000}]))
+    assert (plain.tables()["x"].storage, plain.tables()["x"].hot_rows) == ("memory", 0)
+    assert (tiered.tables()["x"].tiered, tiered.tables()["x"].hot_rows) == (True, DEFAULT_HOT_ROWS)
+    assert sized.tables()["x"].hot_rows == 5000
+    assert len({plain.hash(), tiered.hash(), sized.hash()}) == 3
+    assert "storage" not in plain.as_dict()["features"][0] and spec_from_dict(sized.as_dict()) == sized
+    # Spec hashes from before storage existed (what every written sample and model names).
+    assert load_spec("criteo").hash() == "98cfcf0e1fb92198" and load_spec("avazu").hash() == "036880a81f90f303"

@@ -83,22 +83,41 @@ def _criteo_with_buckets(directory: Path) -> Path:
     return path
 
 
+def _criteo_tiered(directory: Path) -> Path:
+    """The criteo preset with C3 and C4 kept on disk with a hot tier of 24 rows (storage: tiered), smaller than
+    their tables: rows are evicted and loaded again during training."""
+    import yaml
+
+    spec = yaml.safe_load((PRESET_DIR / "criteo.yaml").read_text())
+    spec["name"] = "criteo_tiered"
+    categorical = next(entry for entry in spec["features"] if entry["kind"] == "categorical")
+    names = categorical["names"]
+    spec["features"].remove(categorical)
+    spec["features"] += [{**categorical, "names": [n for n in names if n not in ("C3", "C4")]},
+                         {**categorical, "names": ["C3", "C4"], "storage": "tiered", "hot_rows": 24}]
+    path = directory / "criteo_tiered.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 # "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
 # and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
 # joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
 # forced CPU devices (train.devices=4), the table sharded across them.
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao/jax", "avazu/jax-2",
+                                    "criteo/jax-d4"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")
     backend, _, scale = backend.partition("-")
     processes = int(scale) if scale.isdigit() else 0
     devices = int(scale[1:]) if scale.startswith("d") else 0
-    layout_name = "criteo" if preset == "criteo_buckets" else preset
+    layout_name = "criteo" if preset.startswith("criteo_") else preset
     sample = DATA / SAMPLES[layout_name]
     if not sample.is_file():
         pytest.skip(f"the real {layout_name} sample is read from {sample}, which is absent (../shared is not "
                     "beside the checkout)")
-    spec_name = str(_criteo_with_buckets(tmp_path)) if preset == "criteo_buckets" else preset
+    variants = {"criteo_buckets": _criteo_with_buckets, "criteo_tiered": _criteo_tiered}
+    spec_name = str(variants[preset](tmp_path)) if preset in variants else preset
     overrides = {"paths.data_root": str(tmp_path), "features.spec": spec_name, "features.min_count": 2,
                  "features.block_rows": 16, "features.num_shards": 1, "train.epochs": 1, "train.batch_size": 16,
                  "train.mlp_units": [16], "train.embedding_dim": 4, "train.checkpoint_every_steps": 1000,
@@ -159,6 +178,18 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
         assert flags["shard_rows"]["table"] == [flags["sharded_table_rows"] // 4] * 4 > [0] * 4
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
+    if preset == "criteo_tiered":  # trained through hot tiers of 24 rows; exported and served whole
+        assert checkpoint["tiered_tables"] == {"C3": 24, "C4": 24}
+        assert {"tables/C3.rows", "tables/C4.rows"} <= set(checkpoint["files"])
+        assert min(state["table_sizes"]["C3"], state["table_sizes"]["C4"]) > 24
+        tables = {t["name"]: t for t in json.loads((ctx.layout.evaluation_dir(ctx.interval) / "tables.json")
+                                                    .read_text())["tables"]}
+        for name in ("C3", "C4"):
+            entry = tables[name]
+            assert entry["storage"] == "tiered" and entry["hot_rows"] == 24
+            assert 0 < entry["hit_rate"] < 1 and entry["rows_loaded"] > 0 and entry["store_bytes_read"] > 0
+            assert entry["l2_norm"]["max"] > 0 and entry["bytes"] == state["table_sizes"][name] * 4 * 4
+        assert tables["C5"]["storage"] == "memory"
     if preset == "criteo_buckets":
         dense = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "dense.json").read_text())["dense"]
         boundaries = {d["name"]: d["boundaries"] for d in dense}

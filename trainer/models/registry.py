@@ -60,8 +60,37 @@ def build_model(config: TrainConfig, table_sizes: Mapping[str, int], spec: Featu
             f"train.embedding_dim={config.embedding_dim}: remove embedding_dim from those features or set "
             f"train.embedding_dim to their value"
         )
-    model = builder(config, [int(table_sizes[name]) for name in inputs.tables], inputs,
-                    inputs.embedding_options(spec))
+    options = inputs.embedding_options(spec)
+    if options.get("tiered_tables"):
+        _check_tiered(config, spec)
+    model = builder(config, [int(table_sizes[name]) for name in inputs.tables], inputs, options)
     if not model.built:  # the sequence models' builders build with the sequence's shape
         model.build(inputs.shapes)
     return model
+
+
+# Models whose linear part reads every categorical value through a second CategoricalEmbedding (LinearLogit):
+# its columns would need the hot tier's slot ids of a second tier, which is not built.
+LINEAR_PART_MODELS = ("deepfm", "wide_deep")
+
+
+def _check_tiered(config: TrainConfig, spec: FeatureSpec) -> None:
+    """What a spec with tiered tables needs of the training: the TensorFlow backend (the JAX step assigns the
+    whole hot variable; its row-sparse path is not built), a model without a linear part, and one step per
+    batch (the hot tier's plans go between steps)."""
+    tiered = [name for name, table in spec.tables().items() if table.tiered]
+    problems = []
+    if keras.backend.backend() != "tensorflow" or config.backend != "tensorflow":
+        problems.append("train.backend=tensorflow (tiered tables train on TensorFlow only)")
+    if config.model in LINEAR_PART_MODELS:
+        problems.append(f"a model without a linear part (train.model={config.model} reads every value twice); "
+                        "dcnv2, dlrm, din and dien work")
+    if config.micro_batches != 1:
+        problems.append("train.micro_batches=1 (the hot tier's plans go between optimizer steps)")
+    if config.multi_hash_features and set(config.multi_hash_features) & set(tiered):
+        problems.append(f"no train.multi_hash_features among the tiered tables {tiered}")
+    if config.devices > 1 or config.processes > 1:
+        problems.append("one device and one process (train.devices=1, train.processes=1)")
+    if problems:
+        raise ValueError(f"feature spec {spec.name!r} keeps tables {tiered} tiered (storage: tiered), which needs "
+                         + "; ".join(problems) + ". Change those settings, or set storage: memory on those tables")

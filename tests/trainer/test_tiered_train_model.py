@@ -1,0 +1,182 @@
+"""train_model with a tiered table (storage: tiered in the feature spec): the same weights as in memory, progress
+and the best epoch with the tables, warm start from the parent's store, the checkpoint's stores and the model in
+memory that the export reads."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from components.config import TrainConfig
+from components.feature_spec import load_spec, spec_from_dict
+from components.manifest import read_manifest
+from tests.trainer.synthetic import random_rows, table_sizes, write_block_files
+from trainer.input import samples_dataset
+from trainer.model_inputs import model_inputs
+from trainer.row_store import RowStore
+from trainer.tiered_tables import TABLES_DIR
+from trainer.train import WarmStart, load_checkpoint, load_in_memory, train_model
+
+pytestmark = pytest.mark.integration
+
+NUM_VALUES = 400
+HOT_ROWS = 160  # fewer than C1's 402 rows: rows are evicted and loaded again every epoch
+CONFIG = TrainConfig(embedding_dim=8, num_cross_layers=1, mlp_units=(16,), batch_size=128, epochs=2,
+                     jit_compile=False, checkpoint_every_steps=1000)
+
+
+def tiered_spec(hot_rows: int = HOT_ROWS):
+    data = load_spec("criteo").as_dict()
+    for feature in data["features"]:
+        if feature.get("name") == "C1":
+            feature.update(storage="tiered", hot_rows=hot_rows)
+    return spec_from_dict(data)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiered_train")
+    return {
+        "train": write_block_files(random_rows(3000, NUM_VALUES, seed=1), directory / "train", 2, 512),
+        "eval": write_block_files(random_rows(1000, NUM_VALUES, seed=2), directory / "eval", 1, 512),
+    }
+
+
+def table_rows(model, name: str, spec) -> np.ndarray:
+    """Table `name`'s rows in an in-memory model."""
+    layer = model.embedding
+    index = list(model_inputs(spec).tables).index(name)
+    start = int(layer.offsets[index])
+    return np.asarray(layer.embeddings)[start:start + layer.table_sizes[index]]
+
+
+def store_rows(checkpoint, name: str) -> np.ndarray:
+    with RowStore.open(checkpoint / TABLES_DIR / f"{name}.rows", writable=False) as store:
+        return store.read(np.arange(store.num_rows))[0]
+
+
+@pytest.fixture(scope="module")
+def parent(data, tmp_path_factory):
+    """A first day trained in memory: what both runs below warm-start from, so they start from the same rows."""
+    directory = tmp_path_factory.mktemp("parent") / "checkpoint"
+    train_model(dataclasses.replace(CONFIG, epochs=1), table_sizes(NUM_VALUES), data["train"], data["eval"], directory,
+                spec=load_spec("criteo"))
+    return directory
+
+
+def test_a_tiered_table_trains_to_the_weights_of_the_same_table_in_memory(data, parent, tmp_path):
+    criteo, tiered = load_spec("criteo"), tiered_spec()
+    warm = WarmStart(parent, {})
+    memory = train_model(CONFIG, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "memory",
+                         warm_start=warm, spec=criteo)
+    result = train_model(CONFIG, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "tiered",
+                         warm_start=warm, spec=tiered)
+
+    # The table on disk, every other weight and the held-out metrics equal the in-memory run's, bit for bit.
+    np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(memory.model, "C1", criteo))
+    served = load_in_memory(tmp_path / "tiered", model_inputs(tiered).tables)
+    assert not served.embedding.tiered_tables
+    for got, expected in zip(served.weights, memory.model.weights, strict=True):
+        assert got.path == expected.path
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+    assert result.history["val_auc"] == memory.history["val_auc"]
+    assert result.history["loss"] == memory.history["loss"]
+    np.testing.assert_array_equal(result.eval_labels, memory.eval_labels)
+    np.testing.assert_allclose(result.eval_predictions, memory.eval_predictions, rtol=0, atol=1e-6)
+    assert result.warm_start["rows_kept"] == memory.warm_start["rows_kept"]
+
+    # The rows really went through the hot tier: the model holds HOT_ROWS slots, not the table.
+    model = load_checkpoint(tmp_path / "tiered")
+    assert model.embedding.tiered_tables == {0: HOT_ROWS}
+    assert tuple(model.embedding.hot_table(0).embeddings.shape) == (HOT_ROWS, 8)
+    manifest = read_manifest(tmp_path / "tiered", kind="checkpoint")
+    assert "tables/C1.rows" in manifest["files"] and manifest["tiered_tables"] == {"C1": HOT_ROWS}
+    assert not (tmp_path / "tiered" / "progress").exists()
+
+    # The model in memory predicts what the run scored on the held-out rows.
+    features = next(iter(samples_dataset(data["eval"], 256, shuffle=False, seed=0)))[0]
+    np.testing.assert_allclose(served.predict(features, verbose=0).reshape(-1), result.eval_predictions[:256],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_best_epoch_keeps_its_tables_and_a_resumed_run_ends_where_an_unbroken_one_does(data, tmp_path):
+    spec = tiered_spec()
+    # Over-fitting settings: the held-out AUC peaks early, so the kept epoch is not the last one run and its
+    # tables come back from the best epoch's copy.
+    config = dataclasses.replace(CONFIG, epochs=6, learning_rate=0.1, embedding_learning_rate=1.0,
+                                 early_stopping_patience=1, calibrate=False)
+    unbroken = train_model(config, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "unbroken",
+                           spec=spec)
+    assert unbroken.best_epoch is not None and len(unbroken.history["val_auc"]) > unbroken.best_epoch + 1
+    best = unbroken.history["val_auc"][unbroken.best_epoch]
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(unbroken.eval_labels, unbroken.eval_predictions) == pytest.approx(best, abs=0.005)
+
+    # The same run with progress saved every 7 steps, stopped after step 30 and started again.
+    saving = dataclasses.replace(config, checkpoint_every_steps=7)
+
+    class Stop(Exception):
+        pass
+
+    import keras
+
+    class StopAt(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.steps == 30:
+                raise Stop
+
+    with pytest.raises(Stop):
+        train_model(saving, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "broken",
+                    callbacks=[StopAt()], spec=spec)
+    progress = tmp_path / "broken" / "progress"
+    kept = sorted(p.name for p in progress.glob("tables-*"))  # the last save's tables and the one before
+    assert len(kept) == 2 and kept[-1] == "tables-000000028"
+    resumed = train_model(saving, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "broken",
+                          spec=spec)
+    assert resumed.resumed_from_step == 28
+    assert resumed.best_epoch == unbroken.best_epoch
+    np.testing.assert_array_equal(store_rows(tmp_path / "broken", "C1"), store_rows(tmp_path / "unbroken", "C1"))
+    for got, expected in zip(resumed.model.weights, unbroken.model.weights, strict=True):
+        if "tiered_table" not in got.path:  # the hot slots hold whichever rows each run had loaded
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+
+
+def test_a_warm_start_from_a_tiered_parent_copies_its_store_and_draws_the_reset_rows_afresh(data, tmp_path):
+    from trainer.row_store import uniform_initializer
+
+    spec = tiered_spec()
+    train_model(dataclasses.replace(CONFIG, epochs=1), table_sizes(NUM_VALUES), data["train"], data["eval"],
+                tmp_path / "day1", spec=spec)
+    parent_rows = store_rows(tmp_path / "day1", "C1")
+    sizes = {**table_sizes(NUM_VALUES), "C1": NUM_VALUES + 2 + 50}  # 50 rows admitted on day 2
+    reset = [5, 17]
+    config = dataclasses.replace(CONFIG, epochs=1, learning_rate=1e-30, embedding_learning_rate=1e-30, calibrate=False)
+    result = train_model(config, sizes, data["train"], data["eval"], tmp_path / "day2",
+                         warm_start=WarmStart(tmp_path / "day1", {0: reset}), spec=spec)
+    rows = store_rows(tmp_path / "day2", "C1")  # learning rate 1e-30: the rows as the warm start made them
+    fresh = uniform_initializer(8, CONFIG.seed + 0)(0, len(rows))
+    kept = np.setdiff1d(np.arange(len(parent_rows)), reset)
+    np.testing.assert_array_equal(rows[kept], parent_rows[kept])
+    np.testing.assert_array_equal(rows[reset], fresh[reset])
+    np.testing.assert_array_equal(rows[len(parent_rows):], fresh[len(parent_rows):])
+    assert result.warm_start["rows_new"] == 50
+    assert result.warm_start["rows_reset"] >= 2
+
+
+def test_a_spec_that_tiers_a_table_refuses_what_the_hot_tier_cannot_do(data, tmp_path):
+    spec = tiered_spec()
+    for change, message in ((dict(model="deepfm"), "linear part"), (dict(micro_batches=2), "micro_batches=1"),
+                            (dict(average_epochs=True, early_stopping_patience=1), "average_epochs")):
+        with pytest.raises(ValueError, match=message):
+            train_model(dataclasses.replace(CONFIG, **change), table_sizes(NUM_VALUES), data["train"], data["eval"],
+                        tmp_path / "refused", spec=spec)
+    # A hot tier smaller than a batch's distinct rows.
+    with pytest.raises(ValueError, match="Tiered table 'C1'.*more than its hot tier's hot_rows=20"):
+        train_model(CONFIG, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "small",
+                    spec=tiered_spec(hot_rows=20))
