@@ -75,6 +75,53 @@ def weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndarray]) -
     return arrays
 
 
+def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndarray],
+                         specs: Sequence[Mapping[str, Any]], served_specs: Sequence[Mapping[str, Any]],
+                         table_sizes: Mapping[str, int], hashed: Sequence[str],
+                         tiered_rows: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    """rows_i / values_i for every weight i of the served model (`served_specs`: every table in memory) from a
+    training model whose tiered tables live in stores (`parent` and `current` in the order of `specs`, where
+    the concatenated table lacks the tiered tables and the hot slots are weights of their own).
+
+    The concatenated table's changed rows move from the training layout to the served one (each table's rows
+    keep their table-local ids; only the tables' offsets differ); each tiered table contributes the rows
+    `tiered_rows[name]` = (table-local row ids, their values) read from its store, the rows the minute's
+    batches read, not a diff of two tables. The hot slots are not served and have no entry."""
+    from components.table_report import EMBEDDING_PATH_TAIL, table_offsets
+
+    by_path = {str(spec["path"]): index for index, spec in enumerate(specs)}
+    missing = [spec["path"] for spec in served_specs if spec["path"] not in by_path]
+    if missing:
+        raise DeltaError(f"the served model has weights {missing} the trained one lacks: not the same model; export "
+                         "a full model instead")
+    train_offsets = table_offsets(table_sizes, [*hashed, *tiered_rows])
+    served_offsets = table_offsets(table_sizes, hashed)
+    arrays: dict[str, np.ndarray] = {}
+    for index, spec in enumerate(served_specs):
+        old, new = np.asarray(parent[by_path[spec["path"]]]), np.asarray(current[by_path[spec["path"]]])
+        if tuple(str(spec["path"]).split("/")[-2:]) != EMBEDDING_PATH_TAIL:
+            rows = changed_rows(old, new)
+            arrays[rows_name(index)] = rows
+            arrays[values_name(index)] = new.reshape(1)[rows] if new.ndim == 0 else new[rows]
+            continue
+        changed = changed_rows(old, new)
+        parts_rows, parts_values = [], []
+        for name, start in train_offsets.items():
+            size = int(table_sizes[name])
+            local = changed[(changed >= start) & (changed < start + size)] - start
+            parts_rows.append(local + served_offsets[name])
+            parts_values.append(new[local + start])
+        for name, (local, values) in tiered_rows.items():
+            parts_rows.append(np.asarray(local, np.int64) + served_offsets[name])
+            parts_values.append(np.asarray(values, new.dtype).reshape(len(local), -1))
+        rows = np.concatenate(parts_rows).astype(np.int64) if parts_rows else np.zeros(0, np.int64)
+        order = np.argsort(rows, kind="stable")
+        width = int(spec["shape"][1]) if len(spec["shape"]) > 1 else 1
+        values = (np.concatenate(parts_values) if parts_values else np.zeros((0, width), new.dtype))
+        arrays[rows_name(index)], arrays[values_name(index)] = rows[order], values[order]
+    return arrays
+
+
 def new_vocabulary_entries(parent: FeatureState, state: FeatureState) -> tuple[np.ndarray, np.ndarray]:
     """Lookup keys and rows of the values admitted in `state` that `parent` did not have. An admitted value
     that moved (only eviction moves one, and eviction starts a new chain) is refused."""

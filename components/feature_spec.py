@@ -30,7 +30,9 @@ Kinds and their keys (every key but `name`/`names` and `kind` is optional):
 - categorical (one value a row, string or integer id): `dtype` string | int, `min_count` (admission),
   `evict_after_days`, `max_rows`, `embedding_dim`, `hashing` ({functions, buckets, combiner}: the admitted
   rows are compressed into `functions` small tables, for very-high-cardinality features), `table` (share
-  the vocabulary and embedding table of another categorical feature).
+  the vocabulary and embedding table of another categorical feature), `storage` memory | tiered (tiered: the
+  table and its optimizer state on local disk while training, `hot_rows` of them in memory, default
+  DEFAULT_HOT_ROWS; read by single-valued features only, not hashed; docs/tiers.md).
 - multi_categorical (several values a row, e.g. tags): `separator` (or a list column), `max_length`,
   `pooling` sum | mean, and the table keys of a categorical feature (`table` to share one).
 - sequence (ordered ids, newest last): `separator` (or a list column), `max_length`, `shares` (required: the

@@ -159,7 +159,8 @@ def table_report(
             "missing_share": (missing / lookups if lookups and missing is not None else None),
         }
         if name in tiered:
-            entry.update(_tiered_entry(tiered[name], in_use, since_day, vocabulary, rare, missing))
+            entry.update(_tiered_entry(tiered[name], in_use, since_day, vocabulary, rare, missing,
+                                       changed.get(name) if changed is not None else None))
         elif name in offsets and embeddings is not None:
             rows = embeddings[offsets[name]:offsets[name] + int(sizes[name])].astype(np.float64)
             norms = np.sqrt(np.sum(np.square(rows), axis=1))
@@ -203,9 +204,10 @@ STORE_CHUNK_ROWS = 65_536
 
 
 def _tiered_entry(table: Mapping[str, Any], in_use: np.ndarray, since_day: int | None, vocabulary: Any,
-                  rare: int, missing: int | None) -> dict[str, Any]:
-    """A tiered table's norms (read from its store a chunk at a time), rows touched (values seen in the run),
-    hot-tier hit rate and the store's bytes read and written in training."""
+                  rare: int, missing: int | None, touched: np.ndarray | None) -> dict[str, Any]:
+    """A tiered table's norms (read from its store a chunk at a time), rows touched (`touched`, the rows the
+    run's batches read, where given; else the values seen in the run), hot-tier hit rate and the store's bytes
+    read and written in training."""
     read_rows = table["rows"]
     norms = np.concatenate([np.sqrt(np.sum(np.square(read_rows(in_use[i:i + STORE_CHUNK_ROWS]).astype(np.float64)),
                                            axis=1)) for i in range(0, len(in_use), STORE_CHUNK_ROWS)] or [np.zeros(0)])
@@ -215,6 +217,8 @@ def _tiered_entry(table: Mapping[str, Any], in_use: np.ndarray, since_day: int |
     read = [row for row, count in ((RARE_ROW, rare), (MISSING_ROW, missing)) if count]
     seen = (int((np.asarray(vocabulary.last_seen, np.int64) >= since_day).sum()) + len(read)
             if since_day is not None else None)
+    if touched is not None:
+        seen = int(len(np.unique(touched)))
     return {
         "l2_norm": _percentiles(norms), "rare_row_norm": float(reserved[0]), "missing_row_norm": float(reserved[1]),
         "bytes": int(table.get("bytes", 0)), "hot_rows": int(table.get("hot_rows", 0)), "rows_touched": seen,
@@ -261,6 +265,13 @@ def format_report(report: Mapping[str, Any]) -> str:
                  f"{_number(totals['rows_new']):>8} {_number(totals['rows_evicted']):>8} "
                  f"{_number(totals['waiting_for_admission']):>9} {_number(totals['rows_touched']):>9}   "
                  f"{totals['bytes'] / 1e6:,.1f} MB of embedding rows")
+    for t in report["tables"]:
+        if t["storage"] == "tiered" and "hot_rows" in t:
+            hit = "-" if t.get("hit_rate") is None else f"{100 * t['hit_rate']:.1f} %"
+            lines.append(f"tiered {t['name']}: {_number(t['hot_rows'])} hot rows, hit rate {hit}, "
+                         f"{_number(t['rows_loaded'])} rows loaded, {_number(t['rows_written_back'])} written back; "
+                         f"store {t['store_bytes_read'] / 1e6:,.1f} MB read, {t['store_bytes_written'] / 1e6:,.1f} MB "
+                         "written in training")
     lines.append(f"touched: {report['rows_touched_basis']}; count: occurrences of an admitted value so far; rare and "
                  "missing: the share of the training rows' lookups that read the shared rare or missing row")
     return "\n".join(lines)

@@ -458,13 +458,18 @@ def export_delta(ctx: RunContext) -> dict:
         raise RuntimeError(f"the checkpoint of {ctx.interval.tag} has no weights file; re-run its train step")
     specs, weights = child
     state = load_feature_state(_dir(ctx) / "feature_state")
-    arrays = delta_arrays(parent_weights, weights, load_feature_state(plan.parent_feature_state), state)
+    parent_state = load_feature_state(plan.parent_feature_state)
+    delta_specs = specs
+    if any(table.tiered for table in ctx.spec.tables().values()):
+        arrays, delta_specs = _tiered_delta(ctx, plan, state, parent_state, specs, weights, parent_weights)
+    else:
+        arrays = delta_arrays(parent_weights, weights, parent_state, state)
     evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
     full_bytes = _full_model_bytes(ctx, plan.chain_root)
     tables = _table_report(ctx, plan, state, specs, weights, parent_weights)
     manifest = write_delta(
         _dir(ctx) / "delta", arrays, version=plan.version, parent=plan.parent, chain_root=plan.chain_root,
-        weight_specs=specs, spec_hash=ctx.spec.hash(),
+        weight_specs=delta_specs, spec_hash=ctx.spec.hash(),
         extra={"data_span": plan.data_span, "data_end": plan.data_span["end"], "minutes": list(plan.minutes),
                "skipped_minutes": list(plan.skipped_minutes), "incomplete_minutes": list(plan.incomplete_minutes),
                "global_step": evaluation["global_step"],
@@ -486,6 +491,25 @@ def export_delta(ctx: RunContext) -> dict:
     return {"delta": str(_dir(ctx) / "delta"), "bytes": manifest["delta_bytes"]}
 
 
+def _tiered_delta(ctx: RunContext, plan: Plan, state, parent_state, specs, weights, parent_weights) -> tuple:
+    """(arrays, weight specs) of the delta of a model with tiered tables, in the layout of the served model (every
+    table in memory: components.delta.served_weight_arrays). A tiered table's rows are the ones the minute's
+    batches read (and the new values' rows it drew afresh): the child checkpoint's overlay of the table."""
+    from components.delta import new_vocabulary_entries, served_weight_arrays
+    from components.table_report import hashed_tables
+    from trainer.tiered_tables import read_overlays
+
+    served_specs = _store(ctx).manifest(MODEL_NAME, plan.chain_root)["weight_specs"]
+    tiered_rows = {name: (overlay["rows"], overlay["values"])
+                   for name, overlay in read_overlays(_dir(ctx) / "checkpoint").items()}
+    keys, rows = new_vocabulary_entries(parent_state, state)
+    hashed = hashed_tables(ctx.spec, ctx.config.train.multi_hash_features)
+    arrays = {"vocab_keys": keys, "vocab_rows": rows,
+              **served_weight_arrays(parent_weights, weights, specs, served_specs, state.table_sizes(), hashed,
+                                     tiered_rows)}
+    return arrays, served_specs
+
+
 def _table_report(ctx: RunContext, plan: Plan, state, specs, weights, parent_weights) -> dict:
     """The minute's table report (components/table_report.py): the rows it touched are the rows its delta
     carries."""
@@ -495,12 +519,21 @@ def _table_report(ctx: RunContext, plan: Plan, state, specs, weights, parent_wei
 
     embeddings, parent = embedding_table(specs, weights), embedding_table(specs, parent_weights)
     hashed = hashed_tables(ctx.spec, ctx.config.train.multi_hash_features)
+    tiered = {name: table.hot_rows for name, table in ctx.spec.tables().items() if table.tiered}
     sizes = state.table_sizes()  # a minute's tables keep their parent's size
-    changed = (changed_rows_by_table(embeddings, sizes, parent, sizes, hashed)
+    changed = (changed_rows_by_table(embeddings, sizes, parent, sizes, [*hashed, *tiered])
                if embeddings is not None and parent is not None else None)
+    if tiered:  # read from the child's stores; rows touched: the rows the minute's batches read
+        from trainer.tiered_tables import checkpoint_tables, read_overlays
+
+        evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
+        tiered = checkpoint_tables(_dir(ctx) / "checkpoint", tiered, evaluation.get("tiered_tables"))
+        changed = {**(changed or {}), **{name: overlay["rows"]
+                                         for name, overlay in read_overlays(_dir(ctx) / "checkpoint").items()}}
     report = table_report(ctx.spec, state, kind="minute", version=plan.version, embeddings=embeddings, hashed=hashed,
                           changed=changed, parent=plan.parent,
-                          samples=read_manifest(_dir(ctx) / "samples" / "train", kind="samples", verify=False))
+                          samples=read_manifest(_dir(ctx) / "samples" / "train", kind="samples", verify=False),
+                          tiered=tiered)
     log_table_report(ctx, report, _dir(ctx))
     return report
 

@@ -12,15 +12,21 @@ memory (trainer/hot_tier.py); the model's CategoricalEmbedding holds only those 
   stream, for `fit` (with the callback it returns) or for code that calls the model batch by batch;
 - `snapshot(directory)` / `restore(directory)`: the tables as of the last applied step, for progress saves and
   the best epoch (a copy of each file: a reflink or `copy_file_range`, never through memory);
-- `commit(checkpoint_dir)`: the final tables into `<checkpoint>/tables/<table>.rows`, listed in its manifest.
+- `commit(checkpoint_dir)`: the final tables into `<checkpoint>/tables/<table>.rows`, listed in its manifest;
+- for a minute run, `restore_chain` (live stores made from a checkpoint's chain) and `write_overlays`: a
+  minute's checkpoint holds, per tiered table, only the rows its batches read (`<table>.overlay.npz`: rows,
+  values, accumulators) on top of its parent checkpoint's table; `table_chain`, `ChainRows` and
+  `materialize` read a table as of any checkpoint (the daily store, then the overlays after it).
 
-`in_memory_model(model, tables_dir)` is the other way round: the same model with every table in memory, its
-rows read from the stores a chunk at a time, for the export (serving reads a whole table today).
+`in_memory_model(model, checkpoint_dir, table_names)` is the other way round: the same model with every table in
+memory, its rows read from the checkpoint's tables a chunk at a time, for the export (serving reads a whole
+table today).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +39,7 @@ from trainer.hot_tier import HotTier
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
-from trainer.row_store import CREATE_CHUNK_ROWS, RowStore, uniform_initializer
+from trainer.row_store import CREATE_CHUNK_ROWS, INITIALIZER_BLOCK_ROWS, RowStore, uniform_initializer
 from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of
 
 TABLES_DIR = "tables"
@@ -66,20 +72,23 @@ class TieredTables:
         self.tiers: dict[int, HotTier] = {}
         self.slots: dict[int, VariableSlots] = {}
         self.totals: dict[str, dict[str, int]] = {}  # counters of tiers and stores already closed
+        # Per tiered table, the distinct rows of each training batch: the rows the steps may have changed.
+        self.touched_parts: dict[int, list[np.ndarray]] = {table: [] for table in layer.tiered_tables}
 
     # --- the stores ---------------------------------------------------------------------------------------
 
     def path(self, table: int) -> Path:
         return self.directory / store_name(self.names[table])
 
-    def create(self, seed: int, parent_tables: Path | None = None,
+    def create(self, seed: int, parent_checkpoint: Path | None = None,
                reset_rows: Mapping[int, Sequence[int]] | None = None,
                parent_rows: Mapping[int, np.ndarray] | None = None) -> dict[str, int]:
-        """New live stores: rows from the uniform initializer (seed + table index), or, from `parent_tables` (a
-        checkpoint's tables directory) or `parent_rows` (table index -> the parent's rows, where it held the
-        table in memory), the parent's rows with the rows in `reset_rows` (table index -> row ids) and the rows
-        past the parent's table drawn afresh; accumulators at the optimizer's initial value either way (a warm
-        start starts a new optimizer, as for tables in memory). Returns warm-start counts."""
+        """New live stores: rows from the uniform initializer (seed + table index), or, from the tiered tables of
+        `parent_checkpoint` (a daily or a minute checkpoint: `ChainRows`) or `parent_rows` (table index -> the
+        parent's rows, where it held the table in memory), the parent's rows with the rows in `reset_rows`
+        (table index -> row ids) and the rows past the parent's table drawn afresh; accumulators at the
+        optimizer's initial value either way (a warm start starts a new optimizer, as for tables in memory).
+        Returns warm-start counts."""
         self.close()
         self.directory.mkdir(parents=True, exist_ok=True)
         counts = {"rows_kept": 0, "rows_reset": 0, "rows_new": 0}
@@ -87,16 +96,11 @@ class TieredTables:
             num_rows = self.layer.table_sizes[table]
             dim = self.layer.embedding_dim
             fresh = uniform_initializer(dim, seed + table)
-            parent_path = parent_tables / store_name(self.names[table]) if parent_tables is not None else None
-            if parent_path is not None and not parent_path.exists():
-                raise FileNotFoundError(f"The warm start's checkpoint has no store of tiered table "
-                                        f"{self.names[table]!r} at {parent_path}; set train.warm_start=false to "
-                                        "train from scratch")
-            if parent_path is None and (parent_rows or {}).get(table) is None:
+            if parent_checkpoint is None and (parent_rows or {}).get(table) is None:
                 self.stores[table] = RowStore.create(self.path(table), num_rows, dim, fresh,
                                                      initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
                 continue
-            with (RowStore.open(parent_path, writable=False) if parent_path is not None
+            with (ChainRows(parent_checkpoint, self.names[table]) if parent_checkpoint is not None
                   else ArrayRows(np.asarray(parent_rows[table]))) as parent:  # type: ignore[index]
                 if parent.embedding_dim != dim:
                     raise ValueError(f"The parent's tiered table {self.names[table]!r} has dimension "
@@ -146,11 +150,43 @@ class TieredTables:
         return self.slots
 
     def stream(self, dataset: Any, training: bool) -> tuple[TieredBatches, HotTierCallback]:
-        batches = TieredBatches(numpy_batches(dataset), self.layer, self.tiers, key=CATEGORICAL_INPUT,
-                                training=training, ahead=self.ahead)
+        source = numpy_batches(dataset)
+        batches = TieredBatches(self.recorded(source) if training else source, self.layer, self.tiers,
+                                key=CATEGORICAL_INPUT, training=training, ahead=self.ahead)
         callback = HotTierCallback(batches)
         callback.slots = self.slot_access()
         return batches, callback
+
+    def recorded(self, source: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+        """`source`'s batches, recording the rows each reads of each tiered table (`touched`)."""
+        columns = {table: self.layer.tiered_columns(table) for table in self.layer.tiered_tables}
+        for features, label in source:
+            ids = np.asarray(features[CATEGORICAL_INPUT])
+            for table, table_columns in columns.items():
+                self.touched_parts[table].append(np.unique(ids[:, table_columns]))
+            yield features, label
+
+    def touched(self) -> dict[str, np.ndarray]:
+        """Per tiered table (by name), the rows training batches read since the tables were made, and the rows
+        `reset_rows` drew afresh: a superset of the rows that changed (a minute's delta of the table)."""
+        return {self.names[table]: np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+                for table, parts in self.touched_parts.items()}
+
+    def reset_rows(self, rows_by_table: Mapping[int, Sequence[int]], seed: int) -> int:
+        """Writes fresh initial values (uniform, seed + table index) into rows of the live stores (newly admitted
+        values' rows), their accumulators unchanged, as trainer.incremental.reset_rows does for tables in memory;
+        call before any stream. Returns how many rows."""
+        count = 0
+        for table, rows in rows_by_table.items():
+            if table not in self.stores or not len(rows):
+                continue
+            rows = np.unique(np.asarray(rows, dtype=np.int64))
+            values = initial_rows(uniform_initializer(self.layer.embedding_dim, seed + table), rows)
+            _, accumulators = self.stores[table].read(rows)
+            self.stores[table].write(rows, values, accumulators)
+            self.touched_parts[table].append(rows)  # changed here, so a delta carries them
+            count += len(rows)
+        return count
 
     def training(self, dataset: Any) -> tuple[Iterator[Any], HotTierCallback]:
         """An iterator of `dataset`'s batches for `fit`, and the callback that must go with it."""
@@ -203,6 +239,7 @@ class TieredTables:
         """The live stores replaced by the snapshot in `directory`, with empty hot tiers. The hot slots' values in
         the model are not written back (the weights restored with the snapshot replace them)."""
         self.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
         for table in self.layer.tiered_tables:
             source = Path(directory) / store_name(self.names[table])
             if not source.exists():
@@ -212,6 +249,54 @@ class TieredTables:
             with RowStore.open(source, writable=False) as snapshot:
                 snapshot.snapshot(self.path(table))
         self.open()
+
+    def restore_chain(self, checkpoint_dir: Path) -> None:
+        """The live stores made from a checkpoint's tables (a daily one's stores, or a minute's chain: its base
+        store and the overlays after it, `materialize`), with empty hot tiers."""
+        self.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for table in self.layer.tiered_tables:
+            materialize(checkpoint_dir, self.names[table], self.path(table))
+        self.open()
+
+    def open_live(self, parent_checkpoint: Path) -> bool:
+        """Opens the live stores in this object's directory for a minute run on `parent_checkpoint`: as they are
+        when their state file says they hold that checkpoint's tables (the previous minute of the chain left
+        them), else made from its chain (`restore_chain`). The state file is removed first, so a run that fails
+        from here on leaves stores the next run rebuilds. Returns whether they were reused."""
+        state = self.directory / LIVE_STATE
+        identity = checkpoint_identity(parent_checkpoint)
+        reused = (state.exists() and json.loads(state.read_text()) == identity
+                  and all(self.path(table).exists() for table in self.layer.tiered_tables))
+        state.unlink(missing_ok=True)
+        if reused:
+            self.open()
+        else:
+            self.restore_chain(parent_checkpoint)
+        return reused
+
+    def release_live(self, checkpoint_dir: Path) -> None:
+        """Flushes and closes the live stores, recording that they hold the tables of `checkpoint_dir` (the
+        minute's checkpoint, written): the next minute on it trains them in place."""
+        self.flush()
+        self.close()
+        partial = self.directory / f".{LIVE_STATE}.partial"
+        partial.write_text(json.dumps(checkpoint_identity(checkpoint_dir)))
+        partial.replace(self.directory / LIVE_STATE)
+
+    def write_overlays(self, checkpoint_dir: Path) -> list[str]:
+        """Flushes, then writes into `checkpoint_dir/tables` each tiered table's overlay: the rows `touched` names
+        with their values and accumulators from the live store (a minute's checkpoint: its parent's tables plus
+        these rows). The live stores stay open. Returns the files' names relative to `checkpoint_dir`."""
+        self.flush()
+        target = Path(checkpoint_dir) / TABLES_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        files = []
+        for name, rows in self.touched().items():
+            table = next(t for t, n in self.names.items() if n == name)
+            values, accumulators = self.stores[table].read(rows)
+            files.append(write_overlay(target / overlay_name(name), rows, values, accumulators))
+        return [f"{TABLES_DIR}/{file}" for file in files]
 
     def commit(self, checkpoint_dir: Path) -> list[str]:
         """Flushes and moves the live stores into `checkpoint_dir/tables` (a rename: no copy); returns their
@@ -226,6 +311,8 @@ class TieredTables:
             name = store_name(self.names[table])
             path.replace(target / name)
             files.append(f"{TABLES_DIR}/{name}")
+        if self.directory.is_dir() and not any(self.directory.iterdir()):
+            self.directory.rmdir()
         return files
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -241,7 +328,20 @@ class TieredTables:
         return out
 
 
-def warm_chunks(parent: RowStore | ArrayRows, num_rows: int, fresh: Any, reset: np.ndarray,
+def initial_rows(initializer: Any, rows: np.ndarray) -> np.ndarray:
+    """`initializer`'s values of `rows` (ascending), drawn a block of INITIALIZER_BLOCK_ROWS at a time."""
+    out = np.empty((len(rows), 0), dtype=np.float32)
+    parts = []
+    blocks = rows // INITIALIZER_BLOCK_ROWS
+    for block in np.unique(blocks):
+        start = int(block) * INITIALIZER_BLOCK_ROWS
+        chosen = rows[blocks == block]
+        values = np.asarray(initializer(start, int(chosen.max()) + 1), dtype=np.float32)
+        parts.append(values[chosen - start])
+    return np.concatenate(parts) if parts else out
+
+
+def warm_chunks(parent: RowStore | ArrayRows | ChainRows, num_rows: int, fresh: Any, reset: np.ndarray,
                 chunk_rows: int = CREATE_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(values, accumulators) chunks of a warm-started table: the parent's rows, `fresh(start, stop)` for the
     reset rows and the rows past the parent's table, accumulators at their initial value."""
@@ -256,6 +356,129 @@ def warm_chunks(parent: RowStore | ArrayRows, num_rows: int, fresh: Any, reset: 
             keep[inside - start] = False
             values[:kept_stop - start][keep] = old[keep]
         yield values, np.full_like(values, INITIAL_ACCUMULATOR_VALUE)
+
+
+OVERLAY_SUFFIX = ".overlay.npz"
+LIVE_STATE = "state.json"
+# Checkpoints a chain of minute overlays may cross before its base store: a bound against a cycle.
+MAX_CHAIN = 100_000
+
+
+def overlay_name(table: str) -> str:
+    return table + OVERLAY_SUFFIX
+
+
+def write_overlay(path: Path, rows: np.ndarray, values: np.ndarray, accumulators: np.ndarray) -> str:
+    """rows (ascending), values and accumulators of a table's changed rows, as `path` (written under a temporary
+    name, then renamed); returns its name."""
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as handle:
+        np.savez(handle, rows=np.asarray(rows, np.int64), values=np.asarray(values, np.float32),
+                 accumulators=np.asarray(accumulators, np.float32))
+    partial.replace(path)
+    return path.name
+
+
+def read_overlays(checkpoint_dir: Path) -> dict[str, dict[str, np.ndarray]]:
+    """A minute checkpoint's overlays by table name ({} for a checkpoint without them)."""
+    out = {}
+    for path in sorted((Path(checkpoint_dir) / TABLES_DIR).glob("*" + OVERLAY_SUFFIX)):
+        with np.load(path, allow_pickle=False) as data:
+            out[path.name[:-len(OVERLAY_SUFFIX)]] = {key: data[key] for key in data.files}
+    return out
+
+
+def live_directory(checkpoint_dir: Path, name: str) -> Path:
+    """Where the minute runs of a chain keep their live stores: beside the checkpoint that holds the chain's base
+    store of table `name` (the daily run's)."""
+    base, _ = table_chain(checkpoint_dir, name)
+    daily = base.parent.parent
+    return daily.with_name(f".{daily.name}.tables-live")
+
+
+def checkpoint_identity(checkpoint_dir: Path) -> dict[str, Any]:
+    """What names a checkpoint's tables: its resolved path and its manifest's files (with their checksums)."""
+    from components.manifest import read_manifest
+
+    manifest = read_manifest(checkpoint_dir, kind="checkpoint", verify=False)
+    return {"checkpoint": str(Path(checkpoint_dir).resolve()), "files": manifest["files"]}
+
+
+def table_chain(checkpoint_dir: Path, name: str) -> tuple[Path, list[Path]]:
+    """Where table `name` of a checkpoint lives: (the base store, the overlays after it, oldest first). A daily
+    checkpoint holds the store; a minute's holds an overlay on its parent checkpoint's table (the manifest's
+    `inputs.parent_checkpoint`), followed back to a store."""
+    from components.manifest import read_manifest
+
+    overlays: list[Path] = []
+    directory = Path(checkpoint_dir)
+    for _ in range(MAX_CHAIN):
+        base = directory / TABLES_DIR / store_name(name)
+        if base.exists():
+            return base, overlays[::-1]
+        overlay = directory / TABLES_DIR / overlay_name(name)
+        parent = read_manifest(directory, kind="checkpoint", verify=False).get("inputs", {}).get("parent_checkpoint")
+        if not overlay.exists() or not parent:
+            raise FileNotFoundError(f"Checkpoint {directory} holds neither a store nor an overlay of tiered table "
+                                    f"{name!r} (tables/{store_name(name)}, tables/{overlay_name(name)}); it was "
+                                    "not written with that table tiered: retrain its daily run")
+        overlays.append(overlay)
+        directory = Path(parent)
+    raise ValueError(f"The tables of {checkpoint_dir} chain through more than {MAX_CHAIN} checkpoints")
+
+
+def materialize(checkpoint_dir: Path, name: str, destination: Path) -> None:
+    """Table `name` as of `checkpoint_dir` as a store at `destination`: the base store copied (RowStore.snapshot),
+    then each overlay's rows written over it, oldest first."""
+    base, overlays = table_chain(checkpoint_dir, name)
+    with RowStore.open(base, writable=False) as store:
+        store.snapshot(destination)
+    with RowStore.open(destination) as store:
+        for overlay in overlays:
+            with np.load(overlay, allow_pickle=False) as data:
+                if len(data["rows"]):
+                    store.write(data["rows"], data["values"], data["accumulators"])
+        store.flush()
+
+
+class ChainRows:
+    """A checkpoint's tiered table read like a RowStore (`read`, `num_rows`, `embedding_dim`): its base store, with
+    the overlays after it applied to what is read. The overlays are held in memory (a minute's changed rows
+    each); the base is read on demand."""
+
+    def __init__(self, checkpoint_dir: Path, name: str) -> None:
+        base, overlays = table_chain(checkpoint_dir, name)
+        self.store = RowStore.open(base, writable=False)
+        self.num_rows, self.embedding_dim = self.store.num_rows, self.store.embedding_dim
+        merged: dict[str, np.ndarray] = {}
+        for overlay in overlays:  # later overlays win
+            with np.load(overlay, allow_pickle=False) as data:
+                if not merged:
+                    merged = {key: data[key] for key in ("rows", "values", "accumulators")}
+                    continue
+                keep = ~np.isin(merged["rows"], data["rows"])
+                merged = {key: np.concatenate([merged[key][keep], data[key]]) for key in merged}
+        order = np.argsort(merged["rows"]) if merged else np.zeros(0, np.int64)
+        self.overlay = {key: value[order] for key, value in merged.items()} if merged else None
+
+    def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.asarray(rows, dtype=np.int64)
+        values, accumulators = self.store.read(rows)
+        if self.overlay is not None and len(rows):
+            found = np.searchsorted(self.overlay["rows"], rows).clip(0, len(self.overlay["rows"]) - 1)
+            hit = self.overlay["rows"][found] == rows
+            values[hit] = self.overlay["values"][found[hit]]
+            accumulators[hit] = self.overlay["accumulators"][found[hit]]
+        return values, accumulators
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> ChainRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ArrayRows:
@@ -276,12 +499,13 @@ class ArrayRows:
         return None
 
 
-def store_reader(path: Path) -> Callable[[np.ndarray], np.ndarray]:
-    """A function of row ids -> their values in the store at `path` (opened for each call, read only)."""
+def table_reader(checkpoint_dir: Path, name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """A function of row ids -> their values in tiered table `name` as of `checkpoint_dir` (ChainRows, opened for
+    each call)."""
 
     def read(rows: np.ndarray) -> np.ndarray:
-        with RowStore.open(path, writable=False) as store:
-            return store.read(np.asarray(rows, dtype=np.int64))[0]
+        with ChainRows(checkpoint_dir, name) as table:
+            return table.read(np.asarray(rows, dtype=np.int64))[0]
 
     return read
 
@@ -292,10 +516,10 @@ def checkpoint_tables(checkpoint_dir: Path, tiered: Mapping[str, int],
     rows): a reader of each store's rows, its hot rows, its bytes of values, and the training's counters."""
     out = {}
     for name, hot_rows in tiered.items():
-        path = Path(checkpoint_dir) / TABLES_DIR / store_name(name)
-        with RowStore.open(path, writable=False) as store:
+        base, _ = table_chain(checkpoint_dir, name)
+        with RowStore.open(base, writable=False) as store:
             values_bytes = store.num_rows * store.embedding_dim * 4
-        out[name] = {"rows": store_reader(path), "hot_rows": hot_rows, "bytes": values_bytes,
+        out[name] = {"rows": table_reader(checkpoint_dir, name), "hot_rows": hot_rows, "bytes": values_bytes,
                      "counters": dict((counters or {}).get(name, {}))}
     return out
 
@@ -306,10 +530,11 @@ def numpy_batches(dataset: Any) -> Iterable[tuple[Any, Any]]:
     return as_numpy() if as_numpy is not None else dataset
 
 
-def in_memory_model(model: keras.Model, tables_dir: Path, table_names: Sequence[str]) -> keras.Model:
+def in_memory_model(model: keras.Model, checkpoint_dir: Path, table_names: Sequence[str]) -> keras.Model:
     """`model` with its tiered tables in memory: the same class and config without `tiered_tables`, every weight
-    copied, each tiered table's rows read from `tables_dir` (`<table_names[index]>.rows`) a chunk at a time into
-    the concatenated table. The result holds every table whole: what the export and serving read today."""
+    copied, each tiered table's rows read from `checkpoint_dir`'s tables (ChainRows: a daily checkpoint's store,
+    or a minute's overlays on it) a chunk at a time into the concatenated table. The result holds every table
+    whole: what the export and serving read today."""
     layer = tiered_layer(model)
     if layer is None:
         return model
@@ -323,7 +548,7 @@ def in_memory_model(model: keras.Model, tables_dir: Path, table_names: Sequence[
     new_layer = plain.embedding
     for variable in plain.weights:
         if variable.path == new_layer.embeddings.path:
-            variable.assign(merged_table(layer, new_layer, tables_dir, table_names))
+            variable.assign(merged_table(layer, new_layer, checkpoint_dir, table_names))
         elif variable.path in by_path:
             variable.assign(np.asarray(by_path[variable.path]))
         else:
@@ -332,7 +557,7 @@ def in_memory_model(model: keras.Model, tables_dir: Path, table_names: Sequence[
     return plain
 
 
-def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, tables_dir: Path,
+def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, checkpoint_dir: Path,
                  names: Sequence[str]) -> np.ndarray:
     """The concatenated table of `plain` (no tiered tables): `tiered`'s in-memory rows, and each tiered table's
     rows from its store."""
@@ -341,11 +566,7 @@ def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, tabl
     for table in plain.tabled_features:
         size, start = plain.table_sizes[table], int(plain.offsets[table])
         if table in tiered.tiered_tables:
-            path = Path(tables_dir) / store_name(names[table])
-            if not path.exists():
-                raise FileNotFoundError(f"No store of tiered table {names[table]!r} at {path}: the checkpoint's "
-                                        "tables directory is incomplete")
-            with RowStore.open(path, writable=False) as store:
+            with ChainRows(checkpoint_dir, names[table]) as store:
                 for chunk in range(0, size, CREATE_CHUNK_ROWS):
                     rows = np.arange(chunk, min(size, chunk + CREATE_CHUNK_ROWS))
                     values[start + rows] = store.read(rows)[0]

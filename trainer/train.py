@@ -406,10 +406,10 @@ def load_in_memory(checkpoint_dir: Path, table_names: Sequence[str], verify: boo
     """The checkpoint's model with every table in memory: as saved, or, with tiered tables, the same model with
     their rows read from the checkpoint's stores (trainer/tiered_tables.py in_memory_model). `table_names`: the
     spec's tables in model order (ModelInputs.tables)."""
-    from trainer.tiered_tables import TABLES_DIR, in_memory_model
+    from trainer.tiered_tables import in_memory_model
 
     model = load_checkpoint(checkpoint_dir, verify=verify)
-    return in_memory_model(model, Path(checkpoint_dir) / TABLES_DIR, table_names)
+    return in_memory_model(model, Path(checkpoint_dir), table_names)
 
 
 def progress_tables(global_step: int) -> str:
@@ -449,7 +449,7 @@ def _warm_start(model: keras.Model, warm_start: WarmStart, tiered: Any, seed: in
     warm_start_weights does; a tiered table's store is made from the parent's store (or, when the parent held
     it in memory, from its rows there), the reset rows drawn afresh. A tiered parent whose tables do not match
     is read into memory first."""
-    from trainer.tiered_tables import TABLES_DIR, tiered_layer
+    from trainer.tiered_tables import tiered_layer
 
     previous = load_checkpoint(warm_start.checkpoint_dir)
     parent_tiered = tiered_layer(previous)
@@ -457,7 +457,7 @@ def _warm_start(model: keras.Model, warm_start: WarmStart, tiered: Any, seed: in
         if parent_tiered is not None:
             previous = load_in_memory(warm_start.checkpoint_dir, table_names)
         return warm_start_weights(model, previous, warm_start.reset_rows)
-    parent_tables: Path | None = warm_start.checkpoint_dir / TABLES_DIR
+    parent_tables: Path | None = warm_start.checkpoint_dir
     parent_rows: dict[int, np.ndarray] = {}
     if parent_tiered is None or set(parent_tiered.tiered_tables) != set(tiered.layer.tiered_tables):
         if parent_tiered is not None:

@@ -180,3 +180,72 @@ def test_a_spec_that_tiers_a_table_refuses_what_the_hot_tier_cannot_do(data, tmp
     with pytest.raises(ValueError, match="Tiered table 'C1'.*more than its hot tier's hot_rows=20"):
         train_model(CONFIG, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "small",
                     spec=tiered_spec(hot_rows=20))
+
+
+def chain_rows(checkpoint, name: str) -> np.ndarray:
+    from trainer.tiered_tables import ChainRows
+
+    with ChainRows(checkpoint, name) as table:
+        return table.read(np.arange(table.num_rows))[0]
+
+
+def test_a_minute_on_a_tiered_parent_keeps_only_the_rows_it_read_and_its_delta_is_those_rows(data, tmp_path):
+    from components.delta import saved_weights, served_weight_arrays, weight_specs
+    from trainer.incremental import train_increment
+    from trainer.tiered_tables import LIVE_STATE, live_directory, read_overlays
+
+    spec = tiered_spec()
+    names = model_inputs(spec).tables
+    sizes = table_sizes(NUM_VALUES)
+    train_model(dataclasses.replace(CONFIG, epochs=1), sizes, data["train"], data["eval"], tmp_path / "day",
+                spec=spec)
+    day_rows = store_rows(tmp_path / "day", "C1")
+    minute_files = write_block_files(random_rows(300, NUM_VALUES, seed=3), tmp_path / "minute", 1, 128)
+
+    def minute(parent, name, seed):
+        return train_increment(tmp_path / parent, minute_files, data["eval"], tmp_path / name,
+                               new_rows={"C1": [7, 9], "C2": [4]}, batch_size=128, epochs=1, seed=seed,
+                               version="2", spec=spec)
+
+    result = minute("day", "m1", 11)
+    np.testing.assert_array_equal(store_rows(tmp_path / "day", "C1"), day_rows)  # the parent's store untouched
+    overlay = read_overlays(tmp_path / "m1")["C1"]
+    touched = overlay["rows"]
+    assert {7, 9} <= set(touched.tolist()) and 0 < len(touched) < NUM_VALUES + 2
+    assert not (tmp_path / "m1" / TABLES_DIR / "C1.rows").exists()  # a minute holds its rows, not the table
+    assert result["tiered_rows_touched"] == {"C1": len(touched)} and result["tiered_live_reused"] is False
+    assert result["tiered_tables"]["C1"]["tier_rows_loaded"] > 0
+    child_rows = chain_rows(tmp_path / "m1", "C1")
+    untouched = np.setdiff1d(np.arange(len(day_rows)), touched)
+    np.testing.assert_array_equal(child_rows[untouched], day_rows[untouched])  # only the rows it read moved
+    assert not np.array_equal(child_rows[touched], day_rows[touched])
+
+    # The delta, in the served model's layout, applied to the served parent gives the served child bit for bit.
+    served_parent = load_in_memory(tmp_path / "day", names)
+    served_child = load_in_memory(tmp_path / "m1", names)
+    parent_specs, parent_weights = saved_weights(tmp_path / "day")
+    specs, weights = saved_weights(tmp_path / "m1")
+    assert parent_specs == specs
+    arrays = served_weight_arrays(parent_weights, weights, specs, weight_specs(served_parent), sizes, [],
+                                  {"C1": (touched, overlay["values"])})
+    for index, (before, after) in enumerate(zip(served_parent.weights, served_child.weights, strict=True)):
+        applied = np.array(before)
+        rows = arrays[f"rows_{index:03d}"]
+        if applied.ndim == 0:
+            applied = arrays[f"values_{index:03d}"].reshape(()) if len(rows) else applied
+        else:
+            applied[rows] = arrays[f"values_{index:03d}"]
+        np.testing.assert_array_equal(applied, np.asarray(after), err_msg=after.path)
+    table = next(i for i, v in enumerate(served_parent.weights) if v.path.endswith("embedding/embeddings"))
+    assert len(arrays[f"rows_{table:03d}"]) < served_parent.weights[table].shape[0]
+
+    # The next minute trains the live stores the first one left, in place; one made again from the chain (the
+    # base store and the first minute's rows) ends with the same table.
+    live = live_directory(tmp_path / "m1", "C1")
+    assert minute("m1", "m2", 12)["tiered_live_reused"] is True
+    (live / LIVE_STATE).unlink()
+    assert minute("m1", "m2_rebuilt", 12)["tiered_live_reused"] is False
+    np.testing.assert_array_equal(chain_rows(tmp_path / "m2", "C1"), chain_rows(tmp_path / "m2_rebuilt", "C1"))
+    never = np.setdiff1d(untouched, read_overlays(tmp_path / "m2")["C1"]["rows"])  # read by neither minute
+    assert len(never) and len(never) < len(day_rows)
+    np.testing.assert_array_equal(chain_rows(tmp_path / "m2", "C1")[never], day_rows[never])

@@ -1,0 +1,122 @@
+"""A feature spec with tiered tables (storage: tiered) through the daily run and two minute runs, in-process: the
+tables train through hot tiers smaller than themselves, the daily export is served whole, each minute's delta
+carries the rows its batches read of a tiered table (its checkpoint holds only those rows, on top of its
+parent's), and serving the chain answers as the last checkpoint does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from components.config import load_config
+from components.delta import DELTA_KIND
+from components.feature_spec import PRESET_DIR
+from components.feature_state import categorical_rows, load_feature_state, transform_dense
+from components.interval import Interval
+from components.layout import Layout
+from components.model_store import open_model_store
+from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+from components.synthetic import generate
+from pipelines.context import RunContext
+from pipelines.runner import run_steps, select_steps
+from serving.watcher import ModelWatcher
+from tests.pipelines.test_incremental_pipeline import OVERRIDES, raw_columns, run_minute
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DAY = Interval.parse("2026-01-01T00:00", "2026-01-01T00:10")
+TIERED = ("C1", "C2")
+HOT_ROWS = 300  # above a batch's 256 rows, below the tables' rows (416 and more)
+
+
+def tiered_criteo(directory: Path) -> Path:
+    spec = yaml.safe_load((PRESET_DIR / "criteo.yaml").read_text())
+    spec["name"] = "criteo_tiered"
+    categorical = next(entry for entry in spec["features"] if entry["kind"] == "categorical")
+    spec["features"].remove(categorical)
+    spec["features"] += [{**categorical, "names": list(TIERED), "storage": "tiered", "hot_rows": HOT_ROWS},
+                         {**categorical, "names": [n for n in categorical["names"] if n not in TIERED]}]
+    path = directory / "criteo_tiered.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, spark):
+    root = tmp_path_factory.mktemp("tiered")
+    config = load_config(overrides={"paths.data_root": str(root), **OVERRIDES,
+                                    "features.spec": str(tiered_criteo(root))}, environ={})
+    generate(config.generate, Layout(config.paths.root))
+    daily = run_steps(RunContext(config=config, interval=DAY, pipeline="daily", run_id="test-daily"),
+                      select_steps("daily", None))
+    outputs = {minute: run_minute(config, minute) for minute in ("2026-01-01T00:10", "2026-01-01T00:11")}
+    return {"config": config, "store": open_model_store(config.paths.model_store_uri), "daily": daily,
+            "outputs": outputs, "layout": Layout(config.paths.root)}
+
+
+def in_memory_predictions(layout: Layout, minute: str, columns: dict, spec) -> np.ndarray:
+    from trainer.model_inputs import model_inputs
+    from trainer.train import load_in_memory
+
+    directory = layout.incremental_dir(Interval.minute(minute))
+    state = load_feature_state(directory / "feature_state")
+    model = load_in_memory(directory / "checkpoint", model_inputs(spec).tables)
+    dense = np.array([columns[name] for name in DENSE_FEATURES], dtype=np.float32).T
+    rows = [categorical_rows(pa.array(columns[name], pa.string()), *state.lookup(name))
+            for name in spec.categorical_names]
+    inputs = {"dense": transform_dense(dense, state).astype(np.float32), "categorical": np.stack(rows, axis=1)}
+    return np.asarray(model(inputs, training=False)).reshape(-1)
+
+
+def test_the_daily_run_trains_the_tiered_tables_through_hot_tiers_and_reports_them(chain):
+    from components.feature_spec import spec_for
+
+    layout, config = chain["layout"], chain["config"]
+    checkpoint = json.loads((layout.checkpoint_dir(DAY) / "manifest.json").read_text())
+    assert checkpoint["tiered_tables"] == dict.fromkeys(TIERED, HOT_ROWS)
+    sizes = load_feature_state(layout.feature_state_dir(DAY)).table_sizes()
+    assert min(sizes[name] for name in TIERED) > HOT_ROWS  # the hot tier is smaller than the table
+    from components.table_report import format_report
+
+    report = json.loads((layout.evaluation_dir(DAY) / "tables.json").read_text())
+    tables = {t["name"]: t for t in report["tables"]}
+    text = format_report(report)
+    for name in TIERED:
+        assert f"tiered {name}: {HOT_ROWS} hot rows, hit rate {100 * tables[name]['hit_rate']:.1f} %" in text
+    for name in TIERED:
+        assert tables[name]["storage"] == "tiered" and 0 < tables[name]["hit_rate"] < 1
+        assert tables[name]["rows_written_back"] > 0  # rows were evicted and written back during training
+    assert set(CATEGORICAL_FEATURES) - set(TIERED) <= {n for n, t in tables.items() if t["storage"] == "memory"}
+    spec = spec_for(config)
+    assert [name for name, table in spec.tables().items() if table.tiered] == list(TIERED)
+
+
+def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_its_checkpoint(chain, tmp_path):
+    from components.feature_spec import spec_for
+
+    store, layout = chain["store"], chain["layout"]
+    versions = store.versions("ctr")
+    assert versions[-2:] == ["202601010011", "202601010012"]
+    for minute in chain["outputs"]:
+        manifest = store.manifest("ctr", Interval.minute(minute).end.strftime("%Y%m%d%H%M"))
+        assert manifest["kind"] == DELTA_KIND
+        table = next(path for path in manifest["rows_changed"] if path.endswith("embedding/embeddings"))
+        total = next(s for s in manifest["weight_specs"] if s["path"] == table)["shape"][0]
+        assert 0 < manifest["rows_changed"][table] < total - 26 * 10  # a minute's rows, not the tables
+        train = chain["outputs"][minute]["train"]
+        assert set(train["tiered_rows_touched"]) == set(TIERED) and min(train["tiered_rows_touched"].values()) > 0
+        tables = layout.incremental_dir(Interval.minute(minute)) / "checkpoint" / "tables"
+        assert sorted(p.name for p in tables.iterdir()) == ["C1.overlay.npz", "C2.overlay.npz"]  # rows, no table
+        assert not any("tiered_table" in spec["path"] for spec in manifest["weight_specs"])  # no hot slots served
+    # The first minute made the chain's live stores from the daily checkpoint's; the second trained them in place.
+    assert [chain["outputs"][m]["train"]["tiered_live_reused"] for m in chain["outputs"]] == [False, True]
+    columns = raw_columns(layout, "2026-01-01T00:15")
+    watcher = ModelWatcher(store, "ctr", tmp_path / "cache", poll_seconds=60)
+    assert watcher.poll_once() and watcher.version == "202601010012"
+    expected = in_memory_predictions(layout, "2026-01-01T00:11", columns, spec_for(chain["config"]))
+    np.testing.assert_allclose(watcher.current().predict_columns(columns), expected, rtol=0, atol=1e-6)
