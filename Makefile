@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-updates clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-updates bench-row-cache clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -86,6 +86,11 @@ bench-tiers:
 BENCH_UPDATES_ARGS ?=
 bench-updates:
 	@$(WITH_ENV); $(BENCH) bench/bench_updates.py $(BENCH_UPDATES_ARGS)
+
+# Serving tiered tables from their stores through the row cache (cold, warm, evicting) against them in memory.
+BENCH_ROW_CACHE_ARGS ?=
+bench-row-cache:
+	@$(WITH_ENV); $(BENCH) bench/bench_row_cache.py $(BENCH_ROW_CACHE_ARGS)
 
 bench-input:
 	@$(WITH_ENV); $(BENCH) bench/bench_input.py

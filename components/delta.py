@@ -33,6 +33,9 @@ CHECKPOINT_KIND = "checkpoint"
 # Between feature name and value in the serving lookup keys (trainer.export): one table serves all features,
 # and "C1" + "0" never meets "C10" + "" because the separator sits between them.
 KEY_SEPARATOR = "\x1f"
+# In the path of a tiered table's hot slots ("<model>/embedding/tiered_table_3/embeddings"): in a served model,
+# its row cache.
+TIERED_CACHE_MARK = "/tiered_table_"
 
 
 class DeltaError(ValueError):
@@ -86,9 +89,16 @@ def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndar
     The concatenated table's changed rows move from the training layout to the served one (each table's rows
     keep their table-local ids; only the tables' offsets differ); each tiered table contributes the rows
     `tiered_rows[name]` = (table-local row ids, their values) read from its store, the rows the minute's
-    batches read, not a diff of two tables. The hot slots are not served and have no entry."""
+    batches read, not a diff of two tables. The hot slots are not served and have no entry.
+
+    A served model that keeps the tiered tables on disk itself (its weights include the row caches, named
+    TIERED_CACHE_MARK: trainer.export RowSlots) has the training layout: the concatenated table's rows stay,
+    the caches get no rows, and each tiered table's rows go in `tiered_rows_<name>` / `tiered_values_<name>`,
+    which serving writes to its copy of the table and to the rows it has cached (serving/row_cache.py)."""
     from components.table_report import EMBEDDING_PATH_TAIL, table_offsets
 
+    if any(TIERED_CACHE_MARK in str(spec["path"]) for spec in served_specs):
+        return _tiered_served_arrays(parent, current, specs, served_specs, tiered_rows)
     by_path = {str(spec["path"]): index for index, spec in enumerate(specs)}
     missing = [spec["path"] for spec in served_specs if spec["path"] not in by_path]
     if missing:
@@ -120,6 +130,38 @@ def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndar
         values = (np.concatenate(parts_values) if parts_values else np.zeros((0, width), new.dtype))
         arrays[rows_name(index)], arrays[values_name(index)] = rows[order], values[order]
     return arrays
+
+
+def _tiered_served_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndarray],
+                          specs: Sequence[Mapping[str, Any]], served_specs: Sequence[Mapping[str, Any]],
+                          tiered_rows: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    by_path = {str(spec["path"]): index for index, spec in enumerate(specs)}
+    arrays: dict[str, np.ndarray] = {}
+    for index, spec in enumerate(served_specs):
+        path = str(spec["path"])
+        if TIERED_CACHE_MARK in path:  # the row cache: serving fills it, deltas leave it
+            arrays[rows_name(index)] = np.zeros(0, np.int64)
+            arrays[values_name(index)] = np.zeros((0, *spec["shape"][1:]), np.dtype(spec["dtype"]))
+            continue
+        if path not in by_path:
+            raise DeltaError(f"the served model has a weight {path!r} the trained one lacks: not the same model; "
+                             "export a full model instead")
+        old, new = np.asarray(parent[by_path[path]]), np.asarray(current[by_path[path]])
+        rows = changed_rows(old, new)
+        arrays[rows_name(index)] = rows
+        arrays[values_name(index)] = new.reshape(1)[rows] if new.ndim == 0 else new[rows]
+    for name, (rows, values) in tiered_rows.items():
+        arrays[tiered_rows_name(name)] = np.asarray(rows, np.int64)
+        arrays[tiered_values_name(name)] = np.asarray(values, np.float32)
+    return arrays
+
+
+def tiered_rows_name(table: str) -> str:
+    return f"tiered_rows_{table}"
+
+
+def tiered_values_name(table: str) -> str:
+    return f"tiered_values_{table}"
 
 
 def new_vocabulary_entries(parent: FeatureState, state: FeatureState) -> tuple[np.ndarray, np.ndarray]:

@@ -160,6 +160,11 @@ def check_delta_gate(weight_specs: list[dict], arrays: dict[str, np.ndarray], ho
         values = arrays[values_name(index)]
         if spec["path"].endswith("embeddings") and len(arrays[rows_name(index)]) and values.ndim == 2:
             max_norm = max(max_norm, float(np.nanmax(np.linalg.norm(values, axis=1))))
+    for name, values in arrays.items():  # a tiered table's rows (components.delta.served_weight_arrays)
+        if name.startswith("tiered_values_") and len(values):
+            if not np.isfinite(values).all():
+                failures.append(f"non-finite values in {name}")
+            max_norm = max(max_norm, float(np.nanmax(np.linalg.norm(values, axis=1))))
     if not max_norm <= config.max_embedding_norm:
         failures.append(f"a changed embedding row has L2 norm {max_norm:.2f} > {config.max_embedding_norm} "
                         "(incremental.max_embedding_norm)")

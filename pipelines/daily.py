@@ -564,13 +564,42 @@ def example_rows(ctx: RunContext, count: int = 5) -> list[dict]:
     return []
 
 
+def served_tiered_model(ctx: RunContext, model, checkpoint: Path, staging: Path) -> tuple:
+    """(the model to export, {"tables": what serving reads of each tiered table, "files": the stores put in
+    `staging`}); the model as it is and {} without tiered tables. Each table's store is linked (or copied) from
+    the checkpoint into `staging/tables/`, and the model's hot slots resized to the serving row cache."""
+    import os
+    import shutil
+
+    from trainer.model_inputs import model_inputs
+    from trainer.tiered_tables import TABLES_DIR, store_name, tiered_layer, with_cache_rows
+
+    layer = tiered_layer(model)
+    if layer is None:
+        return model, {}
+    names = model_inputs(ctx.spec).tables
+    cache_rows = {table: ctx.config.serving.row_cache_rows or hot_rows
+                  for table, hot_rows in layer.tiered_tables.items()}
+    model = with_cache_rows(model, cache_rows)
+    (staging / TABLES_DIR).mkdir(parents=True, exist_ok=True)
+    tables, files = {}, []
+    for table, rows in cache_rows.items():
+        name = f"{TABLES_DIR}/{store_name(names[table])}"
+        try:  # the checkpoint's store is never written again: one inode for both is safe
+            os.link(checkpoint / name, staging / name)
+        except OSError:
+            shutil.copyfile(checkpoint / name, staging / name)
+        tables[names[table]] = {"table": table, "file": name, "cache_rows": rows}
+        files.append(name)
+    return model, {"tables": tables, "files": files}
+
+
 def export(ctx: RunContext) -> dict:
     from components.feature_state import load_feature_state
     from components.manifest import commit_dir, read_manifest, staging_dir, write_manifest
     from components.model_store import open_model_store
     from trainer.export import export_serving_model, weight_specs
-    from trainer.model_inputs import model_inputs
-    from trainer.train import load_in_memory
+    from trainer.train import load_checkpoint
 
     state_dir = ctx.layout.feature_state_dir(ctx.interval)
     state = load_feature_state(state_dir)
@@ -579,13 +608,14 @@ def export(ctx: RunContext) -> dict:
     report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
     if not report["gate"]["passed"]:
         raise RuntimeError("refusing to export: the evaluation report says the gate failed")
-    # With tiered tables, their rows are read from the checkpoint's stores into a model that holds them: serving
-    # reads every table whole (reading a tiered table on demand at serving is not built: docs/tiers.md).
-    model = load_in_memory(checkpoint, model_inputs(ctx.spec).tables)
+    model = load_checkpoint(checkpoint)
     version = model_version(ctx)
     directory = ctx.layout.export_dir(ctx.interval)
     staging = staging_dir(directory)
-    files = export_serving_model(model, state, staging, ctx.spec)
+    # Tiered tables stay on disk: the model gets a row cache of serving.row_cache_rows rows per table, and the
+    # checkpoint's stores go beside it (docs/tiers.md).
+    model, tiered = served_tiered_model(ctx, model, checkpoint, staging)
+    files = [*export_serving_model(model, state, staging, ctx.spec), *tiered.get("files", ())]
     write_manifest(
         staging, kind="full_model", version=version, files=files, spec_hash=ctx.spec.hash(),
         inputs={"interval": ctx.interval.as_dict(), "feature_state": state.version,
@@ -597,7 +627,9 @@ def export(ctx: RunContext) -> dict:
                # Where minute runs find what they train on from this version (a delta chain starts here).
                "training_state": {"checkpoint": str(checkpoint), "feature_state": str(state_dir)},
                # The table report (components/table_report.py): `ctr-pipeline tables VERSION` prints it.
-               **_stored_table_report(ctx.layout.evaluation_dir(ctx.interval))},
+               **_stored_table_report(ctx.layout.evaluation_dir(ctx.interval)),
+               # Tables served from their stores (serving/row_cache.py): table -> index, file, cache rows.
+               **({"tiered_serving": tiered["tables"]} if tiered else {})},
     )
     commit_dir(staging, directory)
     store = open_model_store(ctx.config.paths.model_store_uri, ctx.config.paths.s3_endpoint_url)

@@ -50,6 +50,7 @@ import tensorflow as tf
 from components.delta import DeltaError
 from components.manifest import ManifestError, read_manifest
 from serving.native_rows import NativeRows
+from serving.row_cache import RowCacheTooSmall, TieredRows
 from serving.tensorflow_internals import preflattened_call
 
 SIGNATURE_NAME = "serving_default"
@@ -149,6 +150,8 @@ class LoadedModel:
     packed: PackedCall | None = field(default=None, repr=False)
     # Whether row-form bodies may be read by native code (`predict_native`).
     native: bool = field(default=True, repr=False)
+    # Tiered tables served from their stores through a row cache (serving/row_cache.py); None without.
+    tiered: TieredRows | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.guard is None:
@@ -189,13 +192,15 @@ class LoadedModel:
             if self.guard.version != self.version:
                 raise StaleModel(f"replica moved from version {self.version} to {self.guard.version}")
             getattr(self.root, APPLY_DELTA_ENDPOINT)(feed)
+            if self.tiered is not None:
+                self.tiered.apply_delta(arrays)
             version = str(manifest["version"])
             self.guard.version = version
         full_manifest = {**manifest, "weight_specs": self.manifest["weight_specs"],
                          "feature_spec": self.manifest.get("feature_spec")}
         return LoadedModel(version=version, manifest=full_manifest, directory=self.directory, function=self.function,
                            input_specs=self.input_specs, loaded_at=datetime.now(UTC), root=self.root,
-                           guard=self.guard, packed=self.packed, native=self.native)
+                           guard=self.guard, packed=self.packed, native=self.native, tiered=self.tiered)
 
     @property
     def precision(self) -> str:
@@ -243,6 +248,13 @@ class LoadedModel:
             )
         declared = manifest.get("feature_spec") or {}
         integer_ids = {name for name in specs if _declared(declared, name).get("dtype") == "int"}
+        packed = PackedCall.load(root, directory, precision, dict(specs), integer_ids)
+        tiered = None
+        if manifest.get("tiered_serving"):
+            if packed is None:
+                raise ModelLoadError(f"the model in {directory} serves tiered tables and has no packed endpoint; "
+                                     "export it again")
+            tiered = TieredRows(root, directory, manifest["tiered_serving"])
         return cls(
             version=version or str(manifest["version"]),
             manifest=manifest,
@@ -251,8 +263,9 @@ class LoadedModel:
             input_specs=dict(specs),
             loaded_at=datetime.now(UTC),
             root=root,
-            packed=PackedCall.load(root, directory, precision, dict(specs), integer_ids),
+            packed=packed,
             native=native_rows,
+            tiered=tiered,
         )
 
     @property
@@ -491,6 +504,14 @@ class LoadedModel:
 
     def run_packed(self, arguments: Sequence[tf.Tensor], num_instances: int) -> np.ndarray:
         assert self.guard is not None and self.packed is not None
+        if self.tiered is not None:  # the rows the batch reads loaded into the row cache first
+            guard, packed = self.guard, self.packed
+            try:
+                probability = self.tiered.run(arguments, lambda: guard.reading(self.version), guard.writing,
+                                              lambda: packed.call(*arguments).numpy())
+            except RowCacheTooSmall as err:  # the request's size: the client's to change (a 400)
+                raise InvalidInput(str(err)) from err
+            return self._checked(probability, num_instances)
         with self.guard.reading(self.version):
             probability = self.packed.call(*arguments).numpy()
         return self._checked(probability, num_instances)

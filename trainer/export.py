@@ -48,6 +48,10 @@ APPLY_DELTA_ENDPOINT = "apply_delta"
 # packed_layout's few tensors (a server's fast path) and returning the probabilities [batch].
 PACKED_ENDPOINTS = {"float32": "serve_packed", "bfloat16": "serve_packed_bfloat16"}
 PACKED_LAYOUT_FILE = "packed_inputs.json"
+# A model with tiered tables: the row ids a packed batch reads of each, and the writes of rows into the row cache
+# of table t (LOAD_SLOTS_ENDPOINT + "_" + t).
+TIERED_ROWS_ENDPOINT = "tiered_rows"
+LOAD_SLOTS_ENDPOINT = "load_slots"
 
 def raw_input_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
     """The serving signature's inputs, from the feature spec: raw values, one tensor per input.
@@ -238,19 +242,68 @@ def dense_rows_update(variable: tf.Variable, rows: tf.Tensor, values: tf.Tensor)
     return tf.tensor_scatter_nd_update(variable, tf.expand_dims(rows, 1), values)
 
 
+class RowSlots(tf.Module):
+    """The served row cache of a model's tiered tables (trainer/tiered_tables.py): per tiered table a hash table
+    row id -> slot of the model's HotTable, which the serving process fills (`load`) with the rows a request
+    needs before the request runs (serving/row_cache.py). `slots` rewrites the categorical input's tiered
+    columns from row ids to slots; a row not loaded reads slot 0."""
+
+    def __init__(self, layer: Any) -> None:
+        super().__init__(name="row_slots")
+        self.tables = list(layer.tiered_tables)
+        self.columns = [layer.tiered_columns(table) for table in self.tables]  # per table, in `tables` order
+        self.maps = [tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
+                     for _ in self.tables]
+        self.caches = [layer.hot_table(table).embeddings.value for table in self.tables]  # the tf.Variables
+        self.num_columns = layer.num_features
+
+    def slots(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        categorical = inputs[CATEGORICAL_INPUT]
+        column_table = {column: index for index, columns in enumerate(self.columns) for column in columns}
+        columns = [self.maps[column_table[c]].lookup(categorical[:, c]) if c in column_table else categorical[:, c]
+                   for c in range(self.num_columns)]
+        return {**inputs, CATEGORICAL_INPUT: tf.reshape(tf.stack(columns, axis=1), tf.shape(categorical))}
+
+    def rows(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Per tiered table (`table_<index>`), the row ids the batch reads, [batch, its columns]."""
+        categorical = inputs[CATEGORICAL_INPUT]
+        return {f"table_{table}": tf.gather(categorical, columns, axis=1)
+                for table, columns in zip(self.tables, self.columns, strict=True)}
+
+
+def tiered_slot_signature(layer: Any) -> dict[str, tf.TensorSpec]:
+    dim = layer.embedding_dim
+    return {"slots": tf.TensorSpec([None], tf.int64, name="slots"),
+            "rows": tf.TensorSpec([None], tf.int64, name="rows"),
+            "values": tf.TensorSpec([None, dim], tf.float32, name="values"),
+            "evicted": tf.TensorSpec([None], tf.int64, name="evicted")}
+
+
 def export_serving_model(model: keras.Model, state: FeatureState, directory: Path,
                          spec: FeatureSpec | None = None) -> list[str]:
     """Writes directory/saved_model (replacing an older one) and returns the paths of its files relative
-    to `directory`, for the manifest. `spec`: the feature spec the model was trained under (criteo if None)."""
+    to `directory`, for the manifest. `spec`: the feature spec the model was trained under (criteo if None).
+
+    A model with tiered tables (its CategoricalEmbedding holds HotTable slots) is exported with a RowSlots row
+    cache: its serving endpoints map the tiered columns' row ids to slots, `TIERED_ROWS_ENDPOINT` gives the row
+    ids a packed batch reads, and `LOAD_SLOTS_ENDPOINT` writes rows into slots. The tables themselves are not in
+    the SavedModel: the export step ships their stores beside it (serving/row_cache.py reads them)."""
+    from trainer.tiered_tables import tiered_layer
+
     directory = Path(directory)
     target = directory / SAVED_MODEL_DIR
     if target.exists():
         shutil.rmtree(target)
     spec = spec or load_spec("criteo")
     preprocessor = RawFeaturePreprocessor(state, spec)
+    layer = tiered_layer(model)
+    row_slots = RowSlots(layer) if layer is not None else None
+
+    def model_inputs_of(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return row_slots.slots(inputs) if row_slots is not None else inputs
 
     def serve(features: dict[str, tf.Tensor]) -> dict[str, Any]:
-        probability = model(preprocessor(features), training=False)
+        probability = model(model_inputs_of(preprocessor(features)), training=False)
         return {OUTPUT_NAME: tf.reshape(tf.cast(probability, tf.float32), [-1])}
 
     weights = list(model.weights)
@@ -272,7 +325,7 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
         def serve_packed(*arguments: tf.Tensor) -> tf.Tensor:
             # The policies are set while the graph is traced, whenever that is (saving traces again).
             with _computing_in(policies):
-                probability = model(preprocessor.packed(*arguments), training=False)
+                probability = model(model_inputs_of(preprocessor.packed(*arguments)), training=False)
             return tf.reshape(tf.cast(probability, tf.float32), [-1])
 
         return serve_packed
@@ -280,6 +333,27 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(preprocessor)
+    if row_slots is not None:
+        archive.track(row_slots)
+
+        def tiered_rows(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
+            return row_slots.rows(preprocessor.packed(*arguments))
+
+        def load_slots(index: int) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
+            def load(request: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+                # Evicted rows leave the map first: a slot they free may be one `rows` takes.
+                row_slots.maps[index].remove(request["evicted"])
+                row_slots.maps[index].insert(request["rows"], request["slots"])
+                # A gather reads the cache (trainer.layers.embedding_rows.take_rows), so a scatter costs no copies.
+                row_slots.caches[index].scatter_update(tf.IndexedSlices(request["values"], request["slots"]))
+                return {"loaded": tf.size(request["rows"])}
+
+            return load
+
+        archive.add_endpoint(TIERED_ROWS_ENDPOINT, tiered_rows, input_signature=packed_input_signature(spec))
+        for index, table in enumerate(row_slots.tables):
+            archive.add_endpoint(f"{LOAD_SLOTS_ENDPOINT}_{table}", load_slots(index),
+                                 input_signature=[tiered_slot_signature(layer)])
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])
     archive.add_endpoint(APPLY_DELTA_ENDPOINT, apply_delta, input_signature=[delta_input_signature(model)])
     for precision, endpoint in PACKED_ENDPOINTS.items():

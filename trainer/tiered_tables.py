@@ -538,23 +538,49 @@ def in_memory_model(model: keras.Model, checkpoint_dir: Path, table_names: Seque
     layer = tiered_layer(model)
     if layer is None:
         return model
-    config = model.get_config()
-    options = dict(config["embedding_options"])
-    options.pop("tiered_tables", None)
-    config["embedding_options"] = options
-    plain = type(model).from_config(config)
-    plain.build(model_input_shapes(model))
-    by_path = {v.path: v for v in model.weights}
+    plain = rebuilt(model, {})
     new_layer = plain.embedding
-    for variable in plain.weights:
-        if variable.path == new_layer.embeddings.path:
-            variable.assign(merged_table(layer, new_layer, checkpoint_dir, table_names))
+    plain_table = new_layer.embeddings.path if new_layer.num_rows else None
+    copy_weights(model, plain, {plain_table: merged_table(layer, new_layer, checkpoint_dir, table_names)})
+    return plain
+
+
+def with_cache_rows(model: keras.Model, cache_rows: Mapping[int, int]) -> keras.Model:
+    """`model` with its tiered tables' HotTables resized to `cache_rows` (table index -> slots; the serving row
+    cache), every other weight copied; the slots start empty (serving loads rows into them on demand)."""
+    layer = tiered_layer(model)
+    if layer is None or dict(layer.tiered_tables) == dict(cache_rows):
+        return model
+    resized = rebuilt(model, dict(cache_rows))
+    copy_weights(model, resized, {})
+    return resized
+
+
+def rebuilt(model: keras.Model, tiered_tables: Mapping[int, int]) -> keras.Model:
+    """A new, built model of `model`'s class and config with `tiered_tables` in place of its own."""
+    config = model.get_config()
+    config["embedding_options"] = {**config["embedding_options"], "tiered_tables": dict(tiered_tables)}
+    if not tiered_tables:
+        del config["embedding_options"]["tiered_tables"]
+    other = type(model).from_config(config)
+    other.build(model_input_shapes(model))
+    return other
+
+
+def copy_weights(source: keras.Model, target: keras.Model, given: Mapping[str | None, np.ndarray]) -> None:
+    """`target`'s weights from `source`'s of the same path (from `given` by path first); a tiered table's hot
+    slots, which the two may size differently, are left as they are."""
+    by_path = {v.path: v for v in source.weights}
+    for variable in target.weights:
+        if variable.path in given:
+            variable.assign(given[variable.path])
+        elif "/tiered_table_" in variable.path:
+            continue
         elif variable.path in by_path:
             variable.assign(np.asarray(by_path[variable.path]))
         else:
-            raise ValueError(f"The model with its tables in memory has a weight {variable.path!r} the tiered one "
-                             "lacks; the two layouts differ beyond the tiered tables")
-    return plain
+            raise ValueError(f"The rebuilt model has a weight {variable.path!r} the trained one lacks; the two "
+                             "layouts differ beyond the tiered tables")
 
 
 def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, checkpoint_dir: Path,

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DAY = Interval.parse("2026-01-01T00:00", "2026-01-01T00:10")
 TIERED = ("C1", "C2")
 HOT_ROWS = 300  # above a batch's 256 rows, below the tables' rows (416 and more)
+CACHE_ROWS = 64  # the served row cache: requests of 40 rows evict each other's rows
 
 
 def tiered_criteo(directory: Path) -> Path:
@@ -49,7 +50,7 @@ def tiered_criteo(directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, spark):
     root = tmp_path_factory.mktemp("tiered")
-    config = load_config(overrides={"paths.data_root": str(root), **OVERRIDES,
+    config = load_config(overrides={"paths.data_root": str(root), **OVERRIDES, "serving.row_cache_rows": CACHE_ROWS,
                                     "features.spec": str(tiered_criteo(root))}, environ={})
     generate(config.generate, Layout(config.paths.root))
     daily = run_steps(RunContext(config=config, interval=DAY, pipeline="daily", run_id="test-daily"),
@@ -112,11 +113,39 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         assert set(train["tiered_rows_touched"]) == set(TIERED) and min(train["tiered_rows_touched"].values()) > 0
         tables = layout.incremental_dir(Interval.minute(minute)) / "checkpoint" / "tables"
         assert sorted(p.name for p in tables.iterdir()) == ["C1.overlay.npz", "C2.overlay.npz"]  # rows, no table
-        assert not any("tiered_table" in spec["path"] for spec in manifest["weight_specs"])  # no hot slots served
+        caches = [spec["path"] for spec in manifest["weight_specs"] if "/tiered_table_" in spec["path"]]
+        assert len(caches) == 2 and all(manifest["rows_changed"][path] == 0 for path in caches)  # serving fills them
     # The first minute made the chain's live stores from the daily checkpoint's; the second trained them in place.
     assert [chain["outputs"][m]["train"]["tiered_live_reused"] for m in chain["outputs"]] == [False, True]
     columns = raw_columns(layout, "2026-01-01T00:15")
     watcher = ModelWatcher(store, "ctr", tmp_path / "cache", poll_seconds=60)
     assert watcher.poll_once() and watcher.version == "202601010012"
     expected = in_memory_predictions(layout, "2026-01-01T00:11", columns, spec_for(chain["config"]))
-    np.testing.assert_allclose(watcher.current().predict_columns(columns), expected, rtol=0, atol=1e-6)
+    served = watcher.current()
+    # Requests of 40 rows through row caches of 64: each loads what it reads, evicting what earlier ones read.
+    chunks = [served.predict_columns({name: values[start:start + 40] for name, values in columns.items()})
+              for start in range(0, len(expected), 40)]
+    np.testing.assert_allclose(np.concatenate(chunks), expected, rtol=0, atol=1e-6)
+    # The same requests from four threads at once: loads wait for the requests reading the cache, and a request
+    # whose rows another one evicted loads them again.
+    from concurrent.futures import ThreadPoolExecutor
+
+    starts = list(range(0, len(expected), 40)) * 3
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(
+            lambda start: (start, served.predict_columns({n: v[start:start + 40] for n, v in columns.items()})),
+            starts))
+    for start, answer in answers:
+        np.testing.assert_allclose(answer, expected[start:start + 40], rtol=0, atol=1e-6)
+    counters = served.tiered.counters()
+    assert set(counters) == set(TIERED)
+    for name in TIERED:
+        assert counters[name]["cache_rows"] == CACHE_ROWS and counters[name]["cached"] <= CACHE_ROWS
+        assert counters[name]["rows_loaded"] > CACHE_ROWS  # rows were evicted and loaded again
+        assert counters[name]["delta_rows"] > 0  # the two minutes' rows, kept beside the store
+    from serving.model import InvalidInput
+
+    with pytest.raises(InvalidInput, match=r"distinct rows of tiered table 'C\d', more than its row cache of 64"):
+        served.predict_columns(columns)  # 300 rows at once read more rows than the cache holds
+    full = store.manifest("ctr", "202601010010")
+    assert set(full["tiered_serving"]) == set(TIERED) and "tables/C1.rows" in full["files"]

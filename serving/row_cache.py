@@ -1,0 +1,172 @@
+"""Serving a model whose tiered tables stay on disk: a row cache in the SavedModel, filled on demand.
+
+A full model exported with tiered tables (storage: tiered; trainer.export RowSlots) holds, per such table, a
+cache of `cache_rows` slots and a map row id -> slot; its store (trainer/row_store.py) ships beside it, and the
+manifest's `tiered_serving` names both. Before a request runs, `TieredRows.run` asks the model for the row ids
+it reads of each tiered table (the `tiered_rows` endpoint, from the same packed arguments), loads the ones not
+cached from the store (least recently used slots out, never a slot the request reads) through the
+`load_slots_<table>` endpoint, then runs the request. Loading writes the cache, so it happens under the
+replica's write lock (no request reads the cache meanwhile), and a request runs under the read lock only once
+every row it reads is cached; if another request's loads evicted one in between, it loads again.
+
+Deltas: a minute's delta carries a tiered table's changed rows as `tiered_rows_<table>` / `tiered_values_<table>`
+(components.delta.served_weight_arrays). The store is the full version's file and is never written: the
+delta rows are kept in memory (the rows changed since the full version, read before the store) and written
+into the slots of the rows already cached.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from components.delta import tiered_rows_name, tiered_values_name
+from trainer.row_store import RowStore
+
+TIERED_ROWS_ENDPOINT = "tiered_rows"
+LOAD_SLOTS_ENDPOINT = "load_slots"
+# Loads a request may need when other requests' loads keep evicting its rows; then it fails.
+MAX_LOADS = 8
+
+
+class RowCacheTooSmall(ValueError):
+    """A request reads more distinct rows of a tiered table than its row cache holds."""
+
+
+@dataclass
+class ServedTable:
+    """One tiered table of a served model: its store, its delta rows, and which row sits in which slot."""
+
+    name: str
+    index: int  # the table's index in the model (its `table_<index>` output of the rows endpoint)
+    store: RowStore
+    cache_rows: int
+    load: Any  # the load_slots endpoint of this table
+    slots: OrderedDict[int, int] = field(default_factory=OrderedDict)  # row -> slot, least recently used first
+    free: list[int] = field(default_factory=list)
+    delta_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ascending
+    delta_values: np.ndarray | None = None
+    rows_loaded: int = 0
+    rows_hit: int = 0
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.cache_rows - 1, -1, -1))  # popped from the end: slot 0 first
+
+    def values(self, rows: np.ndarray) -> np.ndarray:
+        """The rows' values as of the version served: the delta rows where a delta changed them, else the
+        store's."""
+        values, _ = self.store.read(rows)
+        if self.delta_values is not None and len(self.delta_rows):
+            found = np.searchsorted(self.delta_rows, rows).clip(0, len(self.delta_rows) - 1)
+            hit = self.delta_rows[found] == rows
+            values[hit] = self.delta_values[found[hit]]
+        return values
+
+    def missing(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray([row for row in rows.tolist() if row not in self.slots], dtype=np.int64)
+
+    def fill(self, rows: np.ndarray) -> None:
+        """Loads the rows not cached (the caller holds the write lock)."""
+        if len(rows) > self.cache_rows:
+            raise RowCacheTooSmall(
+                f"a request reads {len(rows)} distinct rows of tiered table {self.name!r}, more than its row cache "
+                f"of {self.cache_rows}; send fewer instances, or serve with a larger serving.row_cache_rows")
+        missing = self.missing(rows)
+        if not len(missing):
+            return
+        needed = set(rows.tolist())
+        evicted: list[int] = []
+        while len(self.free) < len(missing):
+            victim = next(row for row in self.slots if row not in needed)
+            self.free.append(self.slots.pop(victim))
+            evicted.append(victim)
+        slots = np.asarray([self.free.pop() for _ in range(len(missing))], dtype=np.int64)
+        order = np.argsort(missing)
+        missing, slots = missing[order], slots[order]
+        self.load({"slots": tf.constant(slots), "rows": tf.constant(missing),
+                   "values": tf.constant(self.values(missing), tf.float32),
+                   "evicted": tf.constant(np.asarray(evicted, np.int64))})
+        self.slots.update(zip(missing.tolist(), slots.tolist(), strict=True))
+        self.rows_loaded += len(missing)
+
+    def touch(self, rows: np.ndarray) -> None:
+        for row in rows.tolist():
+            self.slots.move_to_end(row)
+
+    def apply_delta(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """A delta's rows of this table: kept as the newest values of those rows, and written into the slots of
+        the ones cached (the caller holds the write lock)."""
+        rows, values = np.asarray(rows, np.int64), np.asarray(values, np.float32)
+        if self.delta_values is None:
+            self.delta_rows, self.delta_values = np.zeros(0, np.int64), np.zeros((0, values.shape[1]), np.float32)
+        keep = ~np.isin(self.delta_rows, rows)
+        merged_rows = np.concatenate([self.delta_rows[keep], rows])
+        merged_values = np.concatenate([self.delta_values[keep], values])
+        order = np.argsort(merged_rows)
+        self.delta_rows, self.delta_values = merged_rows[order], merged_values[order]
+        cached = [(row, self.slots[row], i) for i, row in enumerate(rows.tolist()) if row in self.slots]
+        if cached:
+            self.load({"slots": tf.constant([slot for _, slot, _ in cached], tf.int64),
+                       "rows": tf.constant([row for row, _, _ in cached], tf.int64),
+                       "values": tf.constant(values[[i for _, _, i in cached]], tf.float32),
+                       "evicted": tf.constant(np.zeros(0, np.int64))})
+
+
+class TieredRows:
+    """The tiered tables of one loaded model (shared by the snapshots a delta makes of it)."""
+
+    def __init__(self, root: Any, directory: Path, tables: Mapping[str, Mapping[str, Any]]) -> None:
+        self.rows_endpoint = getattr(root, TIERED_ROWS_ENDPOINT).concrete_functions[0]
+        self.tables = [
+            ServedTable(name=name, index=int(entry["table"]), store=RowStore.open(Path(directory) / entry["file"],
+                                                                                    writable=False),
+                        cache_rows=int(entry["cache_rows"]),
+                        load=getattr(root, f"{LOAD_SLOTS_ENDPOINT}_{int(entry['table'])}"))
+            for name, entry in tables.items()]
+        self.lock = threading.Lock()  # the slot maps' bookkeeping (touches under the read lock)
+
+    def rows(self, arguments: Sequence[tf.Tensor]) -> list[np.ndarray]:
+        """Per table, the distinct row ids a packed batch reads."""
+        out = self.rows_endpoint(*arguments)
+        return [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
+
+    def run(self, arguments: Sequence[tf.Tensor], reading: Any, writing: Any, call: Any) -> Any:
+        """`call()` under `reading()` once every row the batch reads is cached, loading under `writing()`."""
+        needed = self.rows(arguments)
+        for attempt in range(MAX_LOADS):
+            context: AbstractContextManager[Any] = reading()
+            with context:
+                with self.lock:
+                    missing = [len(table.missing(rows)) for table, rows in zip(self.tables, needed, strict=True)]
+                    for table, rows, count in zip(self.tables, needed, missing, strict=True):
+                        if attempt == 0:  # rows found cached when the request came
+                            table.rows_hit += len(rows) - count
+                        if not any(missing):
+                            table.touch(rows)
+                if not any(missing):
+                    return call()
+            with writing(), self.lock:
+                for table, rows in zip(self.tables, needed, strict=True):
+                    table.fill(rows)
+        raise RuntimeError(f"the rows of a request were evicted by other requests {MAX_LOADS} times in a row; "
+                           "serve with a larger serving.row_cache_rows")
+
+    def apply_delta(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """A delta's tiered rows (the caller holds the write lock)."""
+        with self.lock:
+            for table in self.tables:
+                if tiered_rows_name(table.name) in arrays:
+                    table.apply_delta(arrays[tiered_rows_name(table.name)], arrays[tiered_values_name(table.name)])
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {table.name: {"cache_rows": table.cache_rows, "cached": len(table.slots), "rows_hit": table.rows_hit,
+                             "rows_loaded": table.rows_loaded, "delta_rows": int(len(table.delta_rows))}
+                for table in self.tables}
