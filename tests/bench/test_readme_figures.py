@@ -111,6 +111,15 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"TensorFlow step by {value('updates.json', 'ms_per_million_rows.tensorflow'):.1f} ms; at 16.8 M rows\n"
         + "-".join(f"{ratio:.2f}" for ratio in sorted(result('updates.json')['by_rows'][-1]['jax_over_tensorflow']))
         + "x the TensorFlow step's time (updates.json"),
+    "row_cache.json": lambda: (
+        "p99 " + span([value("row_cache.json", f"runs.{run}.memory.p99_ms") for run in (0, 1)], ".2f")
+        + " ms in\nmemory; with every row cached "
+        + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.warm"))
+        + "x that, with an empty cache "
+        + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.cold"))
+        + "x,\nwith a cache smaller than the rows read "
+        + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.evicting"))
+        + "x (row_cache.json)"),
     "freshness.json": lambda: (
         f"over {value('freshness.json', 'minutes')} minutes p50 {value('freshness.json', 'p50_s'):.1f} s,\n"
         f"p95 {value('freshness.json', 'p95_s'):.1f} s, max {value('freshness.json', 'max_s'):.1f} s, the cold first "
