@@ -14,7 +14,10 @@ has no limit: its table fits this machine's memory, so the two train the very sa
 The model: the big table (`--table-rows`, by default 4x the limit in records of `2 x 16` float32, values and
 Adagrad accumulator) read by one column, three tables of 1,000 values read by three more, and a 64-unit layer;
 labels from a planted logit (a fixed effect per id). Ids: rank r ~ r^-s, scattered over the table's rows by a
-multiplicative hash (popular ids do not sit together). Per run (under `zipf_<s>`): examples per second over the
+multiplicative hash (popular ids do not sit together; `--layout scattered`, the default), or, with `--layout
+ranked`, rank r at row r: the layout the feature state gives a table on the day its values are first admitted
+(components/feature_state.py ranks them by count, the most frequent on the lowest rows), where the popular rows
+share the store's pages. Per run (under `zipf_<s>`): examples per second over the
 training (without its first step), step time p50 / p99 (applying the plan included), the time applying plans,
 the hot tier's hit rate, the store's rows and bytes read and written, the process's read and written bytes and
 system calls (/proc/self/io), peak RSS, the cgroup's peak, held-out AUC, and a minute's delta (the next 60
@@ -70,10 +73,12 @@ def effect(rows: np.ndarray, salt: int) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53) * 2.0 - 1.0
 
 
-def generate(path: Path, num_rows: int, table_rows: int, exponent: float, seed: int) -> None:
+def generate(path: Path, num_rows: int, table_rows: int, exponent: float, seed: int, layout: str = "scattered"
+             ) -> None:
     rng = np.random.default_rng(seed)
     usable = table_rows - RESERVED
-    big = RESERVED + (zipf_ranks(rng, num_rows, usable, exponent) * HASH_MULTIPLIER) % usable
+    ranks = zipf_ranks(rng, num_rows, usable, exponent)
+    big = RESERVED + (ranks if layout == "ranked" else (ranks * HASH_MULTIPLIER) % usable)
     small = RESERVED + zipf_ranks(rng, num_rows * SMALL_TABLES, SMALL_VALUES, 1.0).reshape(num_rows, SMALL_TABLES)
     logit = -1.2 + 1.5 * effect(big, 1) + sum(0.5 * effect(small[:, i], 10 + i) for i in range(SMALL_TABLES))
     labels = (rng.random(num_rows) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
@@ -309,6 +314,8 @@ def main() -> None:
     parser.add_argument("--hot-rows", type=int, default=131_072)
     parser.add_argument("--train-rows", type=int, default=1_000_000)
     parser.add_argument("--eval-rows", type=int, default=100_000)
+    parser.add_argument("--layout", choices=("scattered", "ranked"), default="scattered",
+                        help="where the popular ids sit in the table (see above)")
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--child", choices=("tiered", "memory"), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -331,13 +338,14 @@ def main() -> None:
         "embedding_dim": DIM,
         "batch_size": BATCH,
         "hot_rows": args.hot_rows,
+        "layout": args.layout,
     }
     for exponent in args.zipf or [1.05, 0.8]:
         with tempfile.TemporaryDirectory(prefix="bench-tiers-") as scratch:
             work = Path(scratch)
             data = work / "data.npz"
             generate(data, args.train_rows + args.eval_rows + MINUTE_BATCHES * BATCH, args.table_rows, exponent,
-                     SEED)
+                     SEED, args.layout)
             cgroup = None if args.no_memory_limit else MemoryCgroup(limit)
             if cgroup is not None:
                 result["memory_limit"] = cgroup.kind
