@@ -208,6 +208,18 @@ class RawFeaturePreprocessor(tf.Module):
         rows = tf.reshape(self.table.lookup(keys), tf.shape(values))  # a mutable table's lookup has no static shape
         return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
 
+    def categorical_columns(self, given: dict[str, tf.Tensor], columns: list[int]) -> tf.Tensor:
+        """The rows of categorical columns `columns` only (`categorical`'s, without the other columns' lookups);
+        columns of features read from the request (not derived ones)."""
+        raw_names = next((a["inputs"] for a in self.layout if a["name"] == "categorical"), [])
+        values = tf.stack([given["categorical"][:, raw_names.index(self.spec.categorical[c].name)] for c in columns],
+                          axis=1)
+        prefixes = tf.constant([self.spec.table_of(self.spec.categorical[c].name) + KEY_SEPARATOR for c in columns],
+                               tf.string)
+        keys = tf.strings.join([tf.broadcast_to(prefixes, tf.shape(values)), values])
+        rows = tf.reshape(self.table.lookup(keys), tf.shape(values))
+        return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
+
     def id_list(self, values: tf.Tensor, table: str) -> tf.Tensor:
         """Same rows as components.feature_state.list_rows for a front-padded list ("" is padding)."""
         keys = tf.strings.join([table + KEY_SEPARATOR, values])
@@ -336,8 +348,15 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     if row_slots is not None:
         archive.track(row_slots)
 
+        derived = any(spec.categorical[column].derived_from for columns in row_slots.columns for column in columns)
+
         def tiered_rows(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
-            return row_slots.rows(preprocessor.packed(*arguments))
+            if derived:  # through the whole preprocessing
+                return row_slots.rows(preprocessor.packed(*arguments))
+            # Only the tiered columns' lookups: the request's other inputs are the answer's work.
+            given = {argument["name"]: tensor for argument, tensor in zip(preprocessor.layout, arguments, strict=True)}
+            return {f"table_{table}": preprocessor.categorical_columns(given, columns)
+                    for table, columns in zip(row_slots.tables, row_slots.columns, strict=True)}
 
         def load_slots(index: int) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
             def load(request: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
