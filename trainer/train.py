@@ -266,7 +266,11 @@ def train_model(
                     fitted = model.fit(stream, initial_epoch=epoch, epochs=epoch + 1,
                                        callbacks=[tier_callback, meter, saver, *callbacks], shuffle=False,
                                        verbose=0).history
-                    fitted.update({name: [value] for name, value in tiered.evaluate(model, eval_data).items()})
+                    held_out = tiered.evaluate(model, eval_data)
+                    fitted.update({name: [value] for name, value in held_out.items()})
+                    for callback in callbacks:  # the epoch's held-out metrics, logged where fit's would be
+                        if isinstance(callback, StepMetricsLogger):
+                            callback.log_fn(held_out, callback.step)
                 for name, values in fitted.items():
                     history.setdefault(name, []).extend(float(v) for v in values)
                 logs = {name: values[-1] for name, values in fitted.items()}

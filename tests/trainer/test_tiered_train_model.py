@@ -69,8 +69,14 @@ def test_a_tiered_table_trains_to_the_weights_of_the_same_table_in_memory(data, 
     warm = WarmStart(parent, {})
     memory = train_model(CONFIG, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "memory",
                          warm_start=warm, spec=criteo)
+    from trainer.train import StepMetricsLogger
+
+    logged: list[tuple[int, dict]] = []
     result = train_model(CONFIG, table_sizes(NUM_VALUES), data["train"], data["eval"], tmp_path / "tiered",
-                         warm_start=warm, spec=tiered)
+                         warm_start=warm, spec=tiered,
+                         callbacks=[StepMetricsLogger(lambda metrics, step: logged.append((step, metrics)), 1000)])
+    # Each epoch's held-out metrics reach the logger, as fit's validation would hand them over.
+    assert [metrics["val_auc"] for _, metrics in logged if "val_auc" in metrics] == result.history["val_auc"]
 
     # The table on disk, every other weight and the held-out metrics equal the in-memory run's, bit for bit.
     np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(memory.model, "C1", criteo))
