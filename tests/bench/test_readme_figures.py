@@ -133,6 +133,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{result('tiers.json')['zipf_1.05']['peak_rss_bytes'] / 2**20:.0f} MiB, speed "
         f"{result('tiers.json')['zipf_1.05']['speed_ratio']:.3f}x of in memory (tiers.json; "
         f"{result('tiers_run0.json')['zipf_1.05']['speed_ratio']:.3f}x in tiers_run0.json, before the speed work)"),
+    "tiers_run3.json, tiers_ranked.json": lambda: (
+        f"{result('tiers_run3.json')['zipf_1.05']['speed_ratio']:.3f}x (tiers_run3.json, peak RSS "
+        f"{result('tiers_run3.json')['zipf_1.05']['peak_rss_bytes'] / 2**20:.0f} MiB: over the limit's "
+        f"{result('tiers_run3.json')['memory_limit_bytes'] / 2**20:.0f}), and "
+        f"{result('tiers_ranked.json')['zipf_1.05']['speed_ratio']:.3f}x with the popular ids on the lowest rows"),
     "spark.json": lambda: (
         f"the join runs at {value('spark.json', 'join_over_sql'):.2f}x the throughput of a plain dedup-and-join of "
         f"the same streams (goal 0.5), the feature state at {value('spark.json', 'features_over_count'):.2f}x one "
