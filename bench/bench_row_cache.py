@@ -34,11 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_serving import candidates, feature_state, percentiles
+from bench.bench_serving import candidates, export_full, feature_state, percentiles
 from bench.provenance import provenance
 from components.config import TrainConfig
 from components.feature_spec import spec_from_dict
-from components.manifest import write_manifest
 
 BATCH = 100
 TIERED = 3  # the largest tables
@@ -54,20 +53,6 @@ def tiered_spec(state, base) -> Any:
     return spec_from_dict(data), largest
 
 
-def export(model, state, spec, directory: Path, version: str, tiered: dict | None) -> Path:
-    from trainer.export import export_serving_model, weight_specs
-
-    files = export_serving_model(model, state, directory, spec)
-    extra: dict[str, Any] = {"parent": None, "chain_root": version, "weight_specs": weight_specs(model),
-                             "feature_spec": {**spec.as_dict(), "hash": spec.hash()},
-                             "data_end": "2026-01-01T00:00:00+00:00"}
-    if tiered:
-        files += [entry["file"] for entry in tiered.values()]
-        extra["tiered_serving"] = tiered
-    write_manifest(directory, kind="full_model", version=version, files=files, spec_hash=spec.hash(), extra=extra)
-    return directory
-
-
 def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
     """The in-memory export, and two tiered exports of the same weights (cache of every row, and a small one)."""
     import keras
@@ -76,7 +61,8 @@ def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
     from trainer.model_inputs import model_inputs
     from trainer.models import build_model
     from trainer.row_store import RowStore
-    from trainer.tiered_tables import copy_weights, rebuilt, store_name
+    from trainer.tiered_tables import rebuilt, store_name
+    from trainer.warm_start import warm_start_weights
 
     keras.utils.set_random_seed(7)
     state = feature_state(rows, seed=3)
@@ -85,7 +71,7 @@ def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
     spec, largest = tiered_spec(state, base)
     names = list(model_inputs(spec).tables)
     layer = memory_model.embedding
-    out = {"memory": export(memory_model, state, base, work / "memory", "202601010000", None),
+    out = {"memory": export_full(memory_model, state, base, work / "memory", "202601010000"),
            "tiered_tables": {name: int(state.table_sizes()[name]) for name in largest}}
     values = np.asarray(layer.embeddings)
     for label, cache in (("tiered", None), ("evicting", small_cache)):
@@ -101,15 +87,10 @@ def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
             cache_rows[index] = cache or size
             tiered[name] = {"table": index, "file": f"tables/{store_name(name)}", "cache_rows": cache_rows[index]}
         model = rebuilt(memory_model, cache_rows)
-        # The in-memory part of the table: the rows of the tables that stay in memory, in the tiered layout.
-        tiered_layer = model.embedding
-        part = np.zeros(tuple(tiered_layer.embeddings.shape), np.float32)
-        for table in tiered_layer.tabled_features:
-            size = tiered_layer.table_sizes[table]
-            part[int(tiered_layer.offsets[table]):int(tiered_layer.offsets[table]) + size] = \
-                values[int(layer.offsets[table]):int(layer.offsets[table]) + size]
-        copy_weights(memory_model, model, {tiered_layer.embeddings.path: part})
-        out[label] = export(model, state, spec, directory, "202601010000", tiered)
+        # Every weight but the tiered tables' (in the stores above) and their caches (filled on demand).
+        warm_start_weights(model, memory_model, skip={model.embedding.hot_table(t).embeddings.path
+                                                      for t in cache_rows})
+        out[label] = export_full(model, state, spec, directory, "202601010000", tiered)
     return out
 
 

@@ -155,14 +155,19 @@ def candidates(num: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def export_full(model, state: FeatureState, spec, directory: Path, version: str) -> Path:
+def export_full(model, state: FeatureState, spec, directory: Path, version: str,
+                tiered: dict[str, Any] | None = None) -> Path:
+    """The model exported as the pipeline exports it. `tiered`: the manifest's `tiered_serving` of a model whose
+    tiered tables' stores are already in `directory` (bench_row_cache.py)."""
     from trainer.export import export_serving_model, weight_specs
 
     files = export_serving_model(model, state, directory, spec)
+    files += [entry["file"] for entry in (tiered or {}).values()]
     write_manifest(directory, kind="full_model", version=version, files=files, spec_hash=spec.hash(),
                    extra={"parent": None, "chain_root": version, "weight_specs": weight_specs(model),
                           "feature_spec": {**spec.as_dict(), "hash": spec.hash()},
-                          "data_end": "2026-01-01T00:00:00+00:00"})
+                          "data_end": "2026-01-01T00:00:00+00:00",
+                          **({"tiered_serving": tiered} if tiered else {})})
     return directory
 
 

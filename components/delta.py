@@ -71,11 +71,14 @@ def weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndarray]) -
                          "model; export a full model instead")
     arrays: dict[str, np.ndarray] = {}
     for index, (old, new) in enumerate(zip(parent, current, strict=True)):
-        old, new = np.asarray(old), np.asarray(new)
-        rows = changed_rows(old, new)
-        arrays[rows_name(index)] = rows
-        arrays[values_name(index)] = new.reshape(1)[rows] if new.ndim == 0 else new[rows]
+        arrays.update(changed_arrays(index, np.asarray(old), np.asarray(new)))
     return arrays
+
+
+def changed_arrays(index: int, old: np.ndarray, new: np.ndarray) -> dict[str, np.ndarray]:
+    """rows_<index> / values_<index>: the rows of weight `index` that changed from `old` to `new`, and their values."""
+    rows = changed_rows(old, new)
+    return {rows_name(index): rows, values_name(index): new.reshape(1)[rows] if new.ndim == 0 else new[rows]}
 
 
 def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndarray],
@@ -110,9 +113,7 @@ def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndar
     for index, spec in enumerate(served_specs):
         old, new = np.asarray(parent[by_path[spec["path"]]]), np.asarray(current[by_path[spec["path"]]])
         if tuple(str(spec["path"]).split("/")[-2:]) != EMBEDDING_PATH_TAIL:
-            rows = changed_rows(old, new)
-            arrays[rows_name(index)] = rows
-            arrays[values_name(index)] = new.reshape(1)[rows] if new.ndim == 0 else new[rows]
+            arrays.update(changed_arrays(index, old, new))
             continue
         changed = changed_rows(old, new)
         parts_rows, parts_values = [], []
@@ -146,10 +147,7 @@ def _tiered_served_arrays(parent: Sequence[np.ndarray], current: Sequence[np.nda
         if path not in by_path:
             raise DeltaError(f"the served model has a weight {path!r} the trained one lacks: not the same model; "
                              "export a full model instead")
-        old, new = np.asarray(parent[by_path[path]]), np.asarray(current[by_path[path]])
-        rows = changed_rows(old, new)
-        arrays[rows_name(index)] = rows
-        arrays[values_name(index)] = new.reshape(1)[rows] if new.ndim == 0 else new[rows]
+        arrays.update(changed_arrays(index, np.asarray(parent[by_path[path]]), np.asarray(current[by_path[path]])))
     for name, (rows, values) in tiered_rows.items():
         arrays[tiered_rows_name(name)] = np.asarray(rows, np.int64)
         arrays[tiered_values_name(name)] = np.asarray(values, np.float32)

@@ -12,11 +12,13 @@ has nothing to do for the click log). No step branches on the source's name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from pipelines.context import RunContext, Step
 
@@ -380,13 +382,15 @@ def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict,
         changed = changed_rows_by_table(embeddings, state.table_sizes(), parent_embeddings, parent_sizes,
                                         [*hashed, *tiered])
         parent = warm_start.checkpoint_dir.name
-    if tiered:
+    tables: Any = contextlib.nullcontext({})
+    if tiered:  # read from the checkpoint's stores, with what their hot tiers did
         from trainer.tiered_tables import checkpoint_tables
 
-        tiered = checkpoint_tables(ctx.layout.checkpoint_dir(ctx.interval), tiered, tier_counters)
-    report = table_report(ctx.spec, state, kind="daily", version=model_version(ctx), embeddings=embeddings,
-                          hashed=hashed, changed=changed, parent=parent, since_day=day_number(ctx.interval.start),
-                          samples=samples_manifest, tiered=tiered)
+        tables = checkpoint_tables(ctx.layout.checkpoint_dir(ctx.interval), tiered, tier_counters)
+    with tables as tables:
+        report = table_report(ctx.spec, state, kind="daily", version=model_version(ctx), embeddings=embeddings,
+                              hashed=hashed, changed=changed, parent=parent, since_day=day_number(ctx.interval.start),
+                              samples=samples_manifest, tiered=tables)
     log_table_report(ctx, report, ctx.layout.evaluation_dir(ctx.interval))
     return report
 
@@ -608,7 +612,7 @@ def export(ctx: RunContext) -> dict:
     report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
     if not report["gate"]["passed"]:
         raise RuntimeError("refusing to export: the evaluation report says the gate failed")
-    model = load_checkpoint(checkpoint)
+    model = load_checkpoint(checkpoint, verify=False)  # its checksums were verified just above
     version = model_version(ctx)
     directory = ctx.layout.export_dir(ctx.interval)
     staging = staging_dir(directory)

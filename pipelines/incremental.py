@@ -17,6 +17,7 @@ gate passed, so serving never sees an ungated delta and a failed run leaves it o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -523,17 +524,19 @@ def _table_report(ctx: RunContext, plan: Plan, state, specs, weights, parent_wei
     sizes = state.table_sizes()  # a minute's tables keep their parent's size
     changed = (changed_rows_by_table(embeddings, sizes, parent, sizes, [*hashed, *tiered])
                if embeddings is not None and parent is not None else None)
-    if tiered:  # read from the child's stores; rows touched: the rows the minute's batches read
+    tables: Any = contextlib.nullcontext({})
+    if tiered:  # read from the child's chain; rows touched: the rows the minute's batches read (its overlay)
         from trainer.tiered_tables import checkpoint_tables, read_overlays
 
-        evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
-        tiered = checkpoint_tables(_dir(ctx) / "checkpoint", tiered, evaluation.get("tiered_tables"))
         changed = {**(changed or {}), **{name: overlay["rows"]
                                          for name, overlay in read_overlays(_dir(ctx) / "checkpoint").items()}}
-    report = table_report(ctx.spec, state, kind="minute", version=plan.version, embeddings=embeddings, hashed=hashed,
-                          changed=changed, parent=plan.parent,
-                          samples=read_manifest(_dir(ctx) / "samples" / "train", kind="samples", verify=False),
-                          tiered=tiered)
+        evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
+        tables = checkpoint_tables(_dir(ctx) / "checkpoint", tiered, evaluation.get("tiered_tables"))
+    with tables as tables:
+        report = table_report(ctx.spec, state, kind="minute", version=plan.version, embeddings=embeddings,
+                              hashed=hashed, changed=changed, parent=plan.parent,
+                              samples=read_manifest(_dir(ctx) / "samples" / "train", kind="samples", verify=False),
+                              tiered=tables)
     log_table_report(ctx, report, _dir(ctx))
     return report
 

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.delta import tiered_rows_name, tiered_values_name
-from trainer.row_store import RowStore
+from trainer.row_store import RowOverlay, RowStore
 
 TIERED_ROWS_ENDPOINT = "tiered_rows"
 LOAD_SLOTS_ENDPOINT = "load_slots"
@@ -52,8 +52,7 @@ class ServedTable:
     load: Any  # the load_slots endpoint of this table
     slots: OrderedDict[int, int] = field(default_factory=OrderedDict)  # row -> slot, least recently used first
     free: list[int] = field(default_factory=list)
-    delta_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ascending
-    delta_values: np.ndarray | None = None
+    delta: RowOverlay = field(default_factory=RowOverlay)  # the rows deltas changed since the full version
     rows_loaded: int = 0
     rows_hit: int = 0
 
@@ -64,10 +63,7 @@ class ServedTable:
         """The rows' values as of the version served: the delta rows where a delta changed them, else the
         store's."""
         values, _ = self.store.read(rows)
-        if self.delta_values is not None and len(self.delta_rows):
-            found = np.searchsorted(self.delta_rows, rows).clip(0, len(self.delta_rows) - 1)
-            hit = self.delta_rows[found] == rows
-            values[hit] = self.delta_values[found[hit]]
+        self.delta.apply(rows, values=values)
         return values
 
     def missing(self, rows: np.ndarray) -> np.ndarray:
@@ -105,13 +101,7 @@ class ServedTable:
         """A delta's rows of this table: kept as the newest values of those rows, and written into the slots of
         the ones cached (the caller holds the write lock)."""
         rows, values = np.asarray(rows, np.int64), np.asarray(values, np.float32)
-        if self.delta_values is None:
-            self.delta_rows, self.delta_values = np.zeros(0, np.int64), np.zeros((0, values.shape[1]), np.float32)
-        keep = ~np.isin(self.delta_rows, rows)
-        merged_rows = np.concatenate([self.delta_rows[keep], rows])
-        merged_values = np.concatenate([self.delta_values[keep], values])
-        order = np.argsort(merged_rows)
-        self.delta_rows, self.delta_values = merged_rows[order], merged_values[order]
+        self.delta.update(rows, values=values)
         cached = [(row, self.slots[row], i) for i, row in enumerate(rows.tolist()) if row in self.slots]
         if cached:
             self.load({"slots": tf.constant([slot for _, slot, _ in cached], tf.int64),
@@ -168,5 +158,5 @@ class TieredRows:
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {table.name: {"cache_rows": table.cache_rows, "cached": len(table.slots), "rows_hit": table.rows_hit,
-                             "rows_loaded": table.rows_loaded, "delta_rows": int(len(table.delta_rows))}
+                             "rows_loaded": table.rows_loaded, "delta_rows": len(table.delta)}
                 for table in self.tables}

@@ -482,6 +482,40 @@ class BatchedIO:
 BATCHED_IO = BatchedIO()
 
 
+class RowOverlay:
+    """Newer values of some rows of a table than its store holds: the rows ascending, with an array per field
+    (`values`, and `accumulators` where kept). `update` merges newer rows in (a row given again takes the newer
+    values); `apply` writes them over what was read from the store. A minute's overlays read over the daily
+    store (trainer/tiered_tables.py ChainRows), and a served model's delta rows (serving/row_cache.py)."""
+
+    def __init__(self) -> None:
+        self.rows = np.zeros(0, np.int64)
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def update(self, rows: np.ndarray, **arrays: np.ndarray) -> None:
+        rows = np.asarray(rows, np.int64)
+        if not self.arrays:
+            self.arrays = {name: np.asarray(value, np.float32)[:0] for name, value in arrays.items()}
+        keep = ~np.isin(self.rows, rows)
+        merged_rows = np.concatenate([self.rows[keep], rows])
+        order = np.argsort(merged_rows, kind="stable")
+        self.rows = merged_rows[order]
+        self.arrays = {name: np.concatenate([self.arrays[name][keep], np.asarray(arrays[name], np.float32)])[order]
+                       for name in self.arrays}
+
+    def apply(self, rows: np.ndarray, **arrays: np.ndarray) -> None:
+        """Writes the overlay's rows among `rows` into `arrays` (each [len(rows), ...], read from the store)."""
+        if not len(self.rows) or not len(rows):
+            return
+        found = np.searchsorted(self.rows, rows).clip(0, len(self.rows) - 1)
+        hit = self.rows[found] == rows
+        for name, target in arrays.items():
+            target[hit] = self.arrays[name][found[hit]]
+
+
 def uniform_initializer(embedding_dim: int, seed: int, minval: float = -0.05,
                         maxval: float = 0.05) -> RowInitializer:
     """Rows uniform in [minval, maxval) (Keras' "uniform" default range), each a function of (seed, row id)

@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from trainer.hot_tier import HotTier
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
-from trainer.row_store import CREATE_CHUNK_ROWS, INITIALIZER_BLOCK_ROWS, RowStore, uniform_initializer
+from trainer.row_store import CREATE_CHUNK_ROWS, INITIALIZER_BLOCK_ROWS, RowOverlay, RowStore, uniform_initializer
 from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of
 
 TABLES_DIR = "tables"
@@ -292,10 +293,10 @@ class TieredTables:
         target = Path(checkpoint_dir) / TABLES_DIR
         target.mkdir(parents=True, exist_ok=True)
         files = []
-        for name, rows in self.touched().items():
-            table = next(t for t, n in self.names.items() if n == name)
-            values, accumulators = self.stores[table].read(rows)
-            files.append(write_overlay(target / overlay_name(name), rows, values, accumulators))
+        touched = self.touched()
+        for table, name in self.names.items():
+            values, accumulators = self.stores[table].read(touched[name])
+            files.append(write_overlay(target / overlay_name(name), touched[name], values, accumulators))
         return [f"{TABLES_DIR}/{file}" for file in files]
 
     def commit(self, checkpoint_dir: Path) -> list[str]:
@@ -450,25 +451,15 @@ class ChainRows:
         base, overlays = table_chain(checkpoint_dir, name)
         self.store = RowStore.open(base, writable=False)
         self.num_rows, self.embedding_dim = self.store.num_rows, self.store.embedding_dim
-        merged: dict[str, np.ndarray] = {}
-        for overlay in overlays:  # later overlays win
+        self.overlay = RowOverlay()
+        for overlay in overlays:  # oldest first: later overlays win
             with np.load(overlay, allow_pickle=False) as data:
-                if not merged:
-                    merged = {key: data[key] for key in ("rows", "values", "accumulators")}
-                    continue
-                keep = ~np.isin(merged["rows"], data["rows"])
-                merged = {key: np.concatenate([merged[key][keep], data[key]]) for key in merged}
-        order = np.argsort(merged["rows"]) if merged else np.zeros(0, np.int64)
-        self.overlay = {key: value[order] for key, value in merged.items()} if merged else None
+                self.overlay.update(data["rows"], values=data["values"], accumulators=data["accumulators"])
 
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(rows, dtype=np.int64)
         values, accumulators = self.store.read(rows)
-        if self.overlay is not None and len(rows):
-            found = np.searchsorted(self.overlay["rows"], rows).clip(0, len(self.overlay["rows"]) - 1)
-            hit = self.overlay["rows"][found] == rows
-            values[hit] = self.overlay["values"][found[hit]]
-            accumulators[hit] = self.overlay["accumulators"][found[hit]]
+        self.overlay.apply(rows, values=values, accumulators=accumulators)
         return values, accumulators
 
     def close(self) -> None:
@@ -499,29 +490,20 @@ class ArrayRows:
         return None
 
 
-def table_reader(checkpoint_dir: Path, name: str) -> Callable[[np.ndarray], np.ndarray]:
-    """A function of row ids -> their values in tiered table `name` as of `checkpoint_dir` (ChainRows, opened for
-    each call)."""
-
-    def read(rows: np.ndarray) -> np.ndarray:
-        with ChainRows(checkpoint_dir, name) as table:
-            return table.read(np.asarray(rows, dtype=np.int64))[0]
-
-    return read
-
-
+@contextmanager
 def checkpoint_tables(checkpoint_dir: Path, tiered: Mapping[str, int],
-                      counters: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, dict[str, Any]]:
+                      counters: Mapping[str, Mapping[str, int]] | None = None) -> Iterator[dict[str, dict[str, Any]]]:
     """What the table report (components/table_report.py) takes of a checkpoint's tiered tables (name -> hot
-    rows): a reader of each store's rows, its hot rows, its bytes of values, and the training's counters."""
-    out = {}
-    for name, hot_rows in tiered.items():
-        base, _ = table_chain(checkpoint_dir, name)
-        with RowStore.open(base, writable=False) as store:
-            values_bytes = store.num_rows * store.embedding_dim * 4
-        out[name] = {"rows": table_reader(checkpoint_dir, name), "hot_rows": hot_rows, "bytes": values_bytes,
-                     "counters": dict((counters or {}).get(name, {}))}
-    return out
+    rows), while the block runs: a reader of each table's rows (its chain, opened once), its hot rows, its bytes
+    of values, and the training's counters."""
+    tables = {name: ChainRows(checkpoint_dir, name) for name in tiered}
+    try:
+        yield {name: {"rows": lambda rows, table=table: table.read(rows)[0], "hot_rows": tiered[name],
+                      "bytes": table.num_rows * table.embedding_dim * 4,
+                      "counters": dict((counters or {}).get(name, {}))} for name, table in tables.items()}
+    finally:
+        for table in tables.values():
+            table.close()
 
 
 def numpy_batches(dataset: Any) -> Iterable[tuple[Any, Any]]:

@@ -117,16 +117,22 @@ def test_two_processes_killed_after_a_progress_save_resume_to_the_unbroken_weigh
                                    err_msg=unbroken.path)
 
 
-@pytest.mark.integration
-def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
-    """train.devices=1 cannot hold a mesh over two processes: both refuse, the step names the first to exit."""
+def four_hundred_rows(tmp_path: Path) -> tuple:
+    """(the feature state, one block file of 400 rows within its tables): a step that fails before it trains."""
     from components.schema import CATEGORICAL_FEATURES
-    from trainer.jax_train import train_in_jax_process
 
     state = feature_state()
     sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
-    files = write_block_files(rows_within(random_rows(400, 1, seed=1), sizes), tmp_path / "rows", num_files=1,
-                              block_rows=200)
+    return state, write_block_files(rows_within(random_rows(400, 1, seed=1), sizes), tmp_path / "rows",
+                                    num_files=1, block_rows=200)
+
+
+@pytest.mark.integration
+def test_a_process_that_fails_stops_the_others_and_says_why(tmp_path):
+    """train.devices=1 cannot hold a mesh over two processes: both refuse, the step names the first to exit."""
+    from trainer.jax_train import train_in_jax_process
+
+    state, files = four_hundred_rows(tmp_path)
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("XLA_FLAGS", raising=False)
         with pytest.raises(RuntimeError, match=r"(?s)process \d of 2 of the JAX train step.*train.processes=2 trains "
@@ -240,13 +246,9 @@ def test_a_step_waits_for_the_processes_a_cluster_scheduler_starts(one_and_two, 
 
 @pytest.mark.integration
 def test_a_scheduled_process_that_fails_fails_the_waiting_step_with_its_report(tmp_path):
-    from components.schema import CATEGORICAL_FEATURES
     from trainer.jax_train import train_in_jax_process
 
-    state = feature_state()
-    sizes = [state.table_sizes()[name] for name in CATEGORICAL_FEATURES]
-    files = write_block_files(rows_within(random_rows(400, 1, seed=1), sizes), tmp_path / "rows", num_files=1,
-                              block_rows=200)
+    state, files = four_hundred_rows(tmp_path)
     config = dataclasses.replace(CONFIG, processes=2, devices=1, epochs=1, launcher="scheduler",
                                  scheduler_timeout_s=240)
     with ThreadPoolExecutor(1) as pool:
