@@ -28,7 +28,9 @@ Phases, in one run:
   scheduled send time (bench/loadgen.py): the highest rate that it and every lower rate held at p99 <= 10 ms
   with every request answered (`max_rate_per_s_at_p99_10ms`);
 - under load: 3,000 requests of 100 candidates at half that rate (`loaded_p99_ms_100`, the goal's figure:
-  p99 <= 5 ms; skipped requests count as failed);
+  p99 <= 5 ms; skipped requests count as failed), each body encoded before it is due and sent by http.client;
+  then the same 3,000 with the load generator's earlier client (httpx, each body encoded once due:
+  `loaded_*_previous_client`), which added its own time to every request's latency;
 - swaps: an open loop at the same rate while three full models, each followed by a delta on it, are
   published, each 6 s after the one before answered; a swap's window runs from its publish to 3 s after the
   new version's first answer; the p99 of the requests due in the windows (pooled by kind) over the p99 of
@@ -463,11 +465,12 @@ def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float
             "failed_requests": failed}
 
 
-def loaded(url: str, instances: list[dict], rate: float, requests: int) -> dict[str, Any]:
+def loaded(url: str, instances: list[dict], rate: float, requests: int, client: str = "http.client",
+           build_ahead: bool = True) -> dict[str, Any]:
     """`requests` requests of 100 candidates at a fixed `rate`, latency from each one's scheduled send time;
-    skipped and failed requests counted together as unanswered."""
+    skipped and failed requests counted together as unanswered. `client` and `build_ahead`: bench.loadgen's."""
     result = run_load(url, hundreds(instances), rate_per_s=rate, duration_s=requests / rate + 1.0,
-                      max_requests=requests, concurrency=16, timeout_s=10.0)
+                      max_requests=requests, concurrency=16, timeout_s=10.0, client=client, build_ahead=build_ahead)
     return {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
             "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
             "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
@@ -749,6 +752,12 @@ def main() -> int:
             under_load = loaded(url, instances, load_rate, args.loaded_requests)
             print(f"  p50 {under_load['p50_ms']:.2f} ms, p99 {under_load['p99_ms']:.2f} ms (from the send: "
                   f"{under_load['service_p99_ms']:.2f} ms), unanswered {under_load['unanswered']}", flush=True)
+            print("the same with the earlier client (httpx, bodies encoded once due) ...", flush=True)
+            under_load_before = loaded(url, instances, load_rate, args.loaded_requests, client="httpx",
+                                       build_ahead=False)
+            print(f"  p50 {under_load_before['p50_ms']:.2f} ms, p99 {under_load_before['p99_ms']:.2f} ms (from the "
+                  f"send: {under_load_before['service_p99_ms']:.2f} ms), unanswered "
+                  f"{under_load_before['unanswered']}", flush=True)
             swap_rate = load_rate
             print(f"swaps under {swap_rate:.1f} req/s ...", flush=True)
             server_log = work / "server.log"
@@ -824,6 +833,13 @@ def main() -> int:
         "loaded_p99_ms_100": under_load["p99_ms"],
         "loaded_rate_per_s": under_load["rate_per_s"],
         "loaded_requests": under_load["requests"],
+        "loaded_service_p99_ms_100": under_load["service_p99_ms"],
+        "loaded_client": "http.client, one keep-alive connection per sending thread; bodies encoded before due",
+        "loaded_p50_ms_100_previous_client": under_load_before["p50_ms"],
+        "loaded_p99_ms_100_previous_client": under_load_before["p99_ms"],
+        "loaded_service_p99_ms_100_previous_client": under_load_before["service_p99_ms"],
+        "loaded_unanswered_previous_client": under_load_before["unanswered"],
+        "loaded_previous_client": "httpx, one pooled client; each body encoded once its request was due",
         "max_rate_per_s_at_p99_10ms": opened["max_rate_per_s_at_p99_10ms"],
         # The runs before's definition (the best rate held, latency from the actual send), kept beside.
         "max_candidates_per_s_at_p99_10ms": opened["max_candidates_per_s_at_p99_10ms"],
@@ -839,6 +855,7 @@ def main() -> int:
         + paired["failed_requests"]
         + opened["failed_requests"]
         + under_load["unanswered"]
+        + under_load_before["unanswered"]
         + swapped["unanswered"]
         + after_deltas["failed_requests"],
         "goals": {"loaded_p99_ms_100_at_most_5": bool(under_load["p99_ms"] is not None

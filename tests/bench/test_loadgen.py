@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bench.loadgen import run_load
+from bench.loadgen import CLIENTS, run_load
 
 pytestmark = pytest.mark.integration
 
@@ -118,44 +118,109 @@ def test_requests_beyond_the_concurrency_limit_are_skipped_not_queued(model_serv
     assert result.latency_p50_ms >= 1000
 
 
-def test_latency_counts_from_the_scheduled_send_time(model_server):
-    # Building request 0's body takes 60 ms on the sending thread, so requests 1-5 (due at 10-50 ms) all leave
-    # late: each one's latency includes the wait since it was due; the time from the actual send does not.
-    def slow_first(i: int) -> list[dict]:
-        if i == 0:
+@pytest.mark.parametrize("build_ahead", [True, False])
+def test_latency_counts_from_the_scheduled_send_time(model_server, build_ahead):
+    # Building request 1's body takes 60 ms on the sending thread. Built ahead, that is right after request 0 left
+    # (at 0 ms), so request 1 (due at 10 ms) leaves at about 60 ms and request 2 (due at 20 ms) right after it;
+    # built once due, request 1 leaves at about 70 ms and request 2 after it. Each one's latency includes the wait
+    # since it was due; the time from the actual send does not.
+    def slow_second(i: int) -> list[dict]:
+        if i == 1:
             time.sleep(0.06)
         return _instances(i)
 
-    result = run_load(model_server.url, slow_first, rate_per_s=100, duration_s=10, concurrency=8, max_requests=4)
+    result = run_load(model_server.url, slow_second, rate_per_s=100, duration_s=10, concurrency=8, max_requests=4,
+                      build_ahead=build_ahead)
     records = {r.scheduled_at_s: r for r in result.records}
-    first, second = (records[t] for t in sorted(records)[:2])
+    zeroth, first, second = (records[t] for t in sorted(records)[:3])
     assert second.scheduled_at_s - first.scheduled_at_s == pytest.approx(0.01, abs=1e-6)
-    assert first.sent_at_s - first.scheduled_at_s >= 0.06
-    assert second.sent_at_s - second.scheduled_at_s >= 0.05
+    late = 0.06 if build_ahead else 0.07
+    assert first.sent_at_s - zeroth.scheduled_at_s >= late
+    assert first.sent_at_s - first.scheduled_at_s >= late - 0.01
+    assert second.sent_at_s - second.scheduled_at_s >= late - 0.02
+    assert zeroth.sent_at_s - zeroth.scheduled_at_s < 0.03  # its body was built before it was due, or quickly
     for record in (first, second):
         assert record.latency_s == pytest.approx(record.service_s + (record.sent_at_s - record.scheduled_at_s),
                                                  abs=2e-3)
-        assert record.latency_s >= record.service_s + 0.049
+        assert record.latency_s >= record.service_s + late - 0.021
     assert result.service_percentile_ms(50) < result.latency_p50_ms
 
 
-def test_a_timeout_is_a_failed_request_without_a_version(model_server):
+def test_a_body_is_built_before_its_request_is_due(model_server):
+    # Every body takes 30 ms to build and requests are due every 50 ms: built ahead, each is ready when due
+    # (the build overlaps the wait); built once due, each leaves 30 ms late.
+    def slow(i: int) -> list[dict]:
+        time.sleep(0.03)
+        return _instances(i)
+
+    ahead = run_load(model_server.url, slow, rate_per_s=20, duration_s=10, max_requests=6)
+    due = run_load(model_server.url, slow, rate_per_s=20, duration_s=10, max_requests=6, build_ahead=False)
+    ahead_delays = [r.sent_at_s - r.scheduled_at_s for r in ahead.records]
+    due_delays = [r.sent_at_s - r.scheduled_at_s for r in due.records]
+    assert max(ahead_delays) < 0.02 and min(due_delays) >= 0.03
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_connection_the_server_closed_while_idle_is_not_a_failed_request(client):
+    # A server that ends every keep-alive connection 0.1 s after its answer (uvicorn does after 5 s idle):
+    # requests 0.3 s apart each find their thread's connection closed, and must open another.
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 0.1  # the idle connection's socket times out and the handler closes it
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass  # the idle connection's timeout, expected
+
+    with Server(("127.0.0.1", 0), Handler) as server:
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            result = run_load(f"http://127.0.0.1:{server.server_address[1]}/", _instances, rate_per_s=1 / 0.3,
+                              duration_s=10, concurrency=1, max_requests=4, client=client)
+        finally:
+            server.shutdown()
+    assert (result.num_requests, result.failed_requests) == (4, 0), result.records
+
+
+def test_an_unknown_client_is_refused():
+    with pytest.raises(ValueError, match="client must be one of http.client, httpx, got 'curl'"):
+        run_load("http://127.0.0.1:9/", _instances, rate_per_s=10.0, duration_s=1.0, client="curl")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_timeout_is_a_failed_request_without_a_version(model_server, client):
     model_server.delay_s = 1.0
-    result = run_load(model_server.url, _instances, rate_per_s=10, duration_s=5, timeout_s=0.2, max_requests=1)
+    result = run_load(model_server.url, _instances, rate_per_s=10, duration_s=5, timeout_s=0.2, max_requests=1,
+                      client=client)
     assert (result.num_requests, result.failed_requests) == (1, 1)
     assert result.versions == [] and result.latency_p50_ms is None
     (record,) = result.records
     assert (record.status, record.version) == (None, None)
-    assert "Timeout" in record.error
+    assert ("ReadTimeout" if client == "httpx" else "TimeoutError") in record.error
     assert result.status_counts == {"error": 1}
 
 
-def test_a_refused_connection_is_a_failed_request():
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_refused_connection_is_a_failed_request(client):
     with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as closed:
         port = closed.server_address[1]
-    result = run_load(f"http://127.0.0.1:{port}/", _instances, rate_per_s=100, duration_s=1, max_requests=3)
+    result = run_load(f"http://127.0.0.1:{port}/", _instances, rate_per_s=100, duration_s=1, max_requests=3,
+                      client=client)
     assert (result.num_requests, result.failed_requests) == (3, 3)
-    assert all("ConnectError" in r.error for r in result.records)
+    refused = "ConnectError" if client == "httpx" else "ConnectionRefusedError"
+    assert all(refused in r.error for r in result.records)
 
 
 def test_stop_event_ends_the_run_early(model_server):
