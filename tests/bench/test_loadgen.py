@@ -194,6 +194,18 @@ def test_a_connection_the_server_closed_while_idle_is_not_a_failed_request(clien
     assert (result.num_requests, result.failed_requests) == (4, 0), result.records
 
 
+def test_bodies_made_by_the_caller_are_sent_as_given(model_server):
+    bodies = [json.dumps({"instances": _instances(i)}).encode() for i in range(5)]
+    result = run_load(model_server.url, make_body=lambda i: bodies[i], rate_per_s=100, duration_s=10,
+                      max_requests=5)
+    assert result.num_requests == 5
+    assert sorted(body["instances"][0]["I1"] for body in model_server.bodies) == list(range(5))
+    with pytest.raises(ValueError, match="give one of make_instances"):
+        run_load(model_server.url, _instances, make_body=lambda i: bodies[i], rate_per_s=10.0, duration_s=1.0)
+    with pytest.raises(ValueError, match="give one of make_instances"):
+        run_load(model_server.url, rate_per_s=10.0, duration_s=1.0)
+
+
 def test_an_unknown_client_is_refused():
     with pytest.raises(ValueError, match="client must be one of http.client, httpx, got 'curl'"):
         run_load("http://127.0.0.1:9/", _instances, rate_per_s=10.0, duration_s=1.0, client="curl")
