@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         sample = layout.raw_minute_dir(history[-1]) / "part-00000.tsv"
         instances = instances_from(sample, args.instances)
         load_started = time.time()
-        load = run_load(f"http://127.0.0.1:{serving_port}/v1/models/ctr:predict", lambda i: instances,
+        body = json.dumps({"instances": instances}).encode()
+        load = run_load(f"http://127.0.0.1:{serving_port}/v1/models/ctr:predict", make_body=lambda i: body,
                         rate_per_s=args.rate, duration_s=args.minutes * 60, concurrency=8)
         load_ended = time.time()
         (logs / "load.json").write_text(json.dumps(load.to_json(include_records=True)))

@@ -241,8 +241,9 @@ def run_live_cases(work: Path, *, rows_per_minute: int = 20_000, rate: float = 1
         load_seconds = 60 * (14 + soak_minutes)
         load_box: dict[str, Any] = {}
         load_started = time.time()
+        body = json.dumps({"instances": instances}).encode()
         loader = threading.Thread(target=lambda: load_box.update(result=run_load(
-            f"{url}/v1/models/ctr:predict", lambda i: instances, rate_per_s=rate, duration_s=load_seconds,
+            f"{url}/v1/models/ctr:predict", make_body=lambda i: body, rate_per_s=rate, duration_s=load_seconds,
             concurrency=8)), daemon=True)
         loader.start()
 
