@@ -17,8 +17,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 def provenance(command: str) -> dict[str, Any]:
     """The command given, the commit of the repository holding bench/ (None without git or a repository),
-    whether tracked files other than bench/results' differ from it, the machine (platform.machine()) and the host's CPU, cores, memory
-    and Python."""
+    whether tracked files other than bench/results' differ from it, the machine (platform.machine()) and the
+    host's CPU, cores, memory and Python."""
     commit = _git("rev-parse", "HEAD")
     # Result files are the benchmarks' output, not their code: one written earlier in the same run (a plot
     # before its JSON) or by the run before leaves the code as committed.

@@ -101,7 +101,8 @@ class TieredTables:
                 self.stores[table] = RowStore.create(self.path(table), num_rows, dim, fresh,
                                                      initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
                 continue
-            with (ChainRows(parent_checkpoint, self.names[table]) if parent_checkpoint is not None
+            with (ChainRows(parent_checkpoint, self.names[table], scratch=self.directory)
+                  if parent_checkpoint is not None
                   else ArrayRows(np.asarray(parent_rows[table]))) as parent:  # type: ignore[index]
                 if parent.embedding_dim != dim:
                     raise ValueError(f"The parent's tiered table {self.names[table]!r} has dimension "
@@ -363,6 +364,8 @@ OVERLAY_SUFFIX = ".overlay.npz"
 LIVE_STATE = "state.json"
 # Checkpoints a chain of minute overlays may cross before its base store: a bound against a cycle.
 MAX_CHAIN = 100_000
+# Overlays (bytes of their files) a ChainRows merges in memory; a longer chain is written out as a store.
+CHAIN_MEMORY_BYTES = 64 * 2**20
 
 
 def overlay_name(table: str) -> str:
@@ -436,25 +439,36 @@ def materialize(checkpoint_dir: Path, name: str, destination: Path) -> None:
         store.snapshot(destination)
     with RowStore.open(destination) as store:
         for overlay in overlays:
-            with np.load(overlay, allow_pickle=False) as data:
-                if len(data["rows"]):
-                    store.write(data["rows"], data["values"], data["accumulators"])
+            rows, fields = read_overlay(overlay)
+            if len(rows):
+                store.write(rows, fields["values"], fields["accumulators"])
         store.flush()
 
 
 class ChainRows:
     """A checkpoint's tiered table read like a RowStore (`read`, `num_rows`, `embedding_dim`): its base store, with
-    the overlays after it applied to what is read. The overlays are held in memory (a minute's changed rows
-    each); the base is read on demand."""
+    the overlays after it applied to what is read.
 
-    def __init__(self, checkpoint_dir: Path, name: str) -> None:
+    Overlays of up to `max_overlay_bytes` in all (their files' sizes) are merged in memory (RowOverlay.merged)
+    and the base is read on demand. A longer chain (a day of minutes' overlays can hold millions of rows) is
+    written out as a store in `scratch` instead (`materialize`: the base copied, then one overlay at a time
+    written over it), read from there and removed at `close`: memory bounded by one overlay, at the cost of a
+    copy of the table on the same disk. Without `scratch` the overlays are always merged in memory."""
+
+    def __init__(self, checkpoint_dir: Path, name: str, scratch: Path | None = None,
+                 max_overlay_bytes: int = CHAIN_MEMORY_BYTES) -> None:
         base, overlays = table_chain(checkpoint_dir, name)
-        self.store = RowStore.open(base, writable=False)
-        self.num_rows, self.embedding_dim = self.store.num_rows, self.store.embedding_dim
         self.overlay = RowOverlay()
-        for overlay in overlays:  # oldest first: later overlays win
-            with np.load(overlay, allow_pickle=False) as data:
-                self.overlay.update(data["rows"], values=data["values"], accumulators=data["accumulators"])
+        self.scratch_store: Path | None = None
+        if scratch is not None and sum(path.stat().st_size for path in overlays) > max_overlay_bytes:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+            self.scratch_store = Path(scratch) / f".chain-{name}{STORE_SUFFIX}"
+            materialize(checkpoint_dir, name, self.scratch_store)
+            self.store = RowStore.open(self.scratch_store, writable=False)
+        else:
+            self.store = RowStore.open(base, writable=False)
+            self.overlay = RowOverlay.merged(read_overlay(path) for path in overlays)
+        self.num_rows, self.embedding_dim = self.store.num_rows, self.store.embedding_dim
 
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = np.asarray(rows, dtype=np.int64)
@@ -464,12 +478,21 @@ class ChainRows:
 
     def close(self) -> None:
         self.store.close()
+        if self.scratch_store is not None:
+            self.scratch_store.unlink(missing_ok=True)
+            self.scratch_store = None
 
     def __enter__(self) -> ChainRows:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_overlay(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One overlay file: (rows, {"values", "accumulators"})."""
+    with np.load(path, allow_pickle=False) as data:
+        return data["rows"], {"values": data["values"], "accumulators": data["accumulators"]}
 
 
 class ArrayRows:
@@ -574,10 +597,16 @@ def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, chec
     for table in plain.tabled_features:
         size, start = plain.table_sizes[table], int(plain.offsets[table])
         if table in tiered.tiered_tables:
-            with ChainRows(checkpoint_dir, names[table]) as store:
+            # The base store a chunk at a time, then each overlay over it, oldest first: the table is in memory
+            # here anyway, and the overlays are never merged.
+            base, overlays = table_chain(checkpoint_dir, names[table])
+            with RowStore.open(base, writable=False) as store:
                 for chunk in range(0, size, CREATE_CHUNK_ROWS):
                     rows = np.arange(chunk, min(size, chunk + CREATE_CHUNK_ROWS))
                     values[start + rows] = store.read(rows)[0]
+            for overlay in overlays:
+                rows, fields = read_overlay(overlay)
+                values[start + rows] = fields["values"]
         elif old is not None:
             first = int(tiered.offsets[table])
             values[start:start + size] = old[first:first + size]

@@ -87,8 +87,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "serving_run4.json, serving.json: under load": lambda: (
         f"the highest rate that held p99 <= 10 ms was {span(values(LOADED, 'max_rate_per_s_at_p99_10ms'), '.1f')} "
         f"requests/s; at half of it ({span(values(LOADED, 'loaded_rate_per_s'), '.1f')} requests/s) p99 "
-        f"{span(values(LOADED, 'loaded_p99_ms_100'), '.2f')} ms, p50 {span(values(LOADED, 'loaded_p50_ms_100'), '.2f')} "
-        f"ms, {sum(values(LOADED, 'failed_requests'))} failed; the same requests with the earlier client p99 "
+        f"{span(values(LOADED, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
+        f"{span(values(LOADED, 'loaded_p50_ms_100'), '.2f')} ms, {sum(values(LOADED, 'failed_requests'))} failed; "
+        "the same requests with the earlier client p99 "
         f"{span(values(LOADED, 'loaded_p99_ms_100_previous_client'), '.2f')} ms"),
     "serving_run1.json, serving_run2.json, serving_run3.json: under load": lambda: (
         f"({span(values(SERVING, 'loaded_rate_per_s'), 'g')} requests/s): p99 "

@@ -130,3 +130,27 @@ def test_the_report_prints_a_line_per_table_and_draws_four_panels(tmp_path):
     assert age_bin_labels()[-1] == "31+"
     path = plot_report(report, tmp_path / "tables.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_a_tiered_tables_norms_are_over_a_bounded_sample_of_its_rows_in_use():
+    # The user table tiered: its rows come from a reader (a store's, in the pipeline) that records what it is asked.
+    table = _tables()
+    asked: list[np.ndarray] = []
+
+    def read(rows: np.ndarray) -> np.ndarray:
+        asked.append(np.asarray(rows))
+        return table[np.asarray(rows)]
+
+    tiered = {"user": {"rows": read, "hot_rows": 4, "bytes": 64, "counters": {}}}
+    whole = table_report(SPEC, _state(), kind="daily", version="v", embeddings=_tables()[8:], tiered=tiered,
+                         samples=SAMPLES)["tables"][0]
+    assert whole["l2_norm_rows"] == 3 and whole["l2_norm"]["max"] == pytest.approx(10.0)  # rows 2, 3, 5
+    asked.clear()
+    sampled = table_report(SPEC, _state(), kind="daily", version="v", embeddings=_tables()[8:], tiered=tiered,
+                           samples=SAMPLES, norm_sample_rows=2)["tables"][0]
+    assert sampled["l2_norm_rows"] == 2
+    norms_read = [rows for rows in asked if not np.array_equal(rows, [0, 1])]  # not the reserved rows' read
+    assert sum(len(rows) for rows in norms_read) == 2 and set(np.concatenate(norms_read)) <= {2, 3, 5}
+    again = table_report(SPEC, _state(), kind="daily", version="w", embeddings=_tables()[8:], tiered=tiered,
+                         samples=SAMPLES, norm_sample_rows=2)["tables"][0]
+    assert again["l2_norm"] == sampled["l2_norm"]  # the same rows from run to run

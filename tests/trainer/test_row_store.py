@@ -11,6 +11,7 @@ from trainer.row_store import (
     BATCHED_IO,
     BATCHED_MIN_RUNS,
     HEADER_BYTES,
+    RowOverlay,
     RowStore,
     StoreCounters,
     consecutive_runs,
@@ -191,3 +192,24 @@ def test_bad_rows_and_files_are_refused_with_the_value(tmp_path):
     assert not (tmp_path / "u.rows").exists() and not list(tmp_path.glob(".u.rows*"))  # nothing half made
     with pytest.raises(ValueError, match=re.escape("num_rows=0")):
         RowStore.create(tmp_path / "v.rows", 0, 2, lambda a, b: None, initial_accumulator=0.1)
+
+
+def test_an_overlay_merged_in_one_sort_equals_one_updated_part_by_part():
+    rng = np.random.default_rng(5)
+    parts = []
+    for size in (40, 0, 25, 60, 1):
+        rows = np.sort(rng.choice(200, size, replace=False))
+        parts.append((rows, {"values": rng.normal(size=(size, 3)).astype(np.float32),
+                             "accumulators": rng.uniform(size=(size, 3)).astype(np.float32)}))
+    stepwise = RowOverlay()
+    for rows, fields in parts:
+        stepwise.update(rows, **fields)
+    merged = RowOverlay.merged(parts)
+    np.testing.assert_array_equal(merged.rows, stepwise.rows)
+    for name in ("values", "accumulators"):
+        np.testing.assert_array_equal(merged.arrays[name], stepwise.arrays[name])
+    # A row given again takes its newest values: the last part's row 0 over the first's.
+    newest = RowOverlay.merged([(np.array([0, 5]), {"values": np.ones((2, 1))}),
+                                (np.array([0]), {"values": np.full((1, 1), 7.0)})])
+    assert newest.rows.tolist() == [0, 5] and newest.arrays["values"].ravel().tolist() == [7.0, 1.0]
+    assert len(RowOverlay.merged([])) == 0

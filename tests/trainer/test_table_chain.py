@@ -1,0 +1,91 @@
+"""A tiered table as of a minute checkpoint: its daily store and the minutes' overlays after it, read in memory
+or, for a chain longer than the bound, through a store written out beside the caller's."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.manifest import write_manifest
+from trainer.row_store import RowStore
+from trainer.tiered_tables import ChainRows, materialize, write_overlay
+
+pytestmark = pytest.mark.unit
+
+NUM_ROWS, DIM = 5_000, 4
+
+
+def day_and_minutes(root: Path, minutes: int, rows_per_minute: int, num_rows: int = NUM_ROWS
+                    ) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A daily checkpoint holding table C1's store and `minutes` minute checkpoints after it, each an overlay of
+    random rows; returns the last checkpoint and the table (values, accumulators) it stands for."""
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=(num_rows, DIM)).astype(np.float32)
+    accumulators = rng.uniform(size=(num_rows, DIM)).astype(np.float32)
+    day = root / "day"
+    (day / "tables").mkdir(parents=True)
+    RowStore.write_new(day / "tables" / "C1.rows", num_rows, DIM, iter([(values.copy(), accumulators.copy())])
+                       ).close()
+    write_manifest(day, kind="checkpoint", version="day", files=["tables/C1.rows"])
+    parent = day
+    for minute in range(minutes):
+        rows = np.sort(rng.choice(num_rows, rows_per_minute, replace=False))
+        values[rows] = rng.normal(size=(len(rows), DIM)).astype(np.float32)
+        accumulators[rows] = rng.uniform(size=(len(rows), DIM)).astype(np.float32)
+        directory = root / f"minute-{minute}"
+        (directory / "tables").mkdir(parents=True)
+        write_overlay(directory / "tables" / "C1.overlay.npz", rows, values[rows], accumulators[rows])
+        write_manifest(directory, kind="checkpoint", version=f"m{minute}", files=["tables/C1.overlay.npz"],
+                       inputs={"parent_checkpoint": str(parent)})
+        parent = directory
+    return parent, values, accumulators
+
+
+def read_all(chain: ChainRows) -> tuple[np.ndarray, np.ndarray]:
+    return chain.read(np.arange(chain.num_rows))
+
+
+def test_a_chain_reads_as_the_table_in_memory_and_through_a_written_out_store(tmp_path):
+    last, values, accumulators = day_and_minutes(tmp_path, minutes=12, rows_per_minute=700)
+    with ChainRows(last, "C1") as chain:
+        assert chain.scratch_store is None and len(chain.overlay) > 0
+        got = read_all(chain)
+    np.testing.assert_array_equal(got[0], values)
+    np.testing.assert_array_equal(got[1], accumulators)
+
+    scratch = tmp_path / "live"
+    with ChainRows(last, "C1", scratch=scratch, max_overlay_bytes=1) as chain:
+        assert chain.scratch_store is not None and chain.scratch_store.parent == scratch
+        assert len(chain.overlay) == 0  # nothing of the overlays held
+        got = read_all(chain)
+    np.testing.assert_array_equal(got[0], values)
+    np.testing.assert_array_equal(got[1], accumulators)
+    assert list(scratch.iterdir()) == []  # the written-out store is gone with the reader
+
+    # Under the bound a scratch directory is not used.
+    with ChainRows(last, "C1", scratch=scratch) as chain:
+        assert chain.scratch_store is None
+
+
+def test_a_long_chain_written_out_holds_one_overlay_at_a_time(tmp_path):
+    last, values, _ = day_and_minutes(tmp_path, minutes=30, rows_per_minute=2_000, num_rows=200_000)
+    tracemalloc.start()
+    try:
+        with ChainRows(last, "C1", scratch=tmp_path / "live", max_overlay_bytes=1) as chain:
+            held, peak = tracemalloc.get_traced_memory()
+            first = chain.read(np.arange(10))[0]
+    finally:
+        tracemalloc.stop()
+    # 30 overlays of 2,000 rows (of 200,000) merge into about 1.9 MB of rows, values and accumulators, which the
+    # reader would hold; written out, it holds none of them, and writing held one overlay (96 KB) at a time
+    # besides the copy's buffer (8 MiB where the filesystem copies through one).
+    assert held < 256 * 1024
+    assert peak < 8 * 2**20 + 1024 * 1024
+    np.testing.assert_array_equal(first, values[:10])
+    destination = tmp_path / "materialized.rows"
+    materialize(last, "C1", destination)
+    with RowStore.open(destination, writable=False) as store:
+        np.testing.assert_array_equal(store.read(np.arange(len(values)))[0], values)
