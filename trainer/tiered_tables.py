@@ -400,6 +400,22 @@ def live_directory(checkpoint_dir: Path, name: str) -> Path:
     return daily.with_name(f".{daily.name}.tables-live")
 
 
+def live_stores_of(checkpoint_dir: Path, names: Sequence[str]) -> Path | None:
+    """The live stores' directory of the chain `checkpoint_dir` belongs to, if they hold exactly its tables of
+    `names` (their state file names it, and every store is there); None otherwise."""
+    if not names:
+        return None
+    directory = live_directory(checkpoint_dir, names[0])
+    state = directory / LIVE_STATE
+    try:
+        held = json.loads(state.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if held != checkpoint_identity(checkpoint_dir):
+        return None
+    return directory if all((directory / store_name(name)).exists() for name in names) else None
+
+
 def checkpoint_identity(checkpoint_dir: Path) -> dict[str, Any]:
     """What names a checkpoint's tables: its resolved path and its manifest's files (with their checksums)."""
     from components.manifest import read_manifest
@@ -517,9 +533,14 @@ class ArrayRows:
 def checkpoint_tables(checkpoint_dir: Path, tiered: Mapping[str, int],
                       counters: Mapping[str, Mapping[str, int]] | None = None) -> Iterator[dict[str, dict[str, Any]]]:
     """What the table report (components/table_report.py) takes of a checkpoint's tiered tables (name -> hot
-    rows), while the block runs: a reader of each table's rows (its chain, opened once), its hot rows, its bytes
-    of values, and the training's counters."""
-    tables = {name: ChainRows(checkpoint_dir, name) for name in tiered}
+    rows), while the block runs: a reader of each table's rows, its hot rows, its bytes of values, and the
+    training's counters. A minute's tables are read from the chain's live stores when those hold this
+    checkpoint's tables (the minute that wrote it left them so: `live_stores_of`), else from its chain
+    (ChainRows, opened once), whose overlays, a day of minutes' rows by evening, it would merge in memory."""
+    live = live_stores_of(checkpoint_dir, list(tiered))
+    tables: dict[str, RowStore | ChainRows] = {
+        name: (RowStore.open(live / store_name(name), writable=False) if live is not None
+               else ChainRows(checkpoint_dir, name)) for name in tiered}
     try:
         yield {name: {"rows": lambda rows, table=table: table.read(rows)[0], "hot_rows": tiered[name],
                       "bytes": table.num_rows * table.embedding_dim * 4,

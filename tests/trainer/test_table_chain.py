@@ -3,6 +3,7 @@ or, for a chain longer than the bound, through a store written out beside the ca
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 from pathlib import Path
 
@@ -11,7 +12,15 @@ import pytest
 
 from components.manifest import write_manifest
 from trainer.row_store import RowStore
-from trainer.tiered_tables import ChainRows, materialize, write_overlay
+from trainer.tiered_tables import (
+    LIVE_STATE,
+    ChainRows,
+    checkpoint_identity,
+    checkpoint_tables,
+    live_directory,
+    materialize,
+    write_overlay,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -89,3 +98,24 @@ def test_a_long_chain_written_out_holds_one_overlay_at_a_time(tmp_path):
     materialize(last, "C1", destination)
     with RowStore.open(destination, writable=False) as store:
         np.testing.assert_array_equal(store.read(np.arange(len(values)))[0], values)
+
+
+def test_a_minutes_report_reads_the_live_stores_when_they_hold_its_tables(tmp_path):
+    last, values, accumulators = day_and_minutes(tmp_path, minutes=3, rows_per_minute=500)
+    live = live_directory(last, "C1")
+    assert live == tmp_path / ".day.tables-live"
+    live.mkdir()
+    # Live stores that differ from the chain, to tell which one the report read.
+    RowStore.write_new(live / "C1.rows", NUM_ROWS, DIM, iter([(values + 1, accumulators)])).close()
+    rows = np.arange(0, NUM_ROWS, 7)
+
+    def reported() -> np.ndarray:
+        with checkpoint_tables(last, {"C1": 64}) as tables:
+            assert tables["C1"]["bytes"] == NUM_ROWS * DIM * 4
+            return tables["C1"]["rows"](rows)
+
+    np.testing.assert_array_equal(reported(), values[rows])  # no state file: the chain
+    (live / LIVE_STATE).write_text(json.dumps(checkpoint_identity(last.parent / "minute-1")))
+    np.testing.assert_array_equal(reported(), values[rows])  # they hold another checkpoint's tables
+    (live / LIVE_STATE).write_text(json.dumps(checkpoint_identity(last)))
+    np.testing.assert_array_equal(reported(), values[rows] + 1)  # they hold this one's: read there
