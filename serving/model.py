@@ -209,11 +209,13 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: str | Path, version: str | None = None, *, verify: bool = True,
-             precision: str = "float32", native_rows: bool = True) -> LoadedModel:
+             precision: str = "float32", native_rows: bool = True, scratch: Path | None = None) -> LoadedModel:
         """Loads `<directory>/saved_model` after reading (and, with `verify`, checksumming) its manifest.
         `precision`: the packed endpoint to answer with (serving.precision); a model exported without that
         endpoint answers with its float32 one, or without one with its signature (`precision` says which).
-        `native_rows`: whether `predict_native` may read row-form bodies (serving.native_rows)."""
+        `native_rows`: whether `predict_native` may read row-form bodies (serving.native_rows). `scratch`: a
+        directory on local disk where a model with tiered tables keeps its deltas' rows (serving.row_cache
+        DeltaRows); None keeps them in memory."""
         directory = Path(directory)
         try:
             manifest = read_manifest(directory, kind=MODEL_KIND, verify=verify)
@@ -254,7 +256,7 @@ class LoadedModel:
             if packed is None:
                 raise ModelLoadError(f"the model in {directory} serves tiered tables and has no packed endpoint; "
                                      "export it again")
-            tiered = TieredRows(root, directory, manifest["tiered_serving"])
+            tiered = TieredRows(root, directory, manifest["tiered_serving"], scratch=scratch)
         return cls(
             version=version or str(manifest["version"]),
             manifest=manifest,

@@ -11,13 +11,19 @@ every row it reads is cached; if another request's loads evicted one in between,
 
 Deltas: a minute's delta carries a tiered table's changed rows as `tiered_rows_<table>` / `tiered_values_<table>`
 (components.delta.served_weight_arrays). The store is the full version's file and is never written: the
-delta rows are kept in memory (the rows changed since the full version, read before the store) and written
-into the slots of the rows already cached.
+rows changed since the full version are read before the store, and written into the slots of the rows already
+cached. Given a scratch directory (the server's: serving.watcher passes its cache directory), they are kept in
+a sparse store of their own there (`DeltaRows`: a day of minutes' rows on disk, a flag per row in memory),
+removed with the model; without one, in memory (`RowOverlay`).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -35,10 +41,61 @@ TIERED_ROWS_ENDPOINT = "tiered_rows"
 LOAD_SLOTS_ENDPOINT = "load_slots"
 # Loads a request may need when other requests' loads keep evicting its rows; then it fails.
 MAX_LOADS = 8
+# A loaded model's directory of delta rows under the scratch directory: this prefix, the process id, a suffix.
+DELTA_ROWS_PREFIX = "delta-rows-"
 
 
 class RowCacheTooSmall(ValueError):
     """A request reads more distinct rows of a tiered table than its row cache holds."""
+
+
+class DeltaRows:
+    """The rows deltas changed since a full version, on disk: a sparse RowStore of the table's shape (only the
+    pages of rows written take disk) and a flag per row of the table in memory (one byte a row), with
+    RowOverlay's `update` / `apply` / `len`. The caller removes the file (`close`)."""
+
+    def __init__(self, path: Path, num_rows: int, embedding_dim: int) -> None:
+        self.store = RowStore.sparse(path, num_rows, embedding_dim)
+        self.changed = np.zeros(num_rows, dtype=bool)
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def update(self, rows: np.ndarray, values: np.ndarray) -> None:
+        rows = np.asarray(rows, np.int64)
+        if not len(rows):
+            return
+        values = np.asarray(values, np.float32)
+        self.store.write(rows, values, np.zeros_like(values))
+        self.count += int(np.count_nonzero(~self.changed[rows]))
+        self.changed[rows] = True
+
+    def apply(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Writes the changed rows among `rows` into `values` (read from the full version's store)."""
+        rows = np.asarray(rows, np.int64)
+        hit = self.changed[rows] if len(rows) else np.zeros(0, dtype=bool)
+        if hit.any():
+            values[hit] = self.store.read(rows[hit])[0]
+
+    def close(self) -> None:
+        self.store.close()
+        self.store.path.unlink(missing_ok=True)
+
+
+def scratch_for(scratch: Path) -> Path:
+    """A new directory for one loaded model's delta rows under `scratch` (named by this process), after removing
+    those of processes that are gone (a server killed before it could remove its own)."""
+    import psutil
+
+    scratch = Path(scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    for old in scratch.glob(f"{DELTA_ROWS_PREFIX}*"):
+        pid = old.name[len(DELTA_ROWS_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{DELTA_ROWS_PREFIX}{os.getpid()}-", dir=scratch))
+
 
 
 @dataclass
@@ -52,7 +109,8 @@ class ServedTable:
     load: Any  # the load_slots endpoint of this table
     slots: OrderedDict[int, int] = field(default_factory=OrderedDict)  # row -> slot, least recently used first
     free: list[int] = field(default_factory=list)
-    delta: RowOverlay = field(default_factory=RowOverlay)  # the rows deltas changed since the full version
+    # The rows deltas changed since the full version: in memory, or on disk (DeltaRows).
+    delta: RowOverlay | DeltaRows = field(default_factory=RowOverlay)
     rows_loaded: int = 0
     rows_hit: int = 0
 
@@ -113,7 +171,10 @@ class ServedTable:
 class TieredRows:
     """The tiered tables of one loaded model (shared by the snapshots a delta makes of it)."""
 
-    def __init__(self, root: Any, directory: Path, tables: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(self, root: Any, directory: Path, tables: Mapping[str, Mapping[str, Any]],
+                 scratch: Path | None = None) -> None:
+        """`scratch`: where the delta rows go to disk (a directory of this model's under it, removed when this
+        object goes); None keeps them in memory."""
         self.rows_endpoint = getattr(root, TIERED_ROWS_ENDPOINT).concrete_functions[0]
         self.tables = [
             ServedTable(name=name, index=int(entry["table"]), store=RowStore.open(Path(directory) / entry["file"],
@@ -121,6 +182,12 @@ class TieredRows:
                         cache_rows=int(entry["cache_rows"]),
                         load=getattr(root, f"{LOAD_SLOTS_ENDPOINT}_{int(entry['table'])}"))
             for name, entry in tables.items()]
+        self.scratch = scratch_for(scratch) if scratch is not None else None
+        if self.scratch is not None:
+            for table in self.tables:
+                table.delta = DeltaRows(self.scratch / f"{table.name}.rows", table.store.num_rows,
+                                        table.store.embedding_dim)
+            weakref.finalize(self, _remove_delta_rows, [t.delta for t in self.tables], self.scratch)
         self.lock = threading.Lock()  # the slot maps' bookkeeping (touches under the read lock)
 
     def rows(self, arguments: Sequence[tf.Tensor]) -> list[np.ndarray]:
@@ -160,3 +227,9 @@ class TieredRows:
         return {table.name: {"cache_rows": table.cache_rows, "cached": len(table.slots), "rows_hit": table.rows_hit,
                              "rows_loaded": table.rows_loaded, "delta_rows": len(table.delta)}
                 for table in self.tables}
+
+
+def _remove_delta_rows(deltas: list[Any], scratch: Path) -> None:
+    for delta in deltas:
+        delta.close()
+    shutil.rmtree(scratch, ignore_errors=True)

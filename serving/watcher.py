@@ -48,6 +48,8 @@ RETRY_FIRST_SECONDS = 30.0
 RETRY_MAX_SECONDS = 3600.0
 # A chain longer than this (a day of minute deltas is 1440) is refused: a loop in the parents or a broken store.
 MAX_CHAIN_LENGTH = 100_000
+# Under the cache directory: where models with tiered tables keep their deltas' rows (serving.row_cache).
+DELTA_ROWS_DIR = "delta-rows"
 
 
 class ModelWatcher:
@@ -316,7 +318,7 @@ class ModelWatcher:
                       ) -> LoadedModel:
         directory = self.store.fetch(self.model_name, full_version, self.cache_dir)
         model = LoadedModel.load(directory, full_version, verify=False, precision=self.precision,  # fetch() verified it
-                                 native_rows=self.native_rows)
+                                 native_rows=self.native_rows, scratch=self.cache_dir / DELTA_ROWS_DIR)
         if model.precision != self.precision:
             logger.warning("version %s was exported without a %s endpoint: it answers in %s", full_version,
                            self.precision, model.precision)

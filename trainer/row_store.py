@@ -221,6 +221,22 @@ class RowStore:
         return store
 
     @classmethod
+    def sparse(cls, path: Path | str, num_rows: int, embedding_dim: int) -> RowStore:
+        """A new writable store at `path` whose rows read as zeros until written: the file is sized with
+        ftruncate, so only the pages of rows written take disk (a sparse file where the filesystem has them).
+        For scratch use (serving's delta rows): not fsynced, not renamed into place."""
+        path = Path(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize)
+            write_all(fd, HEADER.pack(MAGIC, FORMAT_VERSION, embedding_dim, num_rows), 0)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return cls(path, fd, embedding_dim, num_rows, writable=True)
+
+    @classmethod
     def open(cls, path: Path | str, writable: bool = True) -> RowStore:
         """The store at `path`, after checking its header and its size."""
         path = Path(path)

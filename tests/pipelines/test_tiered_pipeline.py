@@ -5,6 +5,7 @@ parent's), and serving the chain answers as the last checkpoint does."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     starts = list(range(0, len(expected), 40)) * 3
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(
-            lambda start: (start, served.predict_columns({n: v[start:start + 40] for n, v in columns.items()})),
+            lambda start, model=served: (start, model.predict_columns({n: v[start:start + 40]
+                                                                      for n, v in columns.items()})),
             starts))
     for start, answer in answers:
         np.testing.assert_allclose(answer, expected[start:start + 40], rtol=0, atol=1e-6)
@@ -143,9 +145,16 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         assert counters[name]["cache_rows"] == CACHE_ROWS and counters[name]["cached"] <= CACHE_ROWS
         assert counters[name]["rows_loaded"] > CACHE_ROWS  # rows were evicted and loaded again
         assert counters[name]["delta_rows"] > 0  # the two minutes' rows, kept beside the store
+    # ... on disk under the watcher's cache, a sparse store per table, gone with the model.
+    scratch = served.tiered.scratch
+    assert scratch is not None and scratch.parent == tmp_path / "cache" / "delta-rows"
+    assert sorted(path.name for path in scratch.iterdir()) == sorted(f"{name}.rows" for name in TIERED)
     from serving.model import InvalidInput
 
     with pytest.raises(InvalidInput, match=r"distinct rows of tiered table 'C\d', more than its row cache of 64"):
         served.predict_columns(columns)  # 300 rows at once read more rows than the cache holds
     full = store.manifest("ctr", "202601010010")
     assert set(full["tiered_serving"]) == set(TIERED) and "tables/C1.rows" in full["files"]
+    del served, answers, watcher
+    gc.collect()
+    assert not scratch.exists()
