@@ -30,6 +30,11 @@ import numpy as np
 
 # Newton steps on the mean of sigmoid(logit + shift); each halves the error's digits, 8 are plenty.
 _NEWTON_STEPS = 8
+# Where a step had to bisect: steps at most, the relative error of the level to reach, and the shifts searched
+# (logits are clipped to about +-16.1, so +-100 reaches any level a finite set of labels has).
+_MAX_STEPS = 200
+_LEVEL_TOLERANCE = 1e-9
+_SHIFT_BOUND = 100.0
 _EPSILON = 1e-7
 
 
@@ -60,11 +65,29 @@ def level_shift(labels: np.ndarray, probabilities: np.ndarray) -> float:
             f"cannot calibrate on {labels.size} rows with click rate {target}: the rows need both clicks and "
             "non-clicks"
         )
+    # Newton's steps, kept inside a bracket of the root (the mean rises with the shift): where the predictions
+    # are saturated (a model that fit a few rows exactly: every slope ~1e-7), a Newton step jumps by millions of
+    # logits and the next one back, and the shift it stopped at made every prediction 1.0; such a step is a
+    # bisection of the bracket instead, and the search goes on until the level is reached.
     logits, shift = _logits(probabilities), 0.0
-    for _ in range(_NEWTON_STEPS):
+    low, high = -_SHIFT_BOUND, _SHIFT_BOUND
+    bisected = False
+    for step in range(_MAX_STEPS):
         shifted = _sigmoid(logits + shift)
+        error = float(shifted.mean()) - target
+        if step >= _NEWTON_STEPS and (abs(error) <= _LEVEL_TOLERANCE * target or high - low <= _EPSILON):
+            break
+        if error > 0:
+            high = min(high, shift)
+        else:
+            low = max(low, shift)
         slope = float(np.mean(shifted * (1.0 - shifted)))
-        shift -= (float(shifted.mean()) - target) / max(slope, _EPSILON)
+        candidate = shift - error / max(slope, _EPSILON)
+        if not low < candidate < high:
+            candidate, bisected = 0.5 * (low + high), True
+        shift = candidate
+        if step + 1 == _NEWTON_STEPS and not bisected:
+            break
     return shift
 
 

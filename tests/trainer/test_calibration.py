@@ -12,6 +12,20 @@ from trainer.models import build_model
 pytestmark = pytest.mark.unit
 
 
+def test_level_shift_reaches_the_click_rate_from_saturated_predictions():
+    # A model that fit 80 training rows exactly: every prediction ~0 or ~1 (slopes ~1e-7), six non-clicks among
+    # the ones. Newton's steps alone jumped by millions of logits and stopped at +1.5e6: every prediction 1.0.
+    labels = np.array([0] * 66 + [1] * 14, dtype=float)
+    saturated = np.concatenate([np.full(60, 1e-9), np.full(20, 1 - 1e-9)])
+    shift = level_shift(labels, saturated)
+    logits = np.log(np.clip(saturated, 1e-7, 1 - 1e-7) / (1 - np.clip(saturated, 1e-7, 1 - 1e-7)))
+    assert -20 < shift < 0
+    assert np.mean(1 / (1 + np.exp(-(logits + shift)))) == pytest.approx(labels.mean(), rel=1e-6)
+    # Predictions that are not saturated take Newton's steps as before.
+    p = np.concatenate([np.full(60, 1e-9), np.full(6, 0.3), np.full(14, 1 - 1e-9)])
+    assert level_shift(labels, p) == -7.211329522453629
+
+
 def test_level_shift_solves_for_the_click_rate():
     labels = np.array([1, 0, 0, 0], dtype=np.float32)
     probabilities = np.full(4, 0.5)
