@@ -283,7 +283,10 @@ def format_report(report: Mapping[str, Any]) -> str:
             lines.append(f"tiered {t['name']}: {_number(t['hot_rows'])} hot rows, hit rate {hit}, "
                          f"{_number(t['rows_loaded'])} rows loaded, {_number(t['rows_written_back'])} written back; "
                          f"store {t['store_bytes_read'] / 1e6:,.1f} MB read, {t['store_bytes_written'] / 1e6:,.1f} MB "
-                         "written in training")
+                         "written in training"
+                         + (f"; norms of {_number(t['l2_norm_rows'])} rows drawn from its "
+                            f"{_number(t['rows_in_use'])} in use" if t.get("l2_norm_rows", 0) < t["rows_in_use"]
+                            else ""))
     lines.append(f"touched: {report['rows_touched_basis']}; count: occurrences of an admitted value so far; rare and "
                  "missing: the share of the training rows' lookups that read the shared rare or missing row")
     return "\n".join(lines)

@@ -154,3 +154,8 @@ def test_a_tiered_tables_norms_are_over_a_bounded_sample_of_its_rows_in_use():
     again = table_report(SPEC, _state(), kind="daily", version="w", embeddings=_tables()[8:], tiered=tiered,
                          samples=SAMPLES, norm_sample_rows=2)["tables"][0]
     assert again["l2_norm"] == sampled["l2_norm"]  # the same rows from run to run
+    text = format_report(table_report(SPEC, _state(), kind="daily", version="v", embeddings=_tables()[8:],
+                                      tiered=tiered, samples=SAMPLES, norm_sample_rows=2))
+    assert "norms of 2 rows drawn from its 3 in use" in text
+    assert "drawn from" not in format_report(table_report(SPEC, _state(), kind="daily", version="v",
+                                                          embeddings=_tables()[8:], tiered=tiered, samples=SAMPLES))
