@@ -252,7 +252,8 @@ class TrainConfig:
 class GateConfig:
     min_auc: float = 0.60
     # ... refused only when the AUC is below min_auc by more than this many of its standard errors (Hanley and
-    # McNeil's, from the numbers of held-out clicks and non-clicks): the Open Bandit logs' held-out slice holds
+    # McNeil's, from the numbers of held-out clicks and non-clicks, at the AUC measured or at min_auc, whichever
+    # is larger: at an AUC of 0 the first is 0 however few the rows): the Open Bandit logs' held-out slice holds
     # about 8 clicks, where an AUC's standard error is near 0.1 and a good model measures 0.527 by chance. With
     # thousands of clicks the allowance is under 0.02. 0 gives the bare threshold.
     auc_noise_z: float = 1.96

@@ -55,11 +55,17 @@ class Evaluation:
     def auc_standard_error(self) -> float:
         """The standard error of the AUC from its value and the numbers of positives and negatives (Hanley and
         McNeil 1982): about 0.1 on a slice with 8 clicks, under 0.01 with thousands of each."""
+        return self.auc_standard_error_at(self.auc)
+
+    def auc_standard_error_at(self, auc: float) -> float:
+        """Hanley and McNeil's standard error of an AUC of `auc` on this slice's positives and negatives. At an
+        AUC of 0 or 1 it is 0 whatever the slice's size (one click ranked last on 8 rows gives 0 and a standard
+        error of 0), so a test of whether an AUC is below a threshold also takes it at the threshold."""
         positives = round(min(max(self.mean_label, 0.0), 1.0) * self.num_examples)
         negatives = self.num_examples - positives
         if positives == 0 or negatives == 0:
             return float("inf")
-        a = min(max(self.auc, 0.0), 1.0)
+        a = min(max(auc, 0.0), 1.0)
         q1, q2 = a / (2.0 - a), 2.0 * a * a / (1.0 + a)
         variance = (a * (1 - a) + (positives - 1) * (q1 - a * a) + (negatives - 1) * (q2 - a * a)) / (
             positives * negatives)
@@ -94,7 +100,9 @@ def check_gate(evaluation: Evaluation, gate: GateConfig, baseline: dict | None =
     failures = []
     if not np.isfinite([evaluation.auc, evaluation.logloss, evaluation.mean_prediction]).all():
         failures.append(f"non-finite metrics: {evaluation.metrics()}")
-    auc_noise = gate.auc_noise_z * evaluation.auc_standard_error
+    # The larger of the standard errors at the AUC measured and at the threshold: at an AUC of 0 or 1 the first
+    # is 0 however few the rows (Evaluation.auc_standard_error_at).
+    auc_noise = gate.auc_noise_z * max(evaluation.auc_standard_error, evaluation.auc_standard_error_at(gate.min_auc))
     if evaluation.auc + auc_noise < gate.min_auc:
         failures.append(
             f"AUC {evaluation.auc:.4f} is below gate.min_auc={gate.min_auc} by more than gate.auc_noise_z="

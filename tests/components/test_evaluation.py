@@ -131,6 +131,18 @@ def test_gate_leaves_an_auc_within_its_noise_alone():
     assert failure.startswith("AUC 0.5270 is below gate.min_auc=0.6")
 
 
+def test_gate_takes_an_aucs_noise_at_the_threshold_where_the_measured_auc_has_none():
+    # The Avazu sample's held-out slice: 8 rows, 1 click, ranked last: AUC 0, whose standard error at 0 is 0. One
+    # click cannot tell a model from chance; at the threshold the standard error of such a slice is 0.33.
+    tiny = _evaluation(auc=0.0, mean_label=0.125, mean_prediction=0.125, num_examples=8)
+    assert tiny.auc_standard_error == 0.0
+    assert tiny.auc_standard_error_at(0.6) == pytest.approx(0.3338, abs=1e-4)
+    assert check_gate(tiny, GATE) == []
+    # With 100 clicks among 800 rows an AUC of 0 is refused.
+    (failure,) = check_gate(_evaluation(auc=0.0, mean_label=0.125, mean_prediction=0.125, num_examples=800), GATE)
+    assert failure.startswith("AUC 0.0000 is below gate.min_auc=0.6")
+
+
 @pytest.mark.parametrize(("positives", "negatives", "shift"), [(8, 1992, 0.3), (200, 800, 1.0), (2000, 2000, 0.5)])
 def test_auc_standard_error_matches_the_spread_of_the_auc_over_resampled_slices(positives, negatives, shift):
     """Hanley and McNeil's standard error against the spread of the AUC over 400 slices drawn the same way."""
