@@ -24,7 +24,13 @@ from pathlib import Path
 
 from components.config import SparkConfig
 from components.stopping import StopRequested, stop_on_signals, stop_process_group
-from spark_jobs.session import CODEGEN_CACHE_ENTRIES, CODEGEN_CACHE_KEY, LISTING_THRESHOLD, LISTING_THRESHOLD_KEY
+from spark_jobs.session import (
+    CODEGEN_CACHE_ENTRIES,
+    CODEGEN_CACHE_KEY,
+    LISTING_THRESHOLD,
+    LISTING_THRESHOLD_KEY,
+    with_project_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +113,7 @@ def start_connect_server(config: SparkConfig, port: int = DEFAULT_PORT, log_dir:
         raise ConnectServerError(_port_taken_message(port))
     log_path = Path(log_dir) / f"spark-connect-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_NO_DAEMONIZE": "1",
+    env = {**with_project_path(os.environ), "SPARK_HOME": str(spark_home()), "SPARK_NO_DAEMONIZE": "1",
            "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(log_path.parent),
            "SPARK_PID_DIR": str(log_path.parent)}
     with open(log_path, "ab") as handle:

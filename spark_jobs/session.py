@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 from components.config import SparkConfig
 
@@ -26,6 +27,20 @@ LISTING_THRESHOLD = "100000"
 CODEGEN_CACHE_KEY = "spark.sql.codegen.cache.maxEntries"
 CODEGEN_CACHE_ENTRIES = "2000"
 
+# The checkout this module belongs to: Python workers import the project from here, like the driver.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def with_project_path(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with this checkout first on PYTHONPATH. Python workers (a local session's, a Spark Connect
+    server's) otherwise import the project from wherever the interpreter's installed copy points: an editable
+    install shared by two checkouts points at the one that installed it last, so the driver and its workers
+    could run different code (or the workers none, once that checkout is gone)."""
+    paths = [part for part in environ.get("PYTHONPATH", "").split(os.pathsep) if part]
+    if str(PROJECT_ROOT) not in paths:
+        paths.insert(0, str(PROJECT_ROOT))
+    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
+
 
 def get_spark(config: SparkConfig, app_name: str = "ctr"):
     from pyspark.sql import SparkSession
@@ -37,6 +52,7 @@ def get_spark(config: SparkConfig, app_name: str = "ctr"):
     # Local Python workers must run this interpreter (its environment has pyarrow, tfx-bsl, ...). PySpark reads
     # the worker's interpreter from this variable only, not from the session config.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = with_project_path(os.environ)["PYTHONPATH"]
     return (
         SparkSession.builder.master(config.master)
         .appName(app_name)
