@@ -22,6 +22,10 @@ training (without its first step), step time p50 / p99 (applying the plan includ
 the hot tier's hit rate, the store's rows and bytes read and written, the process's read and written bytes and
 system calls (/proc/self/io), peak RSS, the cgroup's peak, held-out AUC, and a minute's delta (the next 60
 batches trained, then the rows they changed gathered): its rows, bytes and seconds.
+
+The store cuts a read or write of many rows across `io_threads` threads (trainer/row_store.py); beside the
+tiered run, the same tiered run with `io_threads` 1 (every request on one thread, the store as it was before)
+runs by default under the same limit (`tiered_serial_io_*`, `io_threads_speedup`; `--no-serial-io` skips it).
 """
 
 from __future__ import annotations
@@ -125,6 +129,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if tiered:
         store = RowStore.create(Path(args.work) / "table.rows", args.table_rows, DIM, initializer,
                                 initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
+        if args.io_threads:
+            store.io_threads = args.io_threads
         layer.embeddings.assign(small)
     else:
         table = np.empty((args.table_rows + len(small), DIM), np.float32)
@@ -203,6 +209,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     timed = steps[1:] if len(steps) > 1 else steps
     result = {
         "mode": args.mode,
+        "io_threads": store.io_threads if store is not None else None,
         "setup_s": setup_s,
         "train_rows": train_rows,
         "train_s": train_s,
@@ -286,10 +293,11 @@ class MemoryCgroup:
 
 
 def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
-              cgroup: MemoryCgroup | None) -> dict[str, Any]:
+              cgroup: MemoryCgroup | None, io_threads: int | None = None) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", mode, "--data", str(data), "--work", str(work),
                "--table-rows", str(args.table_rows), "--hot-rows", str(args.hot_rows),
-               "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows)]
+               "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows),
+               "--io-threads", str(io_threads if io_threads is not None else args.io_threads)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     print(f"[bench-tiers] {mode}: {' '.join(command[2:])}", flush=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -305,6 +313,20 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
     return result
 
 
+def run_tiered(args: argparse.Namespace, data: Path, work: Path, result: dict[str, Any],
+               io_threads: int | None = None) -> dict[str, Any]:
+    """The tiered run in a memory cgroup of its own (so that its peak is its own); its store is removed after."""
+    cgroup = None if args.no_memory_limit else MemoryCgroup(args.memory_limit_mib * 2**20)
+    if cgroup is not None:
+        result["memory_limit"] = cgroup.kind
+    try:
+        return run_child(args, "tiered", data, work, cgroup, io_threads)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+        (work / "table.rows").unlink(missing_ok=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--zipf", type=float, action="append", help="Zipf exponents (default 1.05 and 0.8)")
@@ -316,6 +338,11 @@ def main() -> None:
     parser.add_argument("--eval-rows", type=int, default=100_000)
     parser.add_argument("--layout", choices=("scattered", "ranked"), default="scattered",
                         help="where the popular ids sit in the table (see above)")
+    parser.add_argument("--io-threads", type=int, default=0,
+                        help="the store's io_threads in the tiered run (default: the store's own default)")
+    parser.add_argument("--no-serial-io", action="store_true",
+                        help="skip the tiered run with io_threads 1 (every store request on one thread, as "
+                             "before the store cut its reads across threads) that runs beside it by default")
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--child", choices=("tiered", "memory"), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -346,15 +373,9 @@ def main() -> None:
             data = work / "data.npz"
             generate(data, args.train_rows + args.eval_rows + MINUTE_BATCHES * BATCH, args.table_rows, exponent,
                      SEED, args.layout)
-            cgroup = None if args.no_memory_limit else MemoryCgroup(limit)
-            if cgroup is not None:
-                result["memory_limit"] = cgroup.kind
-            try:
-                tiered = run_child(args, "tiered", data, work, cgroup)
-            finally:
-                if cgroup is not None:
-                    cgroup.remove()
-            (work / "table.rows").unlink(missing_ok=True)
+
+            tiered = run_tiered(args, data, work, result)
+            serial = None if args.no_serial_io else run_tiered(args, data, work, result, io_threads=1)
             memory = run_child(args, "memory", data, work, None)
         result[f"zipf_{exponent}"] = {
             "tiered_ex_per_s": tiered["ex_per_s"],
@@ -367,7 +388,16 @@ def main() -> None:
             "table_bytes": result["table_bytes"],
             "hit_rate": tiered["hit_rate"],
             "delta_s_ratio": tiered["minute"]["delta_s"] / memory["minute"]["delta_s"],
+            "tiered_io_threads": tiered["io_threads"],
+            **({} if serial is None else {
+                "tiered_serial_io_ex_per_s": serial["ex_per_s"],
+                "serial_io_speed_ratio": serial["ex_per_s"] / memory["ex_per_s"],
+                "tiered_serial_io_auc": serial["auc"],
+                "io_threads_speedup": tiered["ex_per_s"] / serial["ex_per_s"],
+                "serial_io_delta_s_ratio": serial["minute"]["delta_s"] / memory["minute"]["delta_s"],
+            }),
             "tiered": tiered,
+            **({} if serial is None else {"tiered_serial_io": serial}),
             "memory": memory,
         }
         print(json.dumps({k: v for k, v in result[f"zipf_{exponent}"].items() if not isinstance(v, dict)}),

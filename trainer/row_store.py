@@ -18,6 +18,12 @@ From BATCHED_MIN_RUNS runs on, the requests go to the kernel AIO_BATCH at a time
 the kernel's work is the same, but Python releases and retakes the GIL once instead of once per row, which is
 what a prefetching thread beside a training loop pays for (it waits for the GIL at every retake).
 
+On a buffered file the kernel performs those requests one after another inside io_submit, so a read of rows
+that are not in the page cache waits for the disk once per row, a queue depth of one. A read or write of many
+runs is therefore cut into up to `io_threads` parts (IO_THREADS, 8) done at once by a pool of threads, each
+with its own io_submit: the disk sees that many requests at a time. Measured here (a virtio disk, random 4 KiB
+O_DIRECT reads of a 2 GiB file): one thread 4,900-18,900 reads/s, 16 threads 62,000-66,000.
+
 Two more things keep the requests cheap. The file is advised POSIX_FADV_RANDOM: rows are read at random, and
 readahead would read (and cache) neighbours nobody asked for. And a new store is written a page per call: a
 large write puts large folios in the page cache on recent kernels (ext4 since Linux 6.16), and a small write
@@ -41,6 +47,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,6 +80,10 @@ IO_EVENT = np.dtype([("data", "<u8"), ("obj", "<u8"), ("res", "<i8"), ("res2", "
 AIO_BATCH = 256
 # A read or write of at least this many runs goes through one io_submit per AIO_BATCH runs; fewer, a call each.
 BATCHED_MIN_RUNS = 16
+# Threads a store's read or write of many runs is cut across by default (RowStore.io_threads), and the runs each
+# part holds at least: a read of fewer than 2 * PARALLEL_MIN_RUNS runs stays on the calling thread.
+IO_THREADS = 8
+PARALLEL_MIN_RUNS = 32
 # Linux's FICLONE ioctl (_IOW(0x94, 9, int), linux/fs.h): a reflink, the whole file shared copy-on-write.
 # Python's fcntl names it only from 3.12.
 FICLONE = 0x40049409
@@ -104,7 +115,9 @@ class RowStore:
 
     Make one with `create` (rows from an initializer) or `from_arrays`, or open one with `open`. Reads and
     writes may come from two threads (a prefetching producer and the training loop): pread/pwrite take their
-    offset as an argument, and the counters are updated under a lock.
+    offset as an argument, and the counters are updated under a lock. `io_threads` (IO_THREADS unless set) is
+    how many parts, done at once, a read or write of many rows is cut into; 1 does every request on the
+    calling thread.
     """
 
     def __init__(self, path: Path, fd: int, embedding_dim: int, num_rows: int, writable: bool) -> None:
@@ -117,6 +130,7 @@ class RowStore:
         self.record_bytes = self.record_floats * RECORD_DTYPE.itemsize
         self._lock = threading.Lock()
         self._counters = StoreCounters()
+        self.io_threads = IO_THREADS
         if hasattr(os, "posix_fadvise"):  # not on macOS; there the kernel's readahead stays on
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
@@ -319,11 +333,29 @@ class RowStore:
                  page_by_page: bool = False) -> int:
         """Reads `sorted_rows` (distinct, ascending) into `records`, or writes `records` to them: one call per run
         of consecutive rows (per page of a run with `page_by_page`), and from BATCHED_MIN_RUNS runs on those calls
-        are requests of one io_submit per AIO_BATCH (see BatchedIO). Returns the calls (requests) made."""
+        are requests of one io_submit per AIO_BATCH (see BatchedIO). From 2 * PARALLEL_MIN_RUNS runs on, the runs
+        are cut into up to `io_threads` parts moved at once (the last on the calling thread), and the call returns
+        once every part is done. Returns the calls (requests) made."""
         if not len(sorted_rows):
             return 0
         breaks = np.flatnonzero(np.diff(sorted_rows) != 1) + 1
         firsts, stops = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(sorted_rows)]])
+        parts = 1 if page_by_page else max(1, min(int(self.io_threads), len(firsts) // PARALLEL_MIN_RUNS))
+        if parts == 1:
+            return self.transfer_runs(sorted_rows, firsts, stops, records, reading, page_by_page)
+        bounds = np.linspace(0, len(firsts), parts + 1).astype(np.int64).tolist()
+        futures: list[Future[int]] = [
+            IO_POOL.submit(self.transfer_runs, sorted_rows, firsts[low:high], stops[low:high], records, reading)
+            for low, high in zip(bounds[:-2], bounds[1:-1], strict=True)]
+        try:
+            calls = self.transfer_runs(sorted_rows, firsts[bounds[-2]:], stops[bounds[-2]:], records, reading)
+        finally:
+            wait(futures)  # no part may still be moving bytes of `records` once this returns, even on an error
+        return calls + sum(future.result() for future in futures)
+
+    def transfer_runs(self, sorted_rows: np.ndarray, firsts: np.ndarray, stops: np.ndarray, records: np.ndarray,
+                      reading: bool, page_by_page: bool = False) -> int:
+        """`transfer` of the runs sorted_rows[firsts[k]:stops[k]] (records[firsts[k]:stops[k]]), on this thread."""
         offsets = HEADER_BYTES + sorted_rows[firsts] * self.record_bytes
         buffer = memoryview(records).cast("B")
         begins, ends = (firsts * self.record_bytes).tolist(), (stops * self.record_bytes).tolist()
@@ -496,6 +528,31 @@ class BatchedIO:
 
 
 BATCHED_IO = BatchedIO()
+
+
+class IOPool:
+    """The threads stores cut their large reads and writes across (RowStore.transfer): one pool per process,
+    started on first use and made anew in a forked child (a pool's threads do not survive a fork)."""
+
+    def __init__(self, max_workers: int = 64) -> None:
+        self.max_workers = max_workers
+        self.lock = threading.Lock()
+        self.executor: ThreadPoolExecutor | None = None
+
+    def submit(self, function: Callable[..., int], *args: Any) -> Future[int]:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="row-store-io")
+            return self.executor.submit(function, *args)
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.executor = None
+
+
+IO_POOL = IOPool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=IO_POOL.after_fork)
 
 
 class RowOverlay:

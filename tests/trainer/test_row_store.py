@@ -1,6 +1,9 @@
 import errno
 import os
 import re
+import select
+import signal
+import threading
 import tracemalloc
 
 import numpy as np
@@ -11,6 +14,7 @@ from trainer.row_store import (
     BATCHED_IO,
     BATCHED_MIN_RUNS,
     HEADER_BYTES,
+    PARALLEL_MIN_RUNS,
     RowOverlay,
     RowStore,
     StoreCounters,
@@ -113,11 +117,14 @@ def test_creation_writes_a_page_per_call(tmp_path):
 
 
 @pytest.mark.parametrize("batched", [True, False])
-def test_many_scattered_rows_are_read_and_written_in_batches_or_a_call_each(tmp_path, monkeypatch, batched):
+@pytest.mark.parametrize("io_threads", [1, 8])
+def test_many_scattered_rows_are_read_and_written_in_batches_or_a_call_each(tmp_path, monkeypatch, batched,
+                                                                             io_threads):
     if not batched:
         monkeypatch.setattr(BATCHED_IO, "available", False)
     values, accumulators = table(3000, 4)
     store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=4096)
+    store.io_threads = io_threads
     before = store.counters
     rows = np.random.default_rng(0).permutation(3000)[:2 * AIO_BATCH + 7]  # 519 rows, about 430 runs
     runs = len(consecutive_runs(np.sort(rows)))
@@ -132,9 +139,84 @@ def test_many_scattered_rows_are_read_and_written_in_batches_or_a_call_each(tmp_
     counters = store.counters
     # A request per run; the two reads of the whole table are one run each.
     assert (counters.read_calls - before.read_calls, counters.write_calls - before.write_calls) == (runs + 2, runs)
-    # Two batches of AIO_BATCH runs or fewer, for the read and for the write; none where AIO is missing.
-    expected = 2 * -(-runs // AIO_BATCH) if BATCHED_IO.available else 0
+    # On one thread, two batches of AIO_BATCH runs or fewer, for the read and for the write; cut across threads,
+    # a batch per part (each part holds fewer than AIO_BATCH runs); none where AIO is missing.
+    parts = min(io_threads, runs // PARALLEL_MIN_RUNS)
+    expected = 2 * (-(-runs // AIO_BATCH) if parts == 1 else parts) if BATCHED_IO.available else 0
     assert counters.batched_calls - before.batched_calls == expected
+
+
+@pytest.mark.skipif(not BATCHED_IO.available, reason="no Linux AIO here: the parts are seen through it")
+def test_a_read_or_write_of_many_runs_is_cut_across_threads_and_moves_the_same_bytes(tmp_path, monkeypatch):
+    values, accumulators = table(20_000, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
+    rows = np.random.default_rng(1).choice(20_000, 3000, replace=False)
+    threads = []
+    transfer = BATCHED_IO.transfer
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return transfer(*args)
+
+    monkeypatch.setattr(BATCHED_IO, "transfer", recorded)
+    store.io_threads = 8
+    got_values, got_accumulators = store.read(rows)
+    # 8 parts, a batch each: the last on the calling thread, the others on the pool's threads (a part from the
+    # page cache is done before the next is handed out, so the pool may hand them all to one thread).
+    assert len(threads) == 8
+    assert threads.count(threading.current_thread().name) == 1
+    assert all(name.startswith("row-store-io") for name in threads if name != threading.current_thread().name)
+    np.testing.assert_array_equal(got_values, values[rows])
+    np.testing.assert_array_equal(got_accumulators, accumulators[rows])
+    store.write(rows, got_values + 1, got_accumulators * 2)
+    assert len(threads) == 16
+    monkeypatch.undo()
+    store.io_threads = 1
+    np.testing.assert_array_equal(store.read(np.arange(20_000))[0][rows], values[rows] + 1)
+    np.testing.assert_array_equal(store.read(rows)[1], accumulators[rows] * 2)
+    untouched = np.setdiff1d(np.arange(20_000), rows)
+    np.testing.assert_array_equal(store.read(untouched)[0], values[untouched])
+
+
+def test_a_part_that_fails_fails_the_call_after_every_part_is_done(tmp_path):
+    store = RowStore.from_arrays(tmp_path / "t.rows", *table(20_000, 4))
+    store.io_threads = 8
+    write_only = os.open(tmp_path / "t.rows", os.O_WRONLY)
+    readable, store.fd = store.fd, write_only  # every read of every part fails: EBADF
+    try:
+        with pytest.raises(OSError) as failure:
+            store.read(np.arange(0, 20_000, 7))
+        assert failure.value.errno == errno.EBADF
+    finally:
+        store.fd = readable
+        os.close(write_only)
+    np.testing.assert_array_equal(store.read(np.arange(0, 20_000, 7))[0], table(20_000, 4)[0][::7])
+
+
+def test_a_forked_child_reads_across_threads_of_its_own(tmp_path):
+    values, accumulators = table(20_000, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
+    rows = np.arange(0, 20_000, 3)
+    # Two parts, one of them on the pool: the parent's pool starts a thread, which is idle once the read is done.
+    store.io_threads = 2
+    np.testing.assert_array_equal(store.read(rows)[0], values[rows])
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a read cut in two; the parent's idle thread is not in the child, so a pool
+        # carried over (it counts that thread as idle) would queue the part for no thread, and the read would hang
+        try:
+            ok = np.array_equal(store.read(rows)[0], values[rows])
+            os.write(writer, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(writer)
+    ready, _, _ = select.select([reader], [], [], 30)
+    answer = os.read(reader, 1) if ready else b"hung"
+    os.close(reader)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
 
 
 @pytest.mark.skipif(not BATCHED_IO.available, reason="no Linux AIO here: every request is a call already")
