@@ -23,9 +23,13 @@ the hot tier's hit rate, the store's rows and bytes read and written, the proces
 system calls (/proc/self/io), peak RSS, the cgroup's peak, held-out AUC, and a minute's delta (the next 60
 batches trained, then the rows they changed gathered): its rows, bytes and seconds.
 
-The store cuts a read or write of many rows across `io_threads` threads (trainer/row_store.py); beside the
-tiered run, the same tiered run with `io_threads` 1 (every request on one thread, the store as it was before)
-runs by default under the same limit (`tiered_serial_io_*`, `io_threads_speedup`; `--no-serial-io` skips it).
+The store cuts a read or write of many rows across `io_threads` threads, and the hot tier writes behind while
+it reads the next loads (trainer/row_store.py, trainer/hot_tier.py); beside the tiered run, the same tiered run
+with `io_threads` 1 (every request on the producer's thread, the write-behind before the reads, as before) runs
+by default under the same limit (`tiered_serial_io_*`, `io_threads_speedup`; `--no-serial-io` skips it). The
+tiered store is made from the uniform initializer, so it draws each row until the row is first written (format
+2: no disk read for a row's first load); `--written-store` writes every row at creation instead (format 1, the
+store before).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -115,6 +120,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     initializer = uniform_initializer(DIM, SEED)
     sizes = [args.table_rows] + [SMALL_VALUES + RESERVED] * SMALL_TABLES
     started = time.perf_counter()
+    anonymous = PeakAnonymousMemory()
 
     keras.utils.set_random_seed(SEED)
     layer = CategoricalEmbedding(sizes, DIM, tiered_tables={0: args.hot_rows} if tiered else None,
@@ -127,7 +133,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     small = initializer(0, SMALL_TABLES * (SMALL_VALUES + RESERVED))  # the same small tables in both runs
     store = None
     if tiered:
-        store = RowStore.create(Path(args.work) / "table.rows", args.table_rows, DIM, initializer,
+        # The initializer itself: a store that draws each row until it is first written (format 2). Called by
+        # ranges through a function instead, every row is written at creation (format 1: the store before).
+        store = RowStore.create(Path(args.work) / "table.rows", args.table_rows, DIM,
+                                (lambda start, stop: initializer(start, stop)) if args.written_store else initializer,
                                 initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
         if args.io_threads:
             store.io_threads = args.io_threads
@@ -219,6 +228,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "apply_s_per_step": apply_s / len(steps) if len(steps) else 0.0,
         "auc": float(auc),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_anonymous_bytes": anonymous.stop(),
         "process_io": {key: io_after.get(key, 0) - io_before.get(key, 0) for key in io_after},
         "minute": {"rows": minute_rows, "train_s": minute_s, "delta_rows": int(delta_rows),
                    "delta_bytes": int(values.nbytes + delta_rows * 8), "delta_s": delta_s},
@@ -228,12 +238,40 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         lookups = counters.rows_hit + counters.rows_loaded
         stats = store.counters
         result.update({
+            "store_disk_bytes": os.stat(store.path).st_blocks * 512,
             "hot_rows": args.hot_rows,
             "hit_rate": counters.rows_hit / lookups if lookups else None,
             "tier": {key: getattr(counters, key) for key in counters.__dataclass_fields__},
             "store": {key: getattr(stats, key) for key in stats.__dataclass_fields__},
         })
     return result
+
+
+class PeakAnonymousMemory:
+    """The process's peak anonymous memory (resident, not backed by a file: RSS less its file and shared pages),
+    sampled every 50 ms on a thread of its own. The peak RSS beside it also counts the pages of mapped files
+    (TensorFlow's libraries, several hundred MiB), which the page cache may hold for other processes too."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.peak = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.sample, name="peak-anonymous-memory", daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        while True:
+            info = self.process.memory_info()
+            self.peak = max(self.peak, info.rss - info.shared)
+            if self.stopped.wait(0.05):
+                return
+
+    def stop(self) -> int:
+        self.stopped.set()
+        self.thread.join()
+        return self.peak
 
 
 def proc_io() -> dict[str, int]:
@@ -298,6 +336,8 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
                "--table-rows", str(args.table_rows), "--hot-rows", str(args.hot_rows),
                "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows),
                "--io-threads", str(io_threads if io_threads is not None else args.io_threads)]
+    if args.written_store:
+        command.append("--written-store")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     print(f"[bench-tiers] {mode}: {' '.join(command[2:])}", flush=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -309,7 +349,8 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
     if cgroup is not None:
         result["cgroup_peak_bytes"] = cgroup.peak_bytes()
     print(f"[bench-tiers] {mode}: {result['ex_per_s']:.0f} ex/s, step p50 {result['step_p50_ms']:.1f} ms, "
-          f"AUC {result['auc']:.4f}, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+          f"AUC {result['auc']:.4f}, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB (anonymous "
+          f"{result['peak_anonymous_bytes'] / 2**20:.0f} MiB)", flush=True)
     return result
 
 
@@ -343,6 +384,9 @@ def main() -> None:
     parser.add_argument("--no-serial-io", action="store_true",
                         help="skip the tiered run with io_threads 1 (every store request on one thread, as "
                              "before the store cut its reads across threads) that runs beside it by default")
+    parser.add_argument("--written-store", action="store_true",
+                        help="write every row of the tiered run's store at creation (format 1) instead of drawing "
+                             "rows until first written (format 2, the default for a new table)")
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--child", choices=("tiered", "memory"), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -366,6 +410,8 @@ def main() -> None:
         "batch_size": BATCH,
         "hot_rows": args.hot_rows,
         "layout": args.layout,
+        "store": "written at creation (format 1)" if args.written_store else "rows drawn until first written "
+                 "(format 2)",
     }
     for exponent in args.zipf or [1.05, 0.8]:
         with tempfile.TemporaryDirectory(prefix="bench-tiers-") as scratch:
@@ -384,6 +430,7 @@ def main() -> None:
             "tiered_auc": tiered["auc"],
             "memory_auc": memory["auc"],
             "peak_rss_bytes": tiered["peak_rss_bytes"],
+            "peak_anonymous_bytes": tiered["peak_anonymous_bytes"],
             "memory_limit_bytes": result["memory_limit_bytes"],
             "table_bytes": result["table_bytes"],
             "hit_rate": tiered["hit_rate"],

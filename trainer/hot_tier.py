@@ -22,15 +22,17 @@ The order, for batch i (plans are made and applied in batch order, one sequence 
    rows as last written back, then every load writes its row and accumulator into its slot (one scatter per
    variable). The write-backs' values are kept in memory, in plan order, until written to the store.
 4. Step i (Keras): reads and updates only slots of batch i.
-5. Write-behind (producer thread, at the start of the next `prepare`; or `flush`): the applied plans'
-   write-backs are written to the store, oldest first, and only then dropped from memory. The store writes
-   thus run beside the steps instead of between them.
+5. Write-behind (the next `prepare`, on one of the store's I/O threads while the producer plans and reads the
+   next loads; or `flush`): the applied plans' write-backs are written to the store, oldest first, and only
+   then dropped from memory. The store writes thus run beside the steps instead of between them, and beside
+   the next reads instead of before them.
 
-Why this is free of the race: a row is loaded by plan i either from a store that already holds its last
-write-back (the write-back's plan was applied, and written behind by this same `prepare`, before the prefetch
-read), or at apply time of plan i, after every plan < i was applied, from its latest write-back: in memory if
-not written yet, else from the store. No other write of the row can be pending, since a row is written back
-only by a plan that evicts it, and it is not resident between that plan and plan i. A write-back and a load in
+Why this is free of the race: a row is loaded by plan i either at prepare time, when every plan that wrote it
+back was applied, from its latest write-back (`read_latest`: in memory while the write-behind has not written
+it, else from the store, which then holds it; the rows read from the store are rows no write in flight names),
+or at apply time of plan i, after every plan < i was applied, the same way. No other write of the row can be
+pending, since a row is written back only by a plan that evicts it, and it is not resident between that plan
+and plan i. A write-back and a load in
 the same plan never name the same row (victims are rows the batch does not read), and when they share a slot
 the write-back reads it first. Write-backs reach the store one writer at a time, in plan order, so a row
 written back twice ends with its later value.
@@ -46,13 +48,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from concurrent.futures import wait
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
 from trainer.arguments import require_integer
-from trainer.row_store import RowStore
+from trainer.row_store import IO_POOL, RowStore
 
 
 @dataclass(frozen=True)
@@ -370,11 +373,26 @@ class HotTier:
         return self.planner.num_planned - self.num_applied
 
     def prepare(self, row_ids: np.ndarray, training: bool = True) -> PreparedPlan:
-        """Writes the write-backs of the plans applied so far to the store, then plans the next batch and reads its
-        loads that are safe to read now (producer thread)."""
+        """Writes the write-backs of the plans applied so far to the store while it plans the next batch and reads
+        its loads that are safe to read now (producer thread); returns once both are done. With the store's
+        `io_threads` at 1, the write-backs are written first, on this thread."""
         with self.condition:
             applied = self.num_applied
-        self.write_behind()  # every write-back of plans < applied is in the store after this
+        if self.store.io_threads > 1:
+            writing = IO_POOL.submit(self.write_behind)
+        else:
+            writing = None
+            self.write_behind()
+        try:
+            return self.plan_and_read(row_ids, training, applied)
+        finally:
+            if writing is not None:
+                wait([writing])
+                writing.result()  # a failed write fails the plan: its rows would be lost otherwise
+
+    def plan_and_read(self, row_ids: np.ndarray, training: bool, applied: int) -> PreparedPlan:
+        """`prepare` after its write-behind started: every write-back of plans < `applied` is in the store or
+        in `unwritten`, from where `read_latest` takes it."""
         while self.write_backs_by_plan and self.write_backs_by_plan[0][0] < applied:
             self.write_backs_by_plan.popleft()
         try:
@@ -394,9 +412,9 @@ class HotTier:
             load_values = np.empty((len(plan.load_rows), self.store.embedding_dim), dtype=np.float32)
             load_accumulators = np.empty_like(load_values)
             if num_deferred < len(ready):
-                load_values[ready], load_accumulators[ready] = self.store.read(plan.load_rows[ready])
+                load_values[ready], load_accumulators[ready] = self.read_latest(plan.load_rows[ready])
         else:
-            load_values, load_accumulators = self.store.read(plan.load_rows)
+            load_values, load_accumulators = self.read_latest(plan.load_rows)
         if len(plan.write_back_rows):
             self.write_backs_by_plan.append((plan.sequence, plan.write_back_rows))
         self.count(plans_made=1, rows_hit=plan.num_rows - len(plan.load_rows),

@@ -19,10 +19,11 @@ the kernel's work is the same, but Python releases and retakes the GIL once inst
 what a prefetching thread beside a training loop pays for (it waits for the GIL at every retake).
 
 On a buffered file the kernel performs those requests one after another inside io_submit, so a read of rows
-that are not in the page cache waits for the disk once per row, a queue depth of one. A read or write of many
-runs is therefore cut into up to `io_threads` parts (IO_THREADS, 8) done at once by a pool of threads, each
-with its own io_submit: the disk sees that many requests at a time. Measured here (a virtio disk, random 4 KiB
-O_DIRECT reads of a 2 GiB file): one thread 4,900-18,900 reads/s, 16 threads 62,000-66,000.
+that are not in the page cache waits for the disk once per row, a queue depth of one. So the runs of a read or
+write are first tried from the page cache alone (one batch of RWF_NOWAIT reads), and those that would wait for
+the disk are cut into up to `io_threads` parts (IO_THREADS, 8) done at once by a pool of threads, each with its
+own io_submit: the disk sees that many requests at a time. Measured here (a virtio disk, random 4 KiB O_DIRECT
+reads of a 2 GiB file): one thread 4,900-18,900 reads/s, 16 threads 62,000-66,000.
 
 Two more things keep the requests cheap. The file is advised POSIX_FADV_RANDOM: rows are read at random, and
 readahead would read (and cache) neighbours nobody asked for. And a new store is written a page per call: a
@@ -58,8 +59,12 @@ from trainer.arguments import require_integer
 
 MAGIC = b"CTRROWS1"
 FORMAT_VERSION = 1
+# Format 2: a store that draws the rows it has never written (`RowStore.create` with a UniformRows initializer).
+FRESH_FORMAT_VERSION = 2
 HEADER_BYTES = 4096
 HEADER = struct.Struct("<8sIIQ")  # magic, version, embedding_dim, num_rows
+# Format 2's header: format 1's, then the initializer's seed, minval and maxval, and the initial accumulator.
+FRESH_HEADER = struct.Struct("<8sIIQQddf")
 RECORD_DTYPE = np.dtype("<f4")
 # Rows written per call when a store is created: bounds the memory creation needs (8 MiB at dimension 16).
 CREATE_CHUNK_ROWS = 65_536
@@ -80,16 +85,18 @@ IO_EVENT = np.dtype([("data", "<u8"), ("obj", "<u8"), ("res", "<i8"), ("res2", "
 AIO_BATCH = 256
 # A read or write of at least this many runs goes through one io_submit per AIO_BATCH runs; fewer, a call each.
 BATCHED_MIN_RUNS = 16
-# Threads a store's read or write of many runs is cut across by default (RowStore.io_threads), and the runs each
-# part holds at least: a read of fewer than 2 * PARALLEL_MIN_RUNS runs stays on the calling thread.
+# Threads a store's read or write of many runs is cut across by default (RowStore.io_threads), and the runs
+# that wait for the disk each part holds at least (a read from the disk takes 50-200 us here; handing a part
+# to a thread, tens).
 IO_THREADS = 8
-PARALLEL_MIN_RUNS = 32
+PARALLEL_MIN_MISSES = 4
 # Linux's FICLONE ioctl (_IOW(0x94, 9, int), linux/fs.h): a reflink, the whole file shared copy-on-write.
 # Python's fcntl names it only from 3.12.
 FICLONE = 0x40049409
-# Rows per independently seeded block of `uniform_initializer`: its values depend on (seed, row), not on how
-# creation cuts the table into chunks.
-INITIALIZER_BLOCK_ROWS = 4096
+# splitmix64's constants (Steele, Lea and Flood, 2014): the counter-based hash behind UniformRows.
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+UINT64_MASK = (1 << 64) - 1
 
 RowInitializer = Callable[[int, int], np.ndarray]
 
@@ -108,6 +115,9 @@ class StoreCounters:
     snapshots: int = 0
     snapshot_bytes: int = 0
     batched_calls: int = 0  # io_submit calls; each carries up to AIO_BATCH of the read and write calls above
+    rows_fresh: int = 0  # rows read that were never written, drawn from the store's initializer (format 2)
+    cache_probes: int = 0  # runs first tried from the page cache alone (RWF_NOWAIT), before threads
+    cache_hits: int = 0  # ...of which were there (or in holes): read then, or written on the calling thread
 
 
 class RowStore:
@@ -120,8 +130,13 @@ class RowStore:
     calling thread.
     """
 
-    def __init__(self, path: Path, fd: int, embedding_dim: int, num_rows: int, writable: bool) -> None:
+    def __init__(self, path: Path, fd: int, embedding_dim: int, num_rows: int, writable: bool,
+                 fresh: UniformRows | None = None, fresh_accumulator: float = 0.0) -> None:
         self.path = Path(path)
+        # Format 2: a row whose accumulator is all zeros was never written; it reads as `fresh`'s row with
+        # accumulators of `fresh_accumulator` (> 0, and accumulators only grow, so a written row is never zeros).
+        self.fresh = fresh
+        self.fresh_accumulator = fresh_accumulator
         self.fd = fd
         self.embedding_dim = embedding_dim
         self.num_rows = num_rows
@@ -150,10 +165,18 @@ class RowStore:
         """A new store at `path` whose row r holds `initializer(start, stop)[r - start]` and whose accumulator
         values are all `initial_accumulator` (the optimizer's initial accumulator value). The initializer is
         called once per chunk of `chunk_rows` rows and must return float32-convertible [stop - start,
-        embedding_dim]: the table is never whole in memory."""
+        embedding_dim]: the table is never whole in memory.
+
+        With a UniformRows initializer (`uniform_initializer`) nothing is written but the header: the file is
+        sized with ftruncate (sparse where the filesystem has holes), and a row reads as the initializer's until
+        it is first written (format 2). Creation is then instant whatever the table's size, only rows written
+        take disk, and a row read for the first time costs no disk read (a hole reads as zeros from memory),
+        nor does the first write of a row into a page still a hole."""
         require_integer("num_rows", num_rows)
         require_integer("embedding_dim", embedding_dim)
         require_integer("chunk_rows", chunk_rows)
+        if isinstance(initializer, UniformRows) and initializer.embedding_dim == embedding_dim:
+            return cls.create_fresh(path, num_rows, initializer, initial_accumulator)
 
         def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
             for start in range(0, num_rows, chunk_rows):
@@ -235,6 +258,30 @@ class RowStore:
         return store
 
     @classmethod
+    def create_fresh(cls, path: Path | str, num_rows: int, initializer: UniformRows,
+                     initial_accumulator: float) -> RowStore:
+        """`create` with a UniformRows initializer: the header alone, the rows drawn when first read."""
+        if not initial_accumulator > 0:
+            raise ValueError(f"A store that draws its fresh rows needs initial_accumulator > 0 (zeros mark a row "
+                             f"never written). Received: {initial_accumulator}")
+        path, dim = Path(path), initializer.embedding_dim
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * dim * RECORD_DTYPE.itemsize)
+            write_all(fd, FRESH_HEADER.pack(MAGIC, FRESH_FORMAT_VERSION, dim, num_rows, initializer.seed,
+                                            initializer.minval, initializer.maxval, initial_accumulator), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, path)
+        fsync_directory(path.parent)
+        fresh_accumulator = float(np.float32(initial_accumulator))  # as the header holds it
+        return cls(path, fd, dim, num_rows, writable=True, fresh=initializer, fresh_accumulator=fresh_accumulator)
+
+    @classmethod
     def sparse(cls, path: Path | str, num_rows: int, embedding_dim: int) -> RowStore:
         """A new writable store at `path` whose rows read as zeros until written: the file is sized with
         ftruncate, so only the pages of rows written take disk (a sparse file where the filesystem has them).
@@ -261,9 +308,14 @@ class RowStore:
                 raise ValueError(f"{path} is not a row store: its first bytes are {header[:len(MAGIC)]!r}, a "
                                  f"store's are {MAGIC!r}. Open the file RowStore.create or .snapshot wrote")
             _, version, embedding_dim, num_rows = HEADER.unpack(header)
-            if version != FORMAT_VERSION:
-                raise ValueError(f"{path} is a row store of format version {version}; this code reads version "
-                                 f"{FORMAT_VERSION}. Rewrite the store with this version's RowStore")
+            fresh, fresh_accumulator = None, 0.0
+            if version == FRESH_FORMAT_VERSION:
+                *_, seed, minval, maxval, fresh_accumulator = FRESH_HEADER.unpack(os.pread(fd, FRESH_HEADER.size, 0))
+                fresh = UniformRows(embedding_dim, seed, minval, maxval)
+            elif version != FORMAT_VERSION:
+                raise ValueError(f"{path} is a row store of format version {version}; this code reads versions "
+                                 f"{FORMAT_VERSION} and {FRESH_FORMAT_VERSION}. Rewrite the store with this "
+                                 "version's RowStore")
             expected = HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize
             size = os.fstat(fd).st_size
             if size != expected:
@@ -273,7 +325,7 @@ class RowStore:
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, embedding_dim, num_rows, writable)
+        return cls(path, fd, embedding_dim, num_rows, writable, fresh, fresh_accumulator)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -298,7 +350,14 @@ class RowStore:
             unique, inverse = np.unique(rows, return_inverse=True)
         records = np.empty((len(unique), self.record_floats), dtype=RECORD_DTYPE)
         calls = self.transfer(unique, records, reading=True)
-        self.count(rows_read=len(unique), bytes_read=records.nbytes, read_calls=calls)
+        fresh = 0
+        if self.fresh is not None:
+            never = ~records[:, self.embedding_dim:].any(axis=1)
+            fresh = int(np.count_nonzero(never))
+            if fresh:
+                records[never, :self.embedding_dim] = self.fresh.rows(unique[never])
+                records[never, self.embedding_dim:] = self.fresh_accumulator
+        self.count(rows_read=len(unique), bytes_read=records.nbytes, read_calls=calls, rows_fresh=fresh)
         if inverse is not None:
             records = records[inverse]
         return records[:, :self.embedding_dim], records[:, self.embedding_dim:]
@@ -324,6 +383,11 @@ class RowStore:
                                  f"Received duplicates: {duplicates[:10].tolist()}; write each row once")
         records = np.empty((len(rows), self.record_floats), dtype=RECORD_DTYPE)
         values, accumulators = np.asarray(values, dtype=np.float32), np.asarray(accumulators, dtype=np.float32)
+        if self.fresh is not None and len(accumulators) and not accumulators.any(axis=1).all():
+            raise ValueError(f"{self.path} draws the rows it has never written, which it tells by accumulators of "
+                             "all zeros; a row written with all-zero accumulators would read as never written. "
+                             "Accumulators start at the optimizer's initial value (> 0) and only grow: check "
+                             "what is written")
         records[:, :self.embedding_dim] = values if order is None else values[order]
         records[:, self.embedding_dim:] = accumulators if order is None else accumulators[order]
         calls = self.transfer(rows, records, reading=False, page_by_page=page_by_page)
@@ -333,25 +397,62 @@ class RowStore:
                  page_by_page: bool = False) -> int:
         """Reads `sorted_rows` (distinct, ascending) into `records`, or writes `records` to them: one call per run
         of consecutive rows (per page of a run with `page_by_page`), and from BATCHED_MIN_RUNS runs on those calls
-        are requests of one io_submit per AIO_BATCH (see BatchedIO). From 2 * PARALLEL_MIN_RUNS runs on, the runs
-        are cut into up to `io_threads` parts moved at once (the last on the calling thread), and the call returns
-        once every part is done. Returns the calls (requests) made."""
+        are requests of one io_submit per AIO_BATCH (see BatchedIO).
+
+        With `io_threads` > 1 and from BATCHED_MIN_RUNS runs on, the runs whose pages are in the page cache
+        are found first, on this thread, with one batch of non-blocking reads (RWF_NOWAIT: a read that would
+        wait for the disk fails at once instead): a read is then done for them, and a write of them is done on
+        this thread. The rest, which wait for the disk (a write into a page not cached reads it first), are cut
+        into up to `io_threads` parts moved at once, PARALLEL_MIN_MISSES runs a part at least, the last on this
+        thread; the call returns once every part is done. Returns the calls (requests) made, each run once."""
         if not len(sorted_rows):
             return 0
         breaks = np.flatnonzero(np.diff(sorted_rows) != 1) + 1
         firsts, stops = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(sorted_rows)]])
-        parts = 1 if page_by_page else max(1, min(int(self.io_threads), len(firsts) // PARALLEL_MIN_RUNS))
-        if parts == 1:
+        if page_by_page or self.io_threads <= 1 or len(firsts) < BATCHED_MIN_RUNS:
             return self.transfer_runs(sorted_rows, firsts, stops, records, reading, page_by_page)
+        calls = len(firsts)
+        cached = self.cached_runs(sorted_rows, firsts, stops, records if reading else None)
+        if cached is None:  # not known: every run is cut across the threads
+            cached = np.zeros(len(firsts), dtype=bool)
+        if not reading and cached.any():
+            self.transfer_runs(sorted_rows, firsts[cached], stops[cached], records, reading=False)
+        firsts, stops = firsts[~cached], stops[~cached]
+        parts = min(int(self.io_threads), len(firsts) // PARALLEL_MIN_MISSES)
+        if parts <= 1:
+            if len(firsts):
+                self.transfer_runs(sorted_rows, firsts, stops, records, reading)
+            return calls
         bounds = np.linspace(0, len(firsts), parts + 1).astype(np.int64).tolist()
         futures: list[Future[int]] = [
             IO_POOL.submit(self.transfer_runs, sorted_rows, firsts[low:high], stops[low:high], records, reading)
             for low, high in zip(bounds[:-2], bounds[1:-1], strict=True)]
         try:
-            calls = self.transfer_runs(sorted_rows, firsts[bounds[-2]:], stops[bounds[-2]:], records, reading)
+            self.transfer_runs(sorted_rows, firsts[bounds[-2]:], stops[bounds[-2]:], records, reading)
         finally:
             wait(futures)  # no part may still be moving bytes of `records` once this returns, even on an error
-        return calls + sum(future.result() for future in futures)
+        for future in futures:
+            future.result()
+        return calls
+
+    def cached_runs(self, sorted_rows: np.ndarray, firsts: np.ndarray, stops: np.ndarray,
+                    records: np.ndarray | None) -> np.ndarray | None:
+        """Which runs are in the page cache (or in holes of the file), by one batch of non-blocking reads on this
+        thread: into `records` (those runs are then read), or into a scratch buffer where None. None where the
+        system cannot tell (no AIO, or no RWF_NOWAIT)."""
+        if not hasattr(os, "RWF_NOWAIT"):
+            return None
+        target = records if records is not None else np.empty((int(stops[-1]), self.record_floats), RECORD_DTYPE)
+        offsets = HEADER_BYTES + sorted_rows[firsts] * self.record_bytes
+        sizes = (stops - firsts) * self.record_bytes
+        done = BATCHED_IO.transfer(self.fd, AIO_READ, offsets, target.ctypes.data + firsts * self.record_bytes,
+                                   sizes, flags=os.RWF_NOWAIT)
+        if done is None:
+            return None
+        self.count(batched_calls=-(-len(firsts) // AIO_BATCH), cache_probes=len(firsts))
+        cached = done == sizes
+        self.count(cache_hits=int(np.count_nonzero(cached)))
+        return cached
 
     def transfer_runs(self, sorted_rows: np.ndarray, firsts: np.ndarray, stops: np.ndarray, records: np.ndarray,
                       reading: bool, page_by_page: bool = False) -> int:
@@ -479,10 +580,11 @@ class BatchedIO:
         return context.value
 
     def transfer(self, fd: int, opcode: int, offsets: np.ndarray, addresses: np.ndarray,
-                 sizes: np.ndarray) -> np.ndarray | None:
+                 sizes: np.ndarray, flags: int = 0) -> np.ndarray | None:
         """Reads (AIO_READ) `sizes[k]` bytes at `offsets[k]` of `fd` into memory at `addresses[k]`, or writes
-        them (AIO_WRITE), for every k. Returns the bytes each request moved (a negative errno where it failed,
-        -1 where it was not submitted; the caller does those again with a call each), or None without AIO."""
+        them (AIO_WRITE), for every k, with `flags` (RWF_NOWAIT: fail with EAGAIN where it would wait for the
+        disk). Returns the bytes each request moved (a negative errno where it failed, -1 where it was not
+        submitted; the caller does those again with a call each), or None without AIO."""
         if not self.available:
             return None
         context = self.context()
@@ -491,7 +593,7 @@ class BatchedIO:
         count, usable = len(offsets), True
         iocbs = np.zeros(count, dtype=IOCB)
         iocbs["data"] = np.arange(count)
-        iocbs["opcode"], iocbs["fildes"] = opcode, fd
+        iocbs["opcode"], iocbs["fildes"], iocbs["rw_flags"] = opcode, fd, flags  # flags: RWF_*, per request
         iocbs["buf"], iocbs["nbytes"], iocbs["offset"] = addresses, sizes, offsets
         pointers = (iocbs.ctypes.data + np.arange(count, dtype=np.uint64) * IOCB.itemsize).astype(np.uint64)
         events = np.zeros(AIO_BATCH, dtype=IO_EVENT)
@@ -531,15 +633,16 @@ BATCHED_IO = BatchedIO()
 
 
 class IOPool:
-    """The threads stores cut their large reads and writes across (RowStore.transfer): one pool per process,
-    started on first use and made anew in a forked child (a pool's threads do not survive a fork)."""
+    """The threads stores cut their large reads and writes across (RowStore.transfer), and a hot tier writes
+    behind on (trainer/hot_tier.py): one pool per process, started on first use and made anew in a forked child
+    (a pool's threads do not survive a fork)."""
 
     def __init__(self, max_workers: int = 64) -> None:
         self.max_workers = max_workers
         self.lock = threading.Lock()
         self.executor: ThreadPoolExecutor | None = None
 
-    def submit(self, function: Callable[..., int], *args: Any) -> Future[int]:
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
         with self.lock:
             if self.executor is None:
                 self.executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="row-store-io")
@@ -611,22 +714,56 @@ class RowOverlay:
             target[hit] = self.arrays[name][found[hit]]
 
 
+@dataclass(frozen=True)
+class UniformRows:
+    """Rows uniform in [minval, maxval) (Keras' "uniform" default range), each value a function of (seed, row id,
+    column) alone: a counter-based hash (splitmix64's mix of seed and position), so any rows are drawn without
+    their neighbours, the table is the same whatever chunks ask for it, and a store can draw a row when it is
+    first read instead of writing it when it is made (`RowStore.create`). Called as (start, stop) for a range
+    of rows, or `rows(ids)` for any."""
+
+    embedding_dim: int
+    seed: int
+    minval: float = -0.05
+    maxval: float = 0.05
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        return self.rows(np.arange(start, stop, dtype=np.int64))
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [len(ids), embedding_dim]: the rows `ids`."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        key = np.uint64(mix64((self.seed * GOLDEN_GAMMA) & UINT64_MASK))
+        positions = ids.astype(np.uint64)[:, None] * np.uint64(self.embedding_dim) + np.arange(
+            self.embedding_dim, dtype=np.uint64)
+        bits = mix64_array((positions + np.uint64(1)) * np.uint64(GOLDEN_GAMMA) ^ key)
+        unit = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)  # [0, 1), 24 bits: exact
+        return (np.float32(self.minval) + unit * np.float32(self.maxval - self.minval)).astype(np.float32)
+
+
+def mix64(value: int) -> int:
+    """splitmix64's finaliser on one 64-bit integer."""
+    value ^= value >> 30
+    value = (value * MIX_MULTIPLIERS[0]) & UINT64_MASK
+    value ^= value >> 27
+    value = (value * MIX_MULTIPLIERS[1]) & UINT64_MASK
+    return value ^ (value >> 31)
+
+
+def mix64_array(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (products wrap modulo 2**64, as the hash means them to)."""
+    values = values ^ (values >> np.uint64(30))
+    values = values * np.uint64(MIX_MULTIPLIERS[0])
+    values ^= values >> np.uint64(27)
+    values *= np.uint64(MIX_MULTIPLIERS[1])
+    values ^= values >> np.uint64(31)
+    return values
+
+
 def uniform_initializer(embedding_dim: int, seed: int, minval: float = -0.05,
-                        maxval: float = 0.05) -> RowInitializer:
-    """Rows uniform in [minval, maxval) (Keras' "uniform" default range), each a function of (seed, row id)
-    alone: blocks of INITIALIZER_BLOCK_ROWS rows draw from their own generator, so the table is the same
-    whatever chunks `RowStore.create` asks for."""
-
-    def rows(start: int, stop: int) -> np.ndarray:
-        first, last = start // INITIALIZER_BLOCK_ROWS, (stop - 1) // INITIALIZER_BLOCK_ROWS
-        blocks = [np.random.default_rng([seed, block]).uniform(minval, maxval, (INITIALIZER_BLOCK_ROWS,
-                                                                                embedding_dim))
-                  for block in range(first, last + 1)]
-        values = np.concatenate(blocks).astype(np.float32)
-        begin = start - first * INITIALIZER_BLOCK_ROWS
-        return values[begin:begin + stop - start]
-
-    return rows
+                        maxval: float = 0.05) -> UniformRows:
+    """Rows uniform in [minval, maxval), each a function of (seed, row id) alone (UniformRows)."""
+    return UniformRows(int(embedding_dim), int(seed), float(minval), float(maxval))
 
 
 def strictly_increasing(rows: np.ndarray) -> bool:
@@ -678,22 +815,53 @@ def copy_file(source: int, target: int, size: int) -> str:
     except OSError as error:  # EOPNOTSUPP, EXDEV, EINVAL or ENOTTY: this filesystem (or pair) cannot reflink
         if error.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.ENOSYS):
             raise
-    done = 0
+    os.ftruncate(target, size)  # the holes of `source` (rows never written) stay holes: only data is copied
+    segments = data_segments(source, size)
     try:
-        while done < size:
-            count = os.copy_file_range(source, target, size - done, done, done)
-            if count == 0:
-                raise OSError(errno.EIO, f"copy_file_range stopped at byte {done} of {size}")
-            done += count
+        for begin, end in segments:
+            done = begin
+            while done < end:
+                count = os.copy_file_range(source, target, end - done, done, done)
+                if count == 0:
+                    raise OSError(errno.EIO, f"copy_file_range stopped at byte {done} of {size}")
+                done += count
         return "copy_file_range"
     except OSError as error:  # EXDEV across filesystems on old kernels, ENOSYS/EINVAL where unsupported
         if error.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
             raise
-    while done < size:
-        chunk = os.pread(source, min(COPY_CHUNK_BYTES, size - done), done)
-        write_all(target, chunk, done)
-        done += len(chunk)
+    for begin, end in segments:
+        done = begin
+        while done < end:
+            chunk = os.pread(source, min(COPY_CHUNK_BYTES, end - done), done)
+            write_all(target, chunk, done)
+            done += len(chunk)
     return "copy"
+
+
+def data_segments(fd: int, size: int) -> list[tuple[int, int]]:
+    """The [begin, end) byte ranges of `fd`'s first `size` bytes that hold data (SEEK_DATA / SEEK_HOLE); the whole
+    file where the system cannot tell."""
+    if not hasattr(os, "SEEK_DATA"):
+        return [(0, size)]
+    segments, position = [], 0
+    try:
+        while position < size:
+            try:
+                begin = os.lseek(fd, position, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # no data after `position`
+                    break
+                raise
+            end = min(size, os.lseek(fd, begin, os.SEEK_HOLE))
+            if begin >= size:
+                break
+            segments.append((begin, end))
+            position = end
+    except OSError as error:
+        if error.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return [(0, size)]
+        raise
+    return segments
 
 
 def fsync_directory(directory: Path) -> None:

@@ -40,7 +40,7 @@ from trainer.hot_tier import HotTier
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
-from trainer.row_store import CREATE_CHUNK_ROWS, INITIALIZER_BLOCK_ROWS, RowOverlay, RowStore, uniform_initializer
+from trainer.row_store import CREATE_CHUNK_ROWS, RowOverlay, RowStore, uniform_initializer
 from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of
 
 TABLES_DIR = "tables"
@@ -183,7 +183,7 @@ class TieredTables:
             if table not in self.stores or not len(rows):
                 continue
             rows = np.unique(np.asarray(rows, dtype=np.int64))
-            values = initial_rows(uniform_initializer(self.layer.embedding_dim, seed + table), rows)
+            values = uniform_initializer(self.layer.embedding_dim, seed + table).rows(rows)
             _, accumulators = self.stores[table].read(rows)
             self.stores[table].write(rows, values, accumulators)
             self.touched_parts[table].append(rows)  # changed here, so a delta carries them
@@ -328,19 +328,6 @@ class TieredTables:
             for key, value in current.items():
                 total[key] = total.get(key, 0) + int(value)
         return out
-
-
-def initial_rows(initializer: Any, rows: np.ndarray) -> np.ndarray:
-    """`initializer`'s values of `rows` (ascending), drawn a block of INITIALIZER_BLOCK_ROWS at a time."""
-    out = np.empty((len(rows), 0), dtype=np.float32)
-    parts = []
-    blocks = rows // INITIALIZER_BLOCK_ROWS
-    for block in np.unique(blocks):
-        start = int(block) * INITIALIZER_BLOCK_ROWS
-        chosen = rows[blocks == block]
-        values = np.asarray(initializer(start, int(chosen.max()) + 1), dtype=np.float32)
-        parts.append(values[chosen - start])
-    return np.concatenate(parts) if parts else out
 
 
 def warm_chunks(parent: RowStore | ArrayRows | ChainRows, num_rows: int, fresh: Any, reset: np.ndarray,

@@ -234,6 +234,66 @@ def test_write_backs_reach_the_store_at_the_next_prepare_or_flush_and_loads_see_
     assert tier.counters.rows_written_back == 4
 
 
+class HeldWrites(RowStore):
+    """A store whose writes wait for `release` once `hold` is set, and which records the reads made meanwhile."""
+
+    hold = False
+
+    def write(self, rows, values, accumulators, **options):
+        if self.hold:
+            self.in_flight.set()
+            assert self.release.wait(30)
+        super().write(rows, values, accumulators, **options)
+
+    def read(self, rows):
+        if self.hold and self.in_flight.is_set() and not self.release.is_set():
+            self.read_during_write.append(np.asarray(rows).tolist())
+        return super().read(rows)
+
+
+def test_the_next_loads_are_read_while_the_write_behind_is_in_flight_and_see_its_rows(tmp_path):
+    values = np.repeat(np.arange(10, dtype=np.float32)[:, None] * 10, DIM, axis=1)
+    store = HeldWrites.from_arrays(tmp_path / "t.rows", values, np.ones_like(values))
+    store.in_flight, store.release, store.read_during_write = threading.Event(), threading.Event(), []
+    tier, slots = HotTier(store, hot_rows=2), ArraySlots(2, DIM)
+    plan0 = tier.prepare(np.array([0, 1]))
+    tier.apply(plan0, slots)
+    step(plan0.plan, slots, np.array([0, 1]), 0)  # rows 0 and 1: 1 and 11.25
+    plan1 = tier.prepare(np.array([2, 3]))
+    tier.apply(plan1, slots)  # writes back 0 and 1: in memory until the next prepare writes them
+    step(plan1.plan, slots, np.array([2, 3]), 1)
+    store.hold = True
+    prepared = []
+    producer = threading.Thread(target=lambda: prepared.append(tier.prepare(np.array([0, 4]))))
+    producer.start()
+    assert store.in_flight.wait(30)  # the write-behind of rows 0 and 1 has started, and waits
+    producer.join(0.5)
+    assert producer.is_alive()  # prepare returns only once its write-behind is done
+    store.release.set()
+    producer.join(30)
+    (plan2,) = prepared
+    assert plan2.deferred.tolist() == [False, False]  # plan 1, which wrote row 0 back, was applied
+    # Row 0 came from the write-back in memory, row 4 from the store, read while the write was in flight.
+    np.testing.assert_array_equal(plan2.load_values[:, 0], [1, 40])
+    assert store.read_during_write == [[4]]
+    np.testing.assert_array_equal(store.read(np.array([0, 1]))[0][:, 0], [1, 11.25])
+
+
+def test_with_one_io_thread_the_write_behind_is_done_before_the_loads_are_read(tmp_path):
+    values = np.repeat(np.arange(10, dtype=np.float32)[:, None] * 10, DIM, axis=1)
+    store = HeldWrites.from_arrays(tmp_path / "t.rows", values, np.ones_like(values))
+    store.in_flight, store.release, store.read_during_write = threading.Event(), threading.Event(), []
+    store.io_threads = 1
+    tier, slots = HotTier(store, hot_rows=2), ArraySlots(2, DIM)
+    plan0 = tier.prepare(np.array([0, 1]))
+    tier.apply(plan0, slots)
+    tier.apply(tier.prepare(np.array([2, 3])), slots)
+    store.hold = True
+    store.release.set()
+    tier.prepare(np.array([0, 4]))
+    assert store.in_flight.is_set() and store.read_during_write == []
+
+
 def test_plans_are_applied_once_each_in_order(tmp_path):
     tier, slots = HotTier(make_store(tmp_path / "t.rows", 10), hot_rows=4), ArraySlots(4, DIM)
     first, second = tier.prepare(np.array([1])), tier.prepare(np.array([2]))
