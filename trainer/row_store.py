@@ -258,9 +258,11 @@ class RowStore:
         return store
 
     @classmethod
-    def create_fresh(cls, path: Path | str, num_rows: int, initializer: UniformRows,
-                     initial_accumulator: float) -> RowStore:
-        """`create` with a UniformRows initializer: the header alone, the rows drawn when first read."""
+    def create_fresh(cls, path: Path | str, num_rows: int, initializer: UniformRows, initial_accumulator: float,
+                     written: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]] = ()) -> RowStore:
+        """`create` with a UniformRows initializer: the header, and the (rows, values, accumulators) of `written`
+        (a warm start's trained rows), written and fsynced before the store takes its name; every other row is
+        drawn when first read."""
         if not initial_accumulator > 0:
             raise ValueError(f"A store that draws its fresh rows needs initial_accumulator > 0 (zeros mark a row "
                              f"never written). Received: {initial_accumulator}")
@@ -271,6 +273,11 @@ class RowStore:
             os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * dim * RECORD_DTYPE.itemsize)
             write_all(fd, FRESH_HEADER.pack(MAGIC, FRESH_FORMAT_VERSION, dim, num_rows, initializer.seed,
                                             initializer.minval, initializer.maxval, initial_accumulator), 0)
+            fresh_accumulator = float(np.float32(initial_accumulator))  # as the header holds it
+            store = cls(partial, fd, dim, num_rows, writable=True, fresh=initializer,
+                        fresh_accumulator=fresh_accumulator)
+            for rows, values, accumulators in written:
+                store.write(rows, values, accumulators)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -278,8 +285,8 @@ class RowStore:
             raise
         os.replace(partial, path)
         fsync_directory(path.parent)
-        fresh_accumulator = float(np.float32(initial_accumulator))  # as the header holds it
-        return cls(path, fd, dim, num_rows, writable=True, fresh=initializer, fresh_accumulator=fresh_accumulator)
+        store.path = path
+        return store
 
     @classmethod
     def sparse(cls, path: Path | str, num_rows: int, embedding_dim: int) -> RowStore:
@@ -343,6 +350,12 @@ class RowStore:
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values, accumulators) of `rows` (ids in any order, duplicates allowed), each float32
         [len(rows), embedding_dim]. Each distinct row is read once."""
+        values, accumulators, _ = self.read_marked(rows)
+        return values, accumulators
+
+    def read_marked(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`read`, and whether each row was ever written (bool [len(rows)]): False for a row a store of format 2
+        drew from its initializer, True for every row of a store of format 1."""
         rows = self.check_rows(rows)
         if strictly_increasing(rows):  # a plan's loads: sorted and distinct already
             unique, inverse = rows, None
@@ -351,16 +364,17 @@ class RowStore:
         records = np.empty((len(unique), self.record_floats), dtype=RECORD_DTYPE)
         calls = self.transfer(unique, records, reading=True)
         fresh = 0
+        written = np.ones(len(unique), dtype=bool)
         if self.fresh is not None:
-            never = ~records[:, self.embedding_dim:].any(axis=1)
-            fresh = int(np.count_nonzero(never))
+            written = records[:, self.embedding_dim:].any(axis=1)
+            fresh = len(unique) - int(np.count_nonzero(written))
             if fresh:
-                records[never, :self.embedding_dim] = self.fresh.rows(unique[never])
-                records[never, self.embedding_dim:] = self.fresh_accumulator
+                records[~written, :self.embedding_dim] = self.fresh.rows(unique[~written])
+                records[~written, self.embedding_dim:] = self.fresh_accumulator
         self.count(rows_read=len(unique), bytes_read=records.nbytes, read_calls=calls, rows_fresh=fresh)
         if inverse is not None:
-            records = records[inverse]
-        return records[:, :self.embedding_dim], records[:, self.embedding_dim:]
+            records, written = records[inverse], written[inverse]
+        return records[:, :self.embedding_dim], records[:, self.embedding_dim:], written
 
     def write(self, rows: np.ndarray, values: np.ndarray, accumulators: np.ndarray, *,
               page_by_page: bool = False) -> None:

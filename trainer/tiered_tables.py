@@ -40,7 +40,7 @@ from trainer.hot_tier import HotTier
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
-from trainer.row_store import CREATE_CHUNK_ROWS, RowOverlay, RowStore, uniform_initializer
+from trainer.row_store import CREATE_CHUNK_ROWS, RowOverlay, RowStore, UniformRows, uniform_initializer
 from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of
 
 TABLES_DIR = "tables"
@@ -109,8 +109,7 @@ class TieredTables:
                                      f"{parent.embedding_dim}, this model {dim}; warm start needs the same "
                                      "dimension: set train.warm_start=false to train from scratch")
                 reset = np.unique(np.asarray(list((reset_rows or {}).get(table, ())), dtype=np.int64))
-                chunks = warm_chunks(parent, num_rows, fresh, reset)
-                self.stores[table] = RowStore.write_new(self.path(table), num_rows, dim, chunks)
+                self.stores[table] = warm_store(self.path(table), parent, num_rows, fresh, reset)
                 kept = min(num_rows, parent.num_rows)
                 resets = int(np.count_nonzero(reset < kept))
                 counts["rows_kept"] += kept - resets
@@ -330,6 +329,33 @@ class TieredTables:
         return out
 
 
+def warm_store(path: Path, parent: RowStore | ArrayRows | ChainRows, num_rows: int, fresh: UniformRows,
+               reset: np.ndarray, chunk_rows: int = CREATE_CHUNK_ROWS) -> RowStore:
+    """A warm-started table's store at `path`: the parent's rows, `fresh`'s rows for the reset rows and the rows
+    past the parent's table, accumulators at their initial value.
+
+    Where the parent draws the rows it never wrote from `fresh` too (a store of format 2 with the same
+    initializer: the same seed), so does the new store: it writes only the rows the parent has written (less the
+    reset ones), and a warm start costs the rows ever trained, not the table's size. Otherwise every row is
+    written (format 1)."""
+    if getattr(parent, "fresh", None) == fresh:
+        return RowStore.create_fresh(path, num_rows, fresh, INITIAL_ACCUMULATOR_VALUE,
+                                     written=written_chunks(parent, num_rows, reset, chunk_rows))
+    return RowStore.write_new(path, num_rows, fresh.embedding_dim,
+                              warm_chunks(parent, num_rows, fresh, reset, chunk_rows))
+
+
+def written_chunks(parent: RowStore | ChainRows, num_rows: int, reset: np.ndarray, chunk_rows: int
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(rows, values, initial accumulators) of the rows the parent has written, less `reset`, a chunk at a time."""
+    for start in range(0, min(num_rows, parent.num_rows), chunk_rows):
+        rows = np.arange(start, min(num_rows, parent.num_rows, start + chunk_rows))
+        values, _, written = parent.read_marked(rows)
+        keep = written & ~np.isin(rows, reset)
+        if keep.any():
+            yield rows[keep], values[keep], np.full_like(values[keep], INITIAL_ACCUMULATOR_VALUE)
+
+
 def warm_chunks(parent: RowStore | ArrayRows | ChainRows, num_rows: int, fresh: Any, reset: np.ndarray,
                 chunk_rows: int = CREATE_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(values, accumulators) chunks of a warm-started table: the parent's rows, `fresh(start, stop)` for the
@@ -472,12 +498,20 @@ class ChainRows:
             self.store = RowStore.open(base, writable=False)
             self.overlay = RowOverlay.merged(read_overlay(path) for path in overlays)
         self.num_rows, self.embedding_dim = self.store.num_rows, self.store.embedding_dim
+        self.fresh = self.store.fresh  # the base's initializer, where it draws the rows it never wrote
 
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows = np.asarray(rows, dtype=np.int64)
-        values, accumulators = self.store.read(rows)
-        self.overlay.apply(rows, values=values, accumulators=accumulators)
+        values, accumulators, _ = self.read_marked(rows)
         return values, accumulators
+
+    def read_marked(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`read`, and whether each row was ever written: in the base, or by an overlay."""
+        rows = np.asarray(rows, dtype=np.int64)
+        values, accumulators, written = self.store.read_marked(rows)
+        self.overlay.apply(rows, values=values, accumulators=accumulators)
+        if len(self.overlay):
+            written |= np.isin(rows, self.overlay.rows)
+        return values, accumulators, written
 
     def close(self) -> None:
         self.store.close()

@@ -34,6 +34,11 @@ def values(names: tuple[str, ...], path: str) -> list[float]:
     return [value(name, path) for name in names]
 
 
+def tiers_figures(key: str) -> list[float]:
+    """`key` at Zipf 1.05 in the three runs of the store's I/O threads and drawn rows."""
+    return [result(f"tiers_run{run}.json")["zipf_1.05"][key] for run in (7, 8, 9)]
+
+
 def movielens(key: str):
     return value("real.json", f"datasets.movielens.{key}")
 
@@ -146,6 +151,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{result('tiers_run3.json')['zipf_1.05']['peak_rss_bytes'] / 2**20:.0f} MiB: over the limit's "
         f"{result('tiers_run3.json')['memory_limit_bytes'] / 2**20:.0f}), and "
         f"{result('tiers_ranked.json')['zipf_1.05']['speed_ratio']:.3f}x with the popular ids on the lowest rows"),
+    "tiers_run7.json to tiers_run9.json, tiers_ranked_run2.json": lambda: (
+        f"{min(tiers_figures('speed_ratio')):.3f}-{max(tiers_figures('speed_ratio')):.3f}x over three runs "
+        f"(tiers_run7.json to tiers_run9.json; the tiered side {min(tiers_figures('tiered_ex_per_s')):,.0f}-"
+        f"{max(tiers_figures('tiered_ex_per_s')):,.0f} ex/s), "
+        f"{result('tiers_ranked_run2.json')['zipf_1.05']['speed_ratio']:.3f}x ranked (tiers_ranked_run2.json)"),
     "spark.json": lambda: (
         f"the join runs at {value('spark.json', 'join_over_sql'):.2f}x the throughput of a plain dedup-and-join of "
         f"the same streams (goal 0.5), the feature state at {value('spark.json', 'features_over_count'):.2f}x one "

@@ -4,6 +4,7 @@ or, for a chain longer than the bound, through a store written out beside the ca
 from __future__ import annotations
 
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from components.manifest import write_manifest
-from trainer.row_store import RowStore
+from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
+from trainer.row_store import RowStore, uniform_initializer
 from trainer.tiered_tables import (
     LIVE_STATE,
     ChainRows,
@@ -19,6 +21,7 @@ from trainer.tiered_tables import (
     checkpoint_tables,
     live_directory,
     materialize,
+    warm_store,
     write_overlay,
 )
 
@@ -119,3 +122,41 @@ def test_a_minutes_report_reads_the_live_stores_when_they_hold_its_tables(tmp_pa
     np.testing.assert_array_equal(reported(), values[rows])  # they hold another checkpoint's tables
     (live / LIVE_STATE).write_text(json.dumps(checkpoint_identity(last)))
     np.testing.assert_array_equal(reported(), values[rows] + 1)  # they hold this one's: read there
+
+
+def test_a_warm_start_from_a_parent_that_draws_its_rows_writes_only_the_rows_it_trained(tmp_path):
+    fresh = uniform_initializer(DIM, seed=11)
+    day = tmp_path / "day"
+    (day / "tables").mkdir(parents=True)
+    trained = np.array([3, 4, 100, 4_000])  # the rows the day wrote; every other row is drawn
+    day_values = np.full((len(trained), DIM), 2.0, np.float32)
+    RowStore.create_fresh(day / "tables" / "C1.rows", NUM_ROWS, fresh, INITIAL_ACCUMULATOR_VALUE,
+                          written=[(trained, day_values, np.full_like(day_values, 0.7))]).close()
+    write_manifest(day, kind="checkpoint", version="day", files=["tables/C1.rows"])
+    minute = tmp_path / "minute"
+    (minute / "tables").mkdir(parents=True)
+    write_overlay(minute / "tables" / "C1.overlay.npz", np.array([4, 7]), np.full((2, DIM), 5.0, np.float32),
+                  np.full((2, DIM), 0.9, np.float32))
+    write_manifest(minute, kind="checkpoint", version="m0", files=["tables/C1.overlay.npz"],
+                   inputs={"parent_checkpoint": str(day)})
+    reset, num_rows = np.array([100]), NUM_ROWS + 500  # row 100 re-admitted; 500 rows admitted past the parent
+    with ChainRows(minute, "C1") as parent:
+        expected, _ = parent.read(np.arange(NUM_ROWS))
+        store = warm_store(tmp_path / "next.rows", parent, num_rows, fresh, reset)
+    # Written: the rows the parent trained (3, 4 and 4,000 in the day, 4 and 7 in the minute), not the reset one.
+    assert store.fresh == fresh and store.counters.rows_written == 4
+    values, accumulators, written = store.read_marked(np.arange(num_rows))
+    assert np.flatnonzero(written).tolist() == [3, 4, 7, 4_000]
+    expected[reset] = fresh.rows(reset)
+    np.testing.assert_array_equal(values[:NUM_ROWS], expected)
+    np.testing.assert_array_equal(values[NUM_ROWS:], fresh.rows(np.arange(NUM_ROWS, num_rows)))
+    np.testing.assert_array_equal(values[[3, 4, 7]], [[2.0] * DIM, [5.0] * DIM, [5.0] * DIM])
+    assert (accumulators == np.float32(INITIAL_ACCUMULATOR_VALUE)).all()  # a warm start starts a new optimizer
+    assert os.stat(tmp_path / "next.rows").st_blocks * 512 <= 64 << 10
+    store.close()
+    # A parent drawn with another seed: every row written, its drawn rows as it drew them.
+    with ChainRows(minute, "C1") as parent:
+        other = warm_store(tmp_path / "other.rows", parent, num_rows, uniform_initializer(DIM, seed=12), reset)
+    assert other.fresh is None and other.counters.rows_written == num_rows
+    np.testing.assert_array_equal(other.read(np.arange(NUM_ROWS))[0][[0, 3, 7]], expected[[0, 3, 7]])
+    other.close()
