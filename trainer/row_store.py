@@ -233,13 +233,8 @@ class RowStore:
     ) -> RowStore:
         """Writes a store from (values, accumulators) chunks in row order under a temporary name, fsyncs it and
         renames it to `path`: a crash during creation never leaves a partial store under the final name."""
-        path = Path(path)
-        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize)
-            write_all(fd, HEADER.pack(MAGIC, FORMAT_VERSION, embedding_dim, num_rows), 0)
-            store = cls(partial, fd, embedding_dim, num_rows, writable=True)
+
+        def fill(store: RowStore) -> None:
             start = 0
             for values, accumulators in chunks:
                 store.write(np.arange(start, start + len(values)), values, accumulators, page_by_page=True)
@@ -247,6 +242,25 @@ class RowStore:
             if start != num_rows:
                 raise ValueError(f"The chunks held {start} rows for a store of num_rows={num_rows}; give rows for "
                                  "every row id")
+
+        return cls.made_in_place(path, num_rows, embedding_dim,
+                                 HEADER.pack(MAGIC, FORMAT_VERSION, embedding_dim, num_rows), fill)
+
+    @classmethod
+    def made_in_place(cls, path: Path | str, num_rows: int, embedding_dim: int, header: bytes,
+                      fill: Callable[[RowStore], None], fresh: UniformRows | None = None,
+                      fresh_accumulator: float = 0.0) -> RowStore:
+        """A new store at `path`, made under a temporary name: sized, `header` written, `fill(store)` run, fsynced,
+        and only then renamed to `path`, so a crash never leaves a partial store under the final name."""
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize)
+            write_all(fd, header, 0)
+            store = cls(partial, fd, embedding_dim, num_rows, writable=True, fresh=fresh,
+                        fresh_accumulator=fresh_accumulator)
+            fill(store)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -266,27 +280,16 @@ class RowStore:
         if not initial_accumulator > 0:
             raise ValueError(f"A store that draws its fresh rows needs initial_accumulator > 0 (zeros mark a row "
                              f"never written). Received: {initial_accumulator}")
-        path, dim = Path(path), initializer.embedding_dim
-        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.ftruncate(fd, HEADER_BYTES + num_rows * 2 * dim * RECORD_DTYPE.itemsize)
-            write_all(fd, FRESH_HEADER.pack(MAGIC, FRESH_FORMAT_VERSION, dim, num_rows, initializer.seed,
-                                            initializer.minval, initializer.maxval, initial_accumulator), 0)
-            fresh_accumulator = float(np.float32(initial_accumulator))  # as the header holds it
-            store = cls(partial, fd, dim, num_rows, writable=True, fresh=initializer,
-                        fresh_accumulator=fresh_accumulator)
+        dim = initializer.embedding_dim
+
+        def fill(store: RowStore) -> None:
             for rows, values, accumulators in written:
                 store.write(rows, values, accumulators)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, path)
-        fsync_directory(path.parent)
-        store.path = path
-        return store
+
+        header = FRESH_HEADER.pack(MAGIC, FRESH_FORMAT_VERSION, dim, num_rows, initializer.seed, initializer.minval,
+                                   initializer.maxval, initial_accumulator)
+        return cls.made_in_place(path, num_rows, dim, header, fill, fresh=initializer,
+                                 fresh_accumulator=float(np.float32(initial_accumulator)))  # as the header holds it
 
     @classmethod
     def sparse(cls, path: Path | str, num_rows: int, embedding_dim: int) -> RowStore:
