@@ -241,13 +241,18 @@ class HeldWrites(RowStore):
 
     def write(self, rows, values, accumulators, **options):
         if self.hold:
+            self.log.append(("write", np.asarray(rows).tolist()))
             self.in_flight.set()
             assert self.release.wait(30)
         super().write(rows, values, accumulators, **options)
 
     def read(self, rows):
-        if self.hold and self.in_flight.is_set() and not self.release.is_set():
+        # While held, a write-behind started (its write waits for `release`) cannot have finished.
+        if self.hold:
+            self.log.append(("read", np.asarray(rows).tolist()))
+        if self.hold and not self.release.is_set():
             self.read_during_write.append(np.asarray(rows).tolist())
+            self.read_seen.set()
         return super().read(rows)
 
 
@@ -255,6 +260,7 @@ def test_the_next_loads_are_read_while_the_write_behind_is_in_flight_and_see_its
     values = np.repeat(np.arange(10, dtype=np.float32)[:, None] * 10, DIM, axis=1)
     store = HeldWrites.from_arrays(tmp_path / "t.rows", values, np.ones_like(values))
     store.in_flight, store.release, store.read_during_write = threading.Event(), threading.Event(), []
+    store.read_seen, store.log = threading.Event(), []
     tier, slots = HotTier(store, hot_rows=2), ArraySlots(2, DIM)
     plan0 = tier.prepare(np.array([0, 1]))
     tier.apply(plan0, slots)
@@ -267,6 +273,7 @@ def test_the_next_loads_are_read_while_the_write_behind_is_in_flight_and_see_its
     producer = threading.Thread(target=lambda: prepared.append(tier.prepare(np.array([0, 4]))))
     producer.start()
     assert store.in_flight.wait(30)  # the write-behind of rows 0 and 1 has started, and waits
+    assert store.read_seen.wait(30)  # the next loads are read meanwhile
     producer.join(0.5)
     assert producer.is_alive()  # prepare returns only once its write-behind is done
     store.release.set()
@@ -283,6 +290,7 @@ def test_with_one_io_thread_the_write_behind_is_done_before_the_loads_are_read(t
     values = np.repeat(np.arange(10, dtype=np.float32)[:, None] * 10, DIM, axis=1)
     store = HeldWrites.from_arrays(tmp_path / "t.rows", values, np.ones_like(values))
     store.in_flight, store.release, store.read_during_write = threading.Event(), threading.Event(), []
+    store.read_seen, store.log = threading.Event(), []
     store.io_threads = 1
     tier, slots = HotTier(store, hot_rows=2), ArraySlots(2, DIM)
     plan0 = tier.prepare(np.array([0, 1]))
@@ -291,7 +299,7 @@ def test_with_one_io_thread_the_write_behind_is_done_before_the_loads_are_read(t
     store.hold = True
     store.release.set()
     tier.prepare(np.array([0, 4]))
-    assert store.in_flight.is_set() and store.read_during_write == []
+    assert store.log == [("write", [0, 1]), ("read", [0, 4])]  # the write-behind first, then both loads from it
 
 
 def test_plans_are_applied_once_each_in_order(tmp_path):
