@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import wait
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -387,8 +386,7 @@ class HotTier:
             return self.plan_and_read(row_ids, training, applied)
         finally:
             if writing is not None:
-                wait([writing])
-                writing.result()  # a failed write fails the plan: its rows would be lost otherwise
+                writing.result()  # waits; a failed write fails the plan: its rows would be lost otherwise
 
     def plan_and_read(self, row_ids: np.ndarray, training: bool, applied: int) -> PreparedPlan:
         """`prepare` after its write-behind started: every write-back of plans < `applied` is in the store or

@@ -466,9 +466,9 @@ class RowStore:
                                    sizes, flags=os.RWF_NOWAIT)
         if done is None:
             return None
-        self.count(batched_calls=-(-len(firsts) // AIO_BATCH), cache_probes=len(firsts))
         cached = done == sizes
-        self.count(cache_hits=int(np.count_nonzero(cached)))
+        self.count(batched_calls=-(-len(firsts) // AIO_BATCH), cache_probes=len(firsts),
+                   cache_hits=int(np.count_nonzero(cached)))
         return cached
 
     def transfer_runs(self, sorted_rows: np.ndarray, firsts: np.ndarray, stops: np.ndarray, records: np.ndarray,

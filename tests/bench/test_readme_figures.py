@@ -34,9 +34,9 @@ def values(names: tuple[str, ...], path: str) -> list[float]:
     return [value(name, path) for name in names]
 
 
-def tiers_figures(key: str) -> list[float]:
-    """`key` at Zipf 1.05 in the three runs of the store's I/O threads and drawn rows."""
-    return [result(f"tiers_run{run}.json")["zipf_1.05"][key] for run in (7, 8, 9)]
+def tiers_figures(key: str, runs: tuple[object, ...] = (7, 8, 9)) -> list[float]:
+    """`key` at Zipf 1.05 in bench-tiers runs (by default the three of the store's I/O threads and drawn rows)."""
+    return [result(f"tiers{'_run' if isinstance(run, int) else ''}{run}.json")["zipf_1.05"][key] for run in runs]
 
 
 def movielens(key: str):
@@ -156,6 +156,16 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"(tiers_run7.json to tiers_run9.json; the tiered side {min(tiers_figures('tiered_ex_per_s')):,.0f}-"
         f"{max(tiers_figures('tiered_ex_per_s')):,.0f} ex/s), "
         f"{result('tiers_ranked_run2.json')['zipf_1.05']['speed_ratio']:.3f}x ranked (tiers_ranked_run2.json)"),
+    "tiers_run5.json, tiers_run6.json, tiers_hot_1m.json, tiers_hot_1m_run2.json": lambda: (
+        f"with the I/O threads alone {min(tiers_figures('speed_ratio', (5, 6))):.3f}-"
+        f"{max(tiers_figures('speed_ratio', (5, 6))):.3f}x (tiers_run5.json, tiers_run6.json): the 0.5x goal is not "
+        f"met, the step now waits on the write-back's page writes (docs/tiers.md). With 8x the hot rows inside the "
+        f"same limit, {min(tiers_figures('speed_ratio', ('_hot_1m', '_hot_1m_run2'))):.3f}-"
+        f"{max(tiers_figures('speed_ratio', ('_hot_1m', '_hot_1m_run2'))):.3f}x"),
+    "real_avazu_sample.json": lambda: (
+        f"all three seeds were published with AUC "
+        f"{value('real_avazu_sample.json', 'datasets.avazu_sample.auc_over_seeds.min'):.4f}, the baseline "
+        f"{value('real_avazu_sample.json', 'datasets.avazu_sample.baseline_auc'):.4f} (real_avazu_sample.json)"),
     "spark.json": lambda: (
         f"the join runs at {value('spark.json', 'join_over_sql'):.2f}x the throughput of a plain dedup-and-join of "
         f"the same streams (goal 0.5), the feature state at {value('spark.json', 'features_over_count'):.2f}x one "
