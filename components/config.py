@@ -190,6 +190,9 @@ class TrainConfig:
     # the best epoch alone, on the same epochs (docs/real_data.md).
     average_epochs: bool = False
     learning_rate: float = 0.02
+    # The optimizer of the weights that are not tables' (trainer/optimizers.py): "adagrad" or "adam", at
+    # learning_rate. The tables keep row-sparse Adagrad at embedding_learning_rate either way.
+    dense_optimizer: Literal["adagrad", "adam"] = "adagrad"
     # Row-sparse updates: embeddings get Adagrad's scatter updates; only touched rows change.
     embedding_learning_rate: float = 0.2
     # L2 on the embedding rows a training batch reads (trainer/layers/categorical_embedding.py row_l2): the

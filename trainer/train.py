@@ -390,6 +390,7 @@ def compile_model(model: keras.Model, config: TrainConfig, steps_per_execution: 
             embedding_learning_rate=config.embedding_learning_rate,
             gradient_accumulation_steps=config.micro_batches if config.micro_batches > 1 else None,
             row_sparse_updates=config.row_sparse_updates,
+            dense_optimizer=config.dense_optimizer,
         ),
         loss=keras.losses.BinaryCrossentropy(name="logloss"),
         metrics=ctr_metrics(),

@@ -91,3 +91,29 @@ def test_config_round_trip():
     assert config["embedding_learning_rate"] == 0.3 and config["initial_accumulator_value"] == 0.5
     restored = EmbeddingAdagrad.from_config(config)
     assert restored.get_config() == config
+
+
+def test_adam_for_dense_weights_steps_like_keras_adam_and_leaves_tables_to_adagrad():
+    rng = np.random.default_rng(1)
+    kernel_gradients = [tf.constant(rng.standard_normal((2, 2)), tf.float32) for _ in range(3)]
+    table_gradient = tf.IndexedSlices(tf.constant([[0.5, -1.0]]), tf.constant([3]), dense_shape=tf.constant([6, 2]))
+    mixed = [keras.Variable(INITIAL, name="embeddings"), keras.Variable(INITIAL[:2], name="kernel")]
+    adagrad_table = keras.Variable(INITIAL, name="embeddings")
+    adam_kernel = keras.Variable(INITIAL[:2], name="kernel")
+    optimizer = EmbeddingAdagrad(0.01, 0.3, dense_optimizer="adam")
+    reference_adagrad, reference_adam = EmbeddingAdagrad(0.01, 0.3), keras.optimizers.Adam(0.01)
+    for kernel_gradient in kernel_gradients:
+        optimizer.apply([table_gradient, kernel_gradient], mixed)
+        reference_adagrad.apply([table_gradient], [adagrad_table])
+        reference_adam.apply([kernel_gradient], [adam_kernel])
+    np.testing.assert_allclose(mixed[1].numpy(), adam_kernel.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(mixed[0].numpy(), adagrad_table.numpy())
+    # Adam moves a weight by at most about the learning rate a step, whatever the gradient's size.
+    moved = np.abs(mixed[1].numpy() - INITIAL[:2])
+    assert (moved > 0).all() and moved.max() <= 3 * 0.01 + 1e-6
+    # Moments for the kernel only: two variables more than Adagrad's, none the table's size.
+    extra = {tuple(v.shape) for v in optimizer.variables} - {tuple(v.shape) for v in reference_adagrad.variables}
+    assert len(optimizer.variables) == len(reference_adagrad.variables) + 1 + 2 and extra == {(2, 2)}
+    assert EmbeddingAdagrad.from_config(optimizer.get_config()).dense_optimizer == "adam"
+    with pytest.raises(ValueError, match=re.escape("dense_optimizer='sgd'")):
+        EmbeddingAdagrad(dense_optimizer="sgd")
