@@ -11,7 +11,11 @@ after 3 to 5), where a row's first read is a miss only in the first:
 
     lookups, distinct_rows        the big table's ids in the training rows, and how many distinct rows they read
     first_touch_misses            = distinct_rows: a row's first read misses under every policy
-    lru_misses, lru_hit_rate      the planner's loads, batch by batch as the training makes its plans
+    lru_misses, lru_hit_rate      the planner's loads, batch by batch as the training makes its plans; the
+                                  hit rate per lookup (a row read twice in a batch is loaded once)
+    batch_rows                    the distinct rows of each batch, summed: what the planner maps
+    lru_hit_rate_of_batch_rows    1 - lru_misses / batch_rows: the hit rate as bench-tiers and the table report
+                                  count it (per row a plan maps)
     lfu_misses, lfu_hit_rate      LFU: a row's count of reads while resident (a new row starts at its reads in the
                                   batch that loads it), the fewest evicted first, ties by the older last use;
                                   the batch's own rows are never evicted
@@ -92,6 +96,7 @@ def static_top_hit_rate(hot_rows: int, num_ranks: int, exponent: float) -> float
 def measure(num_rows: int, table_rows: int, hot_rows: int, exponent: float, passes: int) -> dict[str, Any]:
     ids = np.tile(stream(num_rows, table_rows, exponent), passes)
     distinct = len(np.unique(ids))
+    batch_rows = sum(len(np.unique(ids[start:start + BATCH])) for start in range(0, len(ids), BATCH))
     lru, lfu = lru_misses(ids, hot_rows), lfu_misses(ids, hot_rows)
     return {
         "lookups": len(ids),
@@ -99,6 +104,8 @@ def measure(num_rows: int, table_rows: int, hot_rows: int, exponent: float, pass
         "first_touch_misses": distinct,
         "lru_misses": lru,
         "lru_hit_rate": 1 - lru / len(ids),
+        "batch_rows": batch_rows,
+        "lru_hit_rate_of_batch_rows": 1 - lru / batch_rows,
         "lfu_misses": lfu,
         "lfu_hit_rate": 1 - lfu / len(ids),
         "static_top_hit_rate": static_top_hit_rate(hot_rows, table_rows - RESERVED, exponent),
