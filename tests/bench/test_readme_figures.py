@@ -39,6 +39,11 @@ def tiers_figures(key: str, runs: tuple[object, ...] = (7, 8, 9)) -> list[float]
     return [result(f"tiers{'_run' if isinstance(run, int) else ''}{run}.json")["zipf_1.05"][key] for run in runs]
 
 
+def policy() -> dict:
+    """bench-tier-policy's figures at Zipf 1.05."""
+    return result("tier_policy.json")["zipf_1.05"]
+
+
 def movielens(key: str):
     return value("real.json", f"datasets.movielens.{key}")
 
@@ -162,6 +167,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"met, the step now waits on the write-back's page writes (docs/tiers.md). With 8x the hot rows inside the "
         f"same limit, {min(tiers_figures('speed_ratio', ('_hot_1m', '_hot_1m_run2'))):.3f}-"
         f"{max(tiers_figures('speed_ratio', ('_hot_1m', '_hot_1m_run2'))):.3f}x"),
+    "tier_policy.json": lambda: (
+        f"in one pass {round(100 * policy()['first_touch_misses'] / policy()['lru_misses'])} % of LRU's misses are "
+        f"rows read for the first time, which every policy misses, and LFU saves "
+        f"{100 * policy()['lfu_saves_of_lru_misses']:.1f} % of them; over three passes "
+        f"{100 * policy()['passes_3']['lfu_saves_of_lru_misses']:.1f} % (tier_policy.json)"),
     "real_avazu_sample.json": lambda: (
         f"all three seeds were published with AUC "
         f"{value('real_avazu_sample.json', 'datasets.avazu_sample.auc_over_seeds.min'):.4f}, the baseline "
