@@ -179,65 +179,70 @@ def train_increment(
     reset_random_draws(model, seed)
     tiered = _tiered_tables(model, parent_checkpoint, list(inputs.tables))
     live_reused = tiered.open_live(Path(parent_checkpoint)) if tiered is not None else False
-    if tiered is not None:  # the new values' rows drawn afresh in the live stores
-        num_reset += tiered.reset_rows({list(inputs.tables).index(name): rows for name, rows in new_rows.items()},
-                                       seed)
-    lap("reset_rows")
+    try:
+        if tiered is not None:  # the new values' rows drawn afresh in the live stores
+            num_reset += tiered.reset_rows({list(inputs.tables).index(name): rows for name, rows in new_rows.items()},
+                                           seed)
+        lap("reset_rows")
 
-    def holdout() -> Any:
-        return batches(holdout_files, batch_size, False, seed)
+        def holdout() -> Any:
+            return batches(holdout_files, batch_size, False, seed)
 
-    def score() -> float:
-        if tiered is not None:
-            return tiered.evaluate(model, holdout())["val_loss"]
-        return float(model.evaluate(holdout(), verbose=0, return_dict=True)["loss"])
+        def score() -> float:
+            if tiered is not None:
+                return tiered.evaluate(model, holdout())["val_loss"]
+            return float(model.evaluate(holdout(), verbose=0, return_dict=True)["loss"])
 
-    parent_logloss = score()
-    lap("score_parent")
-    meter = ThroughputMeter()
-    for epoch in range(epochs):
-        rows = batches(train_files, train_batch_size, True, seed + epoch)
-        callbacks: list[keras.callbacks.Callback] = [meter]
-        if tiered is not None:  # through the hot tiers (trainer/tiered_tables.py)
-            rows, tier_callback = tiered.training(rows)
-            callbacks.insert(0, tier_callback)
-        model.fit(rows, epochs=1, callbacks=callbacks, shuffle=False, verbose=0)
-    lap("fit")
-    logloss = score()
-    lap("score_child")
-    global_step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    train_rows = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
-    holdout_rows = int(sum(int(label.shape[0]) for _, label in holdout()))
-    lap("count_holdout")
-    checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
-    table_files, touched, tier_counters = [], {}, None
-    if tiered is not None:  # per tiered table, the rows the minute's batches read (and reset) with their values
-        touched = tiered.touched()
-        table_files = tiered.write_overlays(checkpoint_dir)
-    lap("save_weights")
-    saved = save_checkpoint(
-        model, checkpoint_dir, version=version, extra_files=[weights_file, *table_files],
-        spec_hash=(spec or load_spec("criteo")).hash(),
-        inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
-                "holdout_files": list(holdout_files)},
-        row_counts={"train": train_rows, "holdout": holdout_rows},
-        extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model),
-               **({"tiered_tables": {name: table.hot_rows for name, table in spec.tables().items()
-                                     if table.tiered}} if tiered is not None and spec is not None else {})})
-    if tiered is not None:  # the live stores now hold this checkpoint's tables: the next minute trains them
-        tier_counters = tiered.counters()
-        tiered.release_live(checkpoint_dir)
-    lap("save_checkpoint")
-    _keep_warm(model, checkpoint_dir, saved)
-    return {"train_rows": train_rows, "batch_size": train_batch_size, "holdout_rows": holdout_rows,
-            "parent_from_memory": from_memory, "rows_reset": num_reset,
-            "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
-            "parent_holdout_logloss": parent_logloss, "global_step": global_step, "seconds": seconds,
-            **({"tiered_tables": tier_counters, "tiered_live_reused": live_reused,
-                "tiered_rows_touched": {name: int(len(rows)) for name, rows in touched.items()}}
-               if tiered is not None else {})}
+        parent_logloss = score()
+        lap("score_parent")
+        meter = ThroughputMeter()
+        for epoch in range(epochs):
+            rows = batches(train_files, train_batch_size, True, seed + epoch)
+            callbacks: list[keras.callbacks.Callback] = [meter]
+            if tiered is not None:  # through the hot tiers (trainer/tiered_tables.py)
+                rows, tier_callback = tiered.training(rows)
+                callbacks.insert(0, tier_callback)
+            model.fit(rows, epochs=1, callbacks=callbacks, shuffle=False, verbose=0)
+        lap("fit")
+        logloss = score()
+        lap("score_child")
+        global_step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        train_rows = meter.num_examples_by_epoch[-1] if meter.num_examples_by_epoch else 0
+        holdout_rows = int(sum(int(label.shape[0]) for _, label in holdout()))
+        lap("count_holdout")
+        checkpoint_dir = Path(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
+        table_files, touched, tier_counters = [], {}, None
+        if tiered is not None:  # per tiered table, the rows the minute's batches read (and reset) with their values
+            touched = tiered.touched()
+            table_files = tiered.write_overlays(checkpoint_dir)
+        lap("save_weights")
+        saved = save_checkpoint(
+            model, checkpoint_dir, version=version, extra_files=[weights_file, *table_files],
+            spec_hash=(spec or load_spec("criteo")).hash(),
+            inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
+                    "holdout_files": list(holdout_files)},
+            row_counts={"train": train_rows, "holdout": holdout_rows},
+            extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model),
+                   **({"tiered_tables": {name: table.hot_rows for name, table in spec.tables().items()
+                                         if table.tiered}} if tiered is not None and spec is not None else {})})
+        if tiered is not None:  # the live stores now hold this checkpoint's tables: the next minute trains them
+            tier_counters = tiered.counters()
+            tiered.release_live(checkpoint_dir)
+        lap("save_checkpoint")
+        _keep_warm(model, checkpoint_dir, saved)
+        return {"train_rows": train_rows, "batch_size": train_batch_size, "holdout_rows": holdout_rows,
+                "parent_from_memory": from_memory, "rows_reset": num_reset,
+                "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
+                "parent_holdout_logloss": parent_logloss, "global_step": global_step, "seconds": seconds,
+                **({"tiered_tables": tier_counters, "tiered_live_reused": live_reused,
+                    "tiered_rows_touched": {name: int(len(rows)) for name, rows in touched.items()}}
+                   if tiered is not None else {})}
+    except BaseException:
+        if tiered is not None:  # the stores stay as they are; the next minute of the chain rebuilds them
+            tiered.unlock_live()
+        raise
 
 
 def _tiered_tables(model: keras.Model, parent_checkpoint: Path, table_names: list[str]) -> Any:

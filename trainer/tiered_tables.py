@@ -26,12 +26,16 @@ table today).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
 import shutil
+import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import keras
 import numpy as np
@@ -75,6 +79,7 @@ class TieredTables:
         self.totals: dict[str, dict[str, int]] = {}  # counters of tiers and stores already closed
         # Per tiered table, the distinct rows of each training batch: the rows the steps may have changed.
         self.touched_parts: dict[int, list[np.ndarray]] = {table: [] for table in layer.tiered_tables}
+        self.live_lock: IO[str] | None = None  # held from open_live to release_live (or unlock_live)
 
     # --- the stores ---------------------------------------------------------------------------------------
 
@@ -264,16 +269,24 @@ class TieredTables:
         """Opens the live stores in this object's directory for a minute run on `parent_checkpoint`: as they are
         when their state file says they hold that checkpoint's tables (the previous minute of the chain left
         them), else made from its chain (`restore_chain`). The state file is removed first, so a run that fails
-        from here on leaves stores the next run rebuilds. Returns whether they were reused."""
+        from here on leaves stores the next run rebuilds. Holds the chain's lock (`lock_live`) until
+        `release_live` or `unlock_live`: a second minute run of the chain meanwhile is refused. Returns whether
+        they were reused."""
+        self.unlock_live()
+        self.live_lock = lock_live(self.directory)
         state = self.directory / LIVE_STATE
-        identity = checkpoint_identity(parent_checkpoint)
-        reused = (state.exists() and json.loads(state.read_text()) == identity
-                  and all(self.path(table).exists() for table in self.layer.tiered_tables))
-        state.unlink(missing_ok=True)
-        if reused:
-            self.open()
-        else:
-            self.restore_chain(parent_checkpoint)
+        try:
+            identity = checkpoint_identity(parent_checkpoint)
+            reused = (state.exists() and json.loads(state.read_text()) == identity
+                      and all(self.path(table).exists() for table in self.layer.tiered_tables))
+            state.unlink(missing_ok=True)
+            if reused:
+                self.open()
+            else:
+                self.restore_chain(parent_checkpoint)
+        except BaseException:
+            self.unlock_live()
+            raise
         return reused
 
     def release_live(self, checkpoint_dir: Path) -> None:
@@ -284,6 +297,15 @@ class TieredTables:
         partial = self.directory / f".{LIVE_STATE}.partial"
         partial.write_text(json.dumps(checkpoint_identity(checkpoint_dir)))
         partial.replace(self.directory / LIVE_STATE)
+        self.unlock_live()
+
+    def unlock_live(self) -> None:
+        """Lets the next minute run of the chain open the live stores (a run that failed after `open_live`
+        calls this; a process that ends releases the lock with it)."""
+        if self.live_lock is not None:
+            fcntl.flock(self.live_lock, fcntl.LOCK_UN)
+            self.live_lock.close()
+            self.live_lock = None
 
     def write_overlays(self, checkpoint_dir: Path) -> list[str]:
         """Flushes, then writes into `checkpoint_dir/tables` each tiered table's overlay: the rows `touched` names
@@ -375,6 +397,7 @@ def warm_chunks(parent: RowStore | ArrayRows | ChainRows, num_rows: int, fresh: 
 
 OVERLAY_SUFFIX = ".overlay.npz"
 LIVE_STATE = "state.json"
+LIVE_LOCK = ".lock"
 # Checkpoints a chain of minute overlays may cross before its base store: a bound against a cycle.
 MAX_CHAIN = 100_000
 # Overlays (bytes of their files) a ChainRows merges in memory; a longer chain is written out as a store.
@@ -403,6 +426,31 @@ def read_overlays(checkpoint_dir: Path) -> dict[str, dict[str, np.ndarray]]:
         with np.load(path, allow_pickle=False) as data:
             out[path.name[:-len(OVERLAY_SUFFIX)]] = {key: data[key] for key in data.files}
     return out
+
+
+def lock_live(directory: Path) -> IO[str]:
+    """An exclusive lock on a chain's live stores (flock on `directory/.lock`), held by the minute run that trains
+    them: two minute runs of one chain at once would train and write the same stores. The lock file names its
+    holder for the error the next one gets; the kernel releases the lock when the holder's process ends."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LIVE_LOCK, "a+")  # noqa: SIM115 (held until unlock_live)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RuntimeError(
+            f"The tiered tables' live stores in {directory} are being trained by another minute run ({holder}). "
+            "The minute runs of one chain train its live stores one at a time (the incremental DAG allows one "
+            "active run): wait for that run to end, or stop it; a run whose process has ended holds no lock."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                 f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    handle.flush()
+    return handle
 
 
 def live_directory(checkpoint_dir: Path, name: str) -> Path:

@@ -3,6 +3,7 @@ and the best epoch with the tables, warm start from the parent's store, the chec
 memory that the export reads."""
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -255,3 +256,18 @@ def test_a_minute_on_a_tiered_parent_keeps_only_the_rows_it_read_and_its_delta_i
     never = np.setdiff1d(untouched, read_overlays(tmp_path / "m2")["C1"]["rows"])  # read by neither minute
     assert len(never) and len(never) < len(day_rows)
     np.testing.assert_array_equal(chain_rows(tmp_path / "m2", "C1")[never], day_rows[never])
+
+    # Two minute runs of one chain at once would train the same live stores: the second is refused while the
+    # first holds the chain's lock, with who holds it; a failed run lets go of it.
+    from trainer.tiered_tables import lock_live
+
+    holder = lock_live(live)
+    with pytest.raises(RuntimeError, match=rf"being trained by another minute run \(pid {os.getpid()} on "):
+        minute("m2", "m3", 13)
+    assert not (tmp_path / "m3").exists()
+    holder.close()
+    with pytest.raises(Exception, match="no-such-file"):
+        train_increment(tmp_path / "m2", [str(tmp_path / "no-such-file")], data["eval"], tmp_path / "m3_failed",
+                        new_rows={}, batch_size=128, epochs=1, seed=13, version="2", spec=spec)
+    lock_live(live).close()  # free again
+    assert minute("m2", "m3", 13)["tiered_live_reused"] is False  # the failed run left stores to rebuild
