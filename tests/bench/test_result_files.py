@@ -38,7 +38,6 @@ RESULT_BUILDERS = {
 # carries all three, so the list only shrinks.
 WRITTEN_BEFORE_PROVENANCE = frozenset({
     "events.json", "events_quality.json", "events_quality_ceiling.json",
-    "events_quality_defaults.json",
     "gpu.json", "history.json", "history_with_train.json",
     "quality_tuned.json", "real_run2.json", "scale.json", "scale_run2.json",
     "serving_run1.json", "serving_run2.json",
