@@ -109,7 +109,7 @@ bench-naive:
 bench-quality:
 	@$(WITH_ENV); $(BENCH) bench/bench_quality.py $(BENCH_QUALITY_ARGS)
 
-# The events spec's columns and sequence models on 1 M generated impressions (~30 min here).
+# The events spec's columns and sequence models on 1 M generated impressions (~15 min here).
 bench-events-quality:
 	@$(WITH_ENV); $(BENCH) bench/bench_events_quality.py $(BENCH_EVENTS_QUALITY_ARGS)
 
