@@ -239,10 +239,9 @@ def train_increment(
                 **({"tiered_tables": tier_counters, "tiered_live_reused": live_reused,
                     "tiered_rows_touched": {name: int(len(rows)) for name, rows in touched.items()}}
                    if tiered is not None else {})}
-    except BaseException:
-        if tiered is not None:  # the stores stay as they are; the next minute of the chain rebuilds them
+    finally:
+        if tiered is not None:  # after release_live, nothing to do; after a failure the next minute rebuilds them
             tiered.unlock_live()
-        raise
 
 
 def _tiered_tables(model: keras.Model, parent_checkpoint: Path, table_names: list[str]) -> Any:
