@@ -30,6 +30,11 @@ by default under the same limit (`tiered_serial_io_*`, `io_threads_speedup`; `--
 tiered store is made from the uniform initializer, so it draws each row until the row is first written (format
 2: no disk read for a row's first load); `--written-store` writes every row at creation instead (format 1, the
 store before).
+
+The store appends the rows written back to a log after the table (trainer/row_store.py, "The log"); beside the
+tiered run, the same run with the rows written back in place, a page of the store dirtied per row (the store
+before the log), runs by default under the same limit (`tiered_in_place_*`, `log_speedup`; `--no-in-place` skips
+it).
 """
 
 from __future__ import annotations
@@ -140,6 +145,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                                 initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
         if args.io_threads:
             store.io_threads = args.io_threads
+        if args.in_place_writes:
+            store.log_writes = False
         layer.embeddings.assign(small)
     else:
         table = np.empty((args.table_rows + len(small), DIM), np.float32)
@@ -238,6 +245,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         lookups = counters.rows_hit + counters.rows_loaded
         stats = store.counters
         result.update({
+            "log_writes": store.log_writes,
             "store_disk_bytes": os.stat(store.path).st_blocks * 512,
             "hot_rows": args.hot_rows,
             "hit_rate": counters.rows_hit / lookups if lookups else None,
@@ -331,13 +339,15 @@ class MemoryCgroup:
 
 
 def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
-              cgroup: MemoryCgroup | None, io_threads: int | None = None) -> dict[str, Any]:
+              cgroup: MemoryCgroup | None, io_threads: int | None = None, in_place: bool = False) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", mode, "--data", str(data), "--work", str(work),
                "--table-rows", str(args.table_rows), "--hot-rows", str(args.hot_rows),
                "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows),
                "--io-threads", str(io_threads if io_threads is not None else args.io_threads)]
     if args.written_store:
         command.append("--written-store")
+    if in_place:
+        command.append("--in-place-writes")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     print(f"[bench-tiers] {mode}: {' '.join(command[2:])}", flush=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -355,13 +365,13 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
 
 
 def run_tiered(args: argparse.Namespace, data: Path, work: Path, result: dict[str, Any],
-               io_threads: int | None = None) -> dict[str, Any]:
+               io_threads: int | None = None, in_place: bool = False) -> dict[str, Any]:
     """The tiered run in a memory cgroup of its own (so that its peak is its own); its store is removed after."""
     cgroup = None if args.no_memory_limit else MemoryCgroup(args.memory_limit_mib * 2**20)
     if cgroup is not None:
         result["memory_limit"] = cgroup.kind
     try:
-        return run_child(args, "tiered", data, work, cgroup, io_threads)
+        return run_child(args, "tiered", data, work, cgroup, io_threads, in_place)
     finally:
         if cgroup is not None:
             cgroup.remove()
@@ -384,6 +394,9 @@ def main() -> None:
     parser.add_argument("--no-serial-io", action="store_true",
                         help="skip the tiered run with io_threads 1 (every store request on one thread, as "
                              "before the store cut its reads across threads) that runs beside it by default")
+    parser.add_argument("--no-in-place", action="store_true",
+                        help="skip the tiered run that writes rows back in place instead of to the store's log")
+    parser.add_argument("--in-place-writes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--written-store", action="store_true",
                         help="write every row of the tiered run's store at creation (format 1) instead of drawing "
                              "rows until first written (format 2, the default for a new table)")
@@ -422,6 +435,7 @@ def main() -> None:
 
             tiered = run_tiered(args, data, work, result)
             serial = None if args.no_serial_io else run_tiered(args, data, work, result, io_threads=1)
+            in_place = None if args.no_in_place else run_tiered(args, data, work, result, in_place=True)
             memory = run_child(args, "memory", data, work, None)
         result[f"zipf_{exponent}"] = {
             "tiered_ex_per_s": tiered["ex_per_s"],
@@ -443,8 +457,16 @@ def main() -> None:
                 "io_threads_speedup": tiered["ex_per_s"] / serial["ex_per_s"],
                 "serial_io_delta_s_ratio": serial["minute"]["delta_s"] / memory["minute"]["delta_s"],
             }),
+            **({} if in_place is None else {
+                "tiered_in_place_ex_per_s": in_place["ex_per_s"],
+                "in_place_speed_ratio": in_place["ex_per_s"] / memory["ex_per_s"],
+                "tiered_in_place_auc": in_place["auc"],
+                "log_speedup": tiered["ex_per_s"] / in_place["ex_per_s"],
+                "in_place_delta_s_ratio": in_place["minute"]["delta_s"] / memory["minute"]["delta_s"],
+            }),
             "tiered": tiered,
             **({} if serial is None else {"tiered_serial_io": serial}),
+            **({} if in_place is None else {"tiered_in_place": in_place}),
             "memory": memory,
         }
         print(json.dumps({k: v for k, v in result[f"zipf_{exponent}"].items() if not isinstance(v, dict)}),

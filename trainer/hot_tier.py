@@ -54,6 +54,7 @@ from typing import Protocol
 import numpy as np
 
 from trainer.arguments import require_integer
+from trainer.row_map import RowMap
 from trainer.row_store import IO_POOL, RowStore
 
 
@@ -71,95 +72,29 @@ class Plan:
     num_rows: int = 0  # distinct rows the batch reads (resident ones and loads)
 
 
-# Entries per bucket of RowSlotMap: 16 int64 row ids, two cache lines.
-BUCKET_WIDTH = 16
-# Odd 64-bit multipliers (Fibonacci hashing, and the one of xxHash64's finaliser): a row's two buckets.
-HASH_MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)
-EMPTY = -1
-
-
-class RowSlotMap:
-    """Row id -> slot, for up to `capacity` rows and slots in [0, capacity), a batch of rows at a time, in numpy.
-
-    A hash table of buckets of BUCKET_WIDTH entries, at least 2 * capacity entries in all. A row lives in the
-    less full of its two buckets (two hash functions, "two choices"), so a bucket is at most half full on
-    average and almost never full; a lookup compares each row with the entries of its two buckets, with no
-    probing loop, and a removal empties the row's entry (no tombstones). Should both of a row's buckets be
-    full, the table doubles. Its memory is 40 to 72 bytes per slot and does not grow with the table on disk
-    (an array indexed by row id would: 4 bytes per row of the table).
-    """
+class RowSlotMap(RowMap):
+    """Row id -> slot, for up to `capacity` rows and slots in [0, capacity): a RowMap (trainer/row_map.py) that
+    also knows each slot's entry, so a slot's row is removed without looking the row up. Its memory is 40 to 72
+    bytes per slot and does not grow with the table on disk."""
 
     def __init__(self, capacity: int) -> None:
         require_integer("capacity", capacity)
         self.capacity = int(capacity)
-        num_buckets = 2
-        while num_buckets * BUCKET_WIDTH < 2 * self.capacity:
-            num_buckets *= 2
-        self.allocate(num_buckets)
+        super().__init__(self.capacity)
 
     def allocate(self, num_buckets: int) -> None:
-        self.num_buckets = num_buckets
-        self.shift = np.uint64(64 - (num_buckets.bit_length() - 1))
-        self.rows = np.full((num_buckets, BUCKET_WIDTH), EMPTY, dtype=np.int64)
-        self.slots = np.zeros((num_buckets, BUCKET_WIDTH), dtype=np.int64)
-        self.fill = np.zeros(num_buckets, dtype=np.int64)  # rows per bucket
+        super().allocate(num_buckets)
         self.entry_of_slot = np.full(self.capacity, -1, dtype=np.int64)  # flat position of each slot's row
-
-    def __len__(self) -> int:
-        return int(self.fill.sum())
-
-    def buckets(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's two buckets, distinct."""
-        keys = rows.astype(np.uint64)
-        first = ((keys * np.uint64(HASH_MULTIPLIERS[0])) >> self.shift).astype(np.intp)
-        second = ((keys * np.uint64(HASH_MULTIPLIERS[1])) >> self.shift).astype(np.intp)
-        return first, np.where(second == first, first ^ 1, second)
-
-    def lookup(self, rows: np.ndarray) -> np.ndarray:
-        """The slot of each of `rows` (int64), -1 where a row is absent."""
-        rows = np.asarray(rows, dtype=np.int64)
-        first, second = self.buckets(rows)
-        entries = np.full(len(rows), -1, dtype=np.intp)
-        matches = np.flatnonzero(self.rows[first] == rows[:, None])  # at most one per row
-        found = matches // BUCKET_WIDTH
-        entries[found] = first[found] * BUCKET_WIDTH + matches % BUCKET_WIDTH
-        rest = np.flatnonzero(entries < 0)
-        matches = np.flatnonzero(self.rows[second[rest]] == rows[rest, None])
-        found = rest[matches // BUCKET_WIDTH]
-        entries[found] = second[found] * BUCKET_WIDTH + matches % BUCKET_WIDTH
-        return np.where(entries >= 0, self.slots.reshape(-1)[entries], -1)
 
     def insert(self, rows: np.ndarray, slots: np.ndarray) -> None:
         """Adds distinct `rows`, none of them present, with their distinct `slots`, none of them in use."""
-        rows, slots = np.asarray(rows, dtype=np.int64), np.asarray(slots, dtype=np.int64)
         if len(self) + len(rows) > self.capacity:
             raise ValueError(f"A RowSlotMap of capacity {self.capacity} holds {len(self)} rows; adding "
                              f"{len(rows)} would exceed it. Remove rows first")
-        while len(rows):
-            first, second = self.buckets(rows)
-            free_first, free_second = BUCKET_WIDTH - self.fill[first], BUCKET_WIDTH - self.fill[second]
-            chosen = np.where(free_second > free_first, second, first)
-            free = np.maximum(free_first, free_second)
-            if not free.all():
-                self.grow()
-                continue
-            # Rows that chose one bucket take its empty entries in turn; the ones that do not fit choose again.
-            order = np.argsort(chosen, kind="stable")
-            ordered = chosen[order]
-            group_start = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-            rank = np.arange(len(order)) - np.repeat(group_start, np.diff(np.append(group_start, len(order))))
-            fits = rank < free[order]
-            placed, bucket, rank = order[fits], ordered[fits], rank[fits]
-            empty = self.rows[bucket] == EMPTY
-            column = empty.argmax(axis=1)  # rank 0: the first empty entry; rank k: the (k + 1)-th
-            later = np.flatnonzero(rank)
-            column[later] = (np.cumsum(empty[later], axis=1) <= rank[later, None]).sum(axis=1)
-            self.rows[bucket, column] = rows[placed]
-            self.slots[bucket, column] = slots[placed]
-            self.entry_of_slot[slots[placed]] = bucket * BUCKET_WIDTH + column
-            np.add.at(self.fill, bucket, 1)
-            left = np.sort(order[~fits])
-            rows, slots = rows[left], slots[left]
+        super().insert(rows, slots)
+
+    def placed(self, values: np.ndarray, entries: np.ndarray) -> None:
+        self.entry_of_slot[values] = entries
 
     def remove_slots(self, slots: np.ndarray) -> None:
         """Removes the rows of distinct `slots`, all in use."""
@@ -167,19 +102,8 @@ class RowSlotMap:
         if (entries < 0).any():
             raise ValueError(f"Slots {np.asarray(slots)[entries < 0][:10].tolist()} hold no row of the map; remove "
                              "only slots in use")
-        self.rows.reshape(-1)[entries] = EMPTY
+        self.remove_entries(entries)
         self.entry_of_slot[slots] = -1
-        np.subtract.at(self.fill, entries // BUCKET_WIDTH, 1)
-
-    def grow(self) -> None:
-        """Doubles the buckets and puts every row back."""
-        if self.num_buckets * BUCKET_WIDTH >= 64 * self.capacity:  # two choices make this all but impossible
-            raise RuntimeError(f"A RowSlotMap of {len(self)} rows filled both buckets of a row at "
-                               f"{self.num_buckets} buckets; its rows or slots were not distinct (a bug)")
-        present = self.rows != EMPTY
-        rows, slots = self.rows[present], self.slots[present]
-        self.allocate(2 * self.num_buckets)
-        self.insert(rows, slots)
 
 
 class HotTierPlanner:

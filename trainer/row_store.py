@@ -1,7 +1,8 @@
 """An embedding table and its Adagrad accumulator on local disk: fixed-size records addressed by row id.
 
 Layout: one file, a header of HEADER_BYTES (magic, format version, embedding_dim, num_rows), then num_rows
-records of 2 * embedding_dim little-endian float32: the row's embedding values, then its accumulator values.
+records of 2 * embedding_dim little-endian float32: the row's embedding values, then its accumulator values;
+then the log of rows written since (below, "The log").
 Row r lives at byte HEADER_BYTES + r * record_bytes, so a row is read or written without an index; the header
 is a whole page so that records start page-aligned (an O_DIRECT reader needs that, and a page holds whole
 records for the usual power-of-two dimensions).
@@ -31,9 +32,27 @@ large write puts large folios in the page cache on recent kernels (ext4 since Li
 into a large folio costs the kernel a walk over all of its blocks, 5-9 us per row written back instead of
 1-3 (measured here: a random 128-byte pwrite into a file written in 8 MiB calls, and in 4 KiB calls).
 
-A store is not safe against a crash on its own: a write is in place, and a kill half-way through one leaves a
-record half old and half new. Consistency comes from checkpoints: `snapshot` copies the file (after an fsync)
-into an immutable file, and a resumed run starts from the snapshot, not from the live store. See docs/tiers.md.
+The log. A row written back by training touches one record of 128 bytes (dimension 16) somewhere in the table:
+written in place, it dirties a page of the store, and the kernel writes 4 KiB to disk for it (1.26 GB for 50.6 MB
+of rows in bench-tiers, where the step then waited for those pages). So a write (`write`, once the store is
+made) appends its rows to a log after the table instead, as one block in one call: the count of its rows and
+their ids (int64, padded to whole records), then their records. A map in memory (`log_index`, a RowMap: 32-64
+bytes a row) says which record holds each logged row's latest values, as a row id past the table's (num_rows + k
+for the log's record k), so reads find them with the same runs, threads and batched calls as the table's rows.
+`flush` makes the log durable and then records its length in the header (LOG_HEADER at LOG_HEADER_OFFSET); `open`
+rebuilds the map from the blocks up to that length, so records appended after the last flush are not part of
+the store. Once the log holds more than LOG_MAX_ROWS distinct rows (the map's memory), or more than
+LOG_COMPACT_MIN_RECORDS records and LOG_GARBAGE_FACTOR times its rows (its disk), `compact` merges it into the
+table in row order and empties it. Creation, the merge and stores with `log_writes` off (serving's scratch
+stores, `materialize`) write in place. The file stays one file: a snapshot, a hard link, a checksum or a copy
+takes the log with the table.
+
+A store is not safe against a crash on its own: a write in place that is killed half-way leaves a record half
+old and half new, and an append not yet flushed is dropped by the next open. Consistency comes from
+checkpoints: `snapshot` copies the file (after a flush) into an immutable file, and a resumed run starts from
+the snapshot, not from the live store. A merge of the log is safe on its own: the table's rows are written and
+made durable before the header lets the log go, and until then the log names the same values. See
+docs/tiers.md.
 """
 
 from __future__ import annotations
@@ -56,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from trainer.arguments import require_integer
+from trainer.row_map import RowMap
 
 MAGIC = b"CTRROWS1"
 FORMAT_VERSION = 1
@@ -66,6 +86,16 @@ HEADER = struct.Struct("<8sIIQ")  # magic, version, embedding_dim, num_rows
 # Format 2's header: format 1's, then the initializer's seed, minval and maxval, and the initial accumulator.
 FRESH_HEADER = struct.Struct("<8sIIQQddf")
 RECORD_DTYPE = np.dtype("<f4")
+# The log's descriptor in the header page: its magic and the log's length in records as of the last flush.
+LOG_HEADER_OFFSET = 1024
+LOG_HEADER = struct.Struct("<8sQ")
+LOG_MAGIC = b"CTRLOG01"
+# A log is merged into the table once it holds more than this many records (128 MiB at dimension 16) and four
+# times the rows it holds, or once it holds more than LOG_MAX_ROWS distinct rows (RowStore.log_max_rows): the
+# first bounds its disk, the second the memory of its index (32-64 bytes a row).
+LOG_COMPACT_MIN_RECORDS = 1 << 20
+LOG_GARBAGE_FACTOR = 4
+LOG_MAX_ROWS = 1 << 22
 # Rows written per call when a store is created: bounds the memory creation needs (8 MiB at dimension 16).
 CREATE_CHUNK_ROWS = 65_536
 # Bytes per call when a snapshot falls back to copying through the process.
@@ -118,6 +148,9 @@ class StoreCounters:
     rows_fresh: int = 0  # rows read that were never written, drawn from the store's initializer (format 2)
     cache_probes: int = 0  # runs first tried from the page cache alone (RWF_NOWAIT), before threads
     cache_hits: int = 0  # ...of which were there (or in holes): read then, or written on the calling thread
+    log_appends: int = 0  # writes appended to the log, one call each
+    log_compactions: int = 0  # merges of the log into the table
+    rows_compacted: int = 0  # rows those merges wrote into the table
 
 
 class RowStore:
@@ -131,7 +164,8 @@ class RowStore:
     """
 
     def __init__(self, path: Path, fd: int, embedding_dim: int, num_rows: int, writable: bool,
-                 fresh: UniformRows | None = None, fresh_accumulator: float = 0.0) -> None:
+                 fresh: UniformRows | None = None, fresh_accumulator: float = 0.0, log_length: int = 0,
+                 log_writes: bool = False) -> None:
         self.path = Path(path)
         # Format 2: a row whose accumulator is all zeros was never written; it reads as `fresh`'s row with
         # accumulators of `fresh_accumulator` (> 0, and accumulators only grow, so a written row is never zeros).
@@ -146,6 +180,16 @@ class RowStore:
         self._lock = threading.Lock()
         self._counters = StoreCounters()
         self.io_threads = IO_THREADS
+        # The log (see "The log" in the module's docstring): records after the table, in record units, and the
+        # map row -> the record holding the row's latest values, as a row id past the table's (num_rows + k for
+        # the log's record k), so that the log's records are read and written as the table's rows are.
+        self.log_writes = log_writes
+        self.log_max_rows = LOG_MAX_ROWS
+        self.log_length = self.log_committed = 0
+        self.log_index = RowMap(0)
+        self.log_lock = threading.Lock()  # the index, and the records a read is reading (a merge moves them)
+        if log_length:
+            self.load_log(log_length)
         if hasattr(os, "posix_fadvise"):  # not on macOS; there the kernel's readahead stays on
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
@@ -260,7 +304,7 @@ class RowStore:
             write_all(fd, header, 0)
             store = cls(partial, fd, embedding_dim, num_rows, writable=True, fresh=fresh,
                         fresh_accumulator=fresh_accumulator)
-            fill(store)
+            fill(store)  # in place: rows in order, a chunk a call
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -269,6 +313,7 @@ class RowStore:
         os.replace(partial, path)
         fsync_directory(path.parent)
         store.path = path
+        store.log_writes = True
         return store
 
     @classmethod
@@ -326,21 +371,34 @@ class RowStore:
                 raise ValueError(f"{path} is a row store of format version {version}; this code reads versions "
                                  f"{FORMAT_VERSION} and {FRESH_FORMAT_VERSION}. Rewrite the store with this "
                                  "version's RowStore")
-            expected = HEADER_BYTES + num_rows * 2 * embedding_dim * RECORD_DTYPE.itemsize
+            log_magic, log_length = LOG_HEADER.unpack(os.pread(fd, LOG_HEADER.size, LOG_HEADER_OFFSET))
+            if log_magic != LOG_MAGIC:
+                log_length = 0  # a store from before the log: zeros there
+            record_bytes = 2 * embedding_dim * RECORD_DTYPE.itemsize
+            expected = HEADER_BYTES + (num_rows + log_length) * record_bytes
             size = os.fstat(fd).st_size
-            if size != expected:
+            # Past the log's flushed length there may be records appended after the last flush: not part of the
+            # store (a flush had not made them durable), and overwritten by the next append.
+            if size < expected:
+                log = f" and a log of {log_length} records" if log_length else ""
                 raise ValueError(f"{path} holds {size} bytes; a store of {num_rows} rows of dimension "
-                                 f"{embedding_dim} holds {expected}. The file is truncated or was written by "
+                                 f"{embedding_dim}{log} holds {expected}. The file is truncated or was written by "
                                  "something else: restore it from its last snapshot")
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, embedding_dim, num_rows, writable, fresh, fresh_accumulator)
+        return cls(path, fd, embedding_dim, num_rows, writable, fresh, fresh_accumulator, log_length,
+                   log_writes=writable)
 
     def close(self) -> None:
+        """Closes the file, after a flush where the log holds records no flush made durable."""
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            try:
+                if self.writable and self.log_length != self.log_committed:
+                    self.flush()
+            finally:
+                os.close(self.fd)
+                self.fd = -1
 
     def __enter__(self) -> RowStore:
         return self
@@ -365,7 +423,16 @@ class RowStore:
         else:
             unique, inverse = np.unique(rows, return_inverse=True)
         records = np.empty((len(unique), self.record_floats), dtype=RECORD_DTYPE)
-        calls = self.transfer(unique, records, reading=True)
+        with self.log_lock:  # held while reading: a merge of the log may not move the records meanwhile
+            where = self.log_index.lookup(unique) if len(self.log_index) else None
+            if where is None or not (where >= 0).any():
+                calls = self.transfer(unique, records, reading=True)
+            else:  # the rows the log holds are read from their latest records, in file order with the others
+                located = np.where(where >= 0, where, unique)
+                order = np.argsort(located)
+                ordered = np.empty_like(records)
+                calls = self.transfer(located[order], ordered, reading=True)
+                records[order] = ordered
         fresh = 0
         written = np.ones(len(unique), dtype=bool)
         if self.fresh is not None:
@@ -407,8 +474,88 @@ class RowStore:
                              "what is written")
         records[:, :self.embedding_dim] = values if order is None else values[order]
         records[:, self.embedding_dim:] = accumulators if order is None else accumulators[order]
+        if self.log_writes and not page_by_page:
+            self.append(rows, records)
+            return
+        if self.log_length:  # the log would still name older records of these rows: merged first
+            self.compact()
         calls = self.transfer(rows, records, reading=False, page_by_page=page_by_page)
         self.count(rows_written=len(rows), bytes_written=records.nbytes, write_calls=calls)
+
+    # --- the log ---------------------------------------------------------------------------------------------
+
+    def append(self, sorted_rows: np.ndarray, records: np.ndarray) -> None:
+        """Appends `records` of distinct `sorted_rows` to the log as one block, in one call, and points the rows
+        at them. A block: the count of its rows and their ids (int64, zero-padded to whole records), then the
+        rows' records in the same order."""
+        count = len(sorted_rows)
+        if not count:
+            return
+        id_records = -(-(count + 1) * 8 // self.record_bytes)
+        block = np.zeros((id_records + count) * self.record_bytes, dtype=np.uint8)
+        block[:(count + 1) * 8].view("<i8")[:] = np.concatenate([[count], sorted_rows])
+        block[id_records * self.record_bytes:] = records.view(np.uint8).reshape(-1)
+        with self.log_lock:  # one writer at a time takes the next part of the log
+            start = self.log_length
+            self.log_length += id_records + count
+        write_all(self.fd, memoryview(block), HEADER_BYTES + (self.num_rows + start) * self.record_bytes)
+        first = self.num_rows + start + id_records
+        with self.log_lock:
+            self.log_index.set(sorted_rows, np.arange(first, first + count, dtype=np.int64))
+        self.count(rows_written=count, bytes_written=records.nbytes, write_calls=1, log_appends=1)
+        live = len(self.log_index)
+        if live > self.log_max_rows or self.log_length > max(LOG_COMPACT_MIN_RECORDS, LOG_GARBAGE_FACTOR * live):
+            self.compact()
+
+    def compact(self) -> int:
+        """Merges the log into the table: every row the log holds is written in place from its latest record
+        (CREATE_CHUNK_ROWS rows at a time, in row order), made durable, and only then is the log emptied (its
+        length in the header set to 0 and the file cut back to the table). A crash before that leaves the log
+        as it was, which still holds every row's latest values. Returns the rows merged. Not beside a write."""
+        with self.log_lock:
+            rows, located = self.log_index.items()
+            if not self.log_length:
+                return 0
+            order = np.argsort(rows)
+            rows, located = rows[order], located[order]
+            for start in range(0, len(rows), CREATE_CHUNK_ROWS):
+                part = slice(start, start + CREATE_CHUNK_ROWS)
+                by_record = np.argsort(located[part])
+                records = np.empty((len(by_record), self.record_floats), dtype=RECORD_DTYPE)
+                ordered = np.empty_like(records)
+                self.transfer(located[part][by_record], ordered, reading=True)
+                records[by_record] = ordered
+                self.transfer(rows[part], records, reading=False)
+            os.fsync(self.fd)
+            write_all(self.fd, LOG_HEADER.pack(LOG_MAGIC, 0), LOG_HEADER_OFFSET)
+            os.fsync(self.fd)
+            os.ftruncate(self.fd, HEADER_BYTES + self.num_rows * self.record_bytes)
+            self.log_length = self.log_committed = 0
+            self.log_index = RowMap(0)
+        self.count(log_compactions=1, rows_compacted=len(rows), fsyncs=2)
+        return len(rows)
+
+    def load_log(self, log_length: int) -> None:
+        """Rebuilds the log's index from its blocks' row ids (on open)."""
+        record_bytes, position = self.record_bytes, 0
+        while position < log_length:
+            offset = HEADER_BYTES + (self.num_rows + position) * record_bytes
+            count = int(np.frombuffer(os.pread(self.fd, 8, offset), "<i8")[0])
+            id_records = -(-(count + 1) * 8 // record_bytes)
+            if count <= 0 or position + id_records + count > log_length:
+                raise ValueError(f"{self.path}: the log's block at record {position} holds {count} rows, past the "
+                                 f"log's {log_length} records. The file was damaged: restore it from its last "
+                                 "snapshot")
+            ids = np.frombuffer(os.pread(self.fd, count * 8, offset + 8), "<i8")
+            first = self.num_rows + position + id_records
+            self.log_index.set(ids, np.arange(first, first + count, dtype=np.int64))
+            position += id_records + count
+        self.log_length = self.log_committed = log_length
+
+    @property
+    def log_rows(self) -> int:
+        """Rows whose latest values are in the log."""
+        return len(self.log_index)
 
     def transfer(self, sorted_rows: np.ndarray, records: np.ndarray, reading: bool,
                  page_by_page: bool = False) -> int:
@@ -499,9 +646,15 @@ class RowStore:
         return calls
 
     def flush(self) -> None:
-        """Makes every write so far durable (fsync)."""
+        """Makes every write so far durable (fsync): the log's records first, then its length in the header."""
         os.fsync(self.fd)
         self.count(fsyncs=1)
+        if self.log_length != self.log_committed:
+            length = self.log_length
+            write_all(self.fd, LOG_HEADER.pack(LOG_MAGIC, length), LOG_HEADER_OFFSET)
+            os.fsync(self.fd)
+            self.log_committed = length
+            self.count(fsyncs=1)
 
     def snapshot(self, destination: Path | str) -> str:
         """Flushes, then copies the store to `destination` (renamed into place once complete and fsynced), and

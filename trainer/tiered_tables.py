@@ -510,11 +510,14 @@ def table_chain(checkpoint_dir: Path, name: str) -> tuple[Path, list[Path]]:
 
 def materialize(checkpoint_dir: Path, name: str, destination: Path) -> None:
     """Table `name` as of `checkpoint_dir` as a store at `destination`: the base store copied (RowStore.snapshot),
-    then each overlay's rows written over it, oldest first."""
+    then each overlay's rows written over it in place, oldest first."""
     base, overlays = table_chain(checkpoint_dir, name)
     with RowStore.open(base, writable=False) as store:
         store.snapshot(destination)
     with RowStore.open(destination) as store:
+        # In place, not through the log: one bulk merge, and the store that comes out holds no log to index (a
+        # log copied with the base is merged into the table by the first write).
+        store.log_writes = False
         for overlay in overlays:
             rows, fields = read_overlay(overlay)
             if len(rows):

@@ -15,6 +15,7 @@ from trainer.row_store import (
     BATCHED_IO,
     BATCHED_MIN_RUNS,
     HEADER_BYTES,
+    LOG_HEADER_OFFSET,
     RowOverlay,
     RowStore,
     StoreCounters,
@@ -47,11 +48,17 @@ def test_rows_read_back_as_written_in_any_order_with_duplicates(tmp_path):
         assert (reopened.num_rows, reopened.embedding_dim) == (10, 3)
         np.testing.assert_array_equal(reopened.read(np.array([5]))[1], [[200.0, 200.0, 200.0]])
         np.testing.assert_array_equal(reopened.read(np.array([4]))[0], values[[4]])
-    # The layout is the documented one: header, then records of values then accumulator, float32 little-endian.
+    # The layout is the documented one: header, then records of values then accumulator, float32 little-endian;
+    # then the log: a block of the write's row count and ids (int64, padded to whole records: 24 bytes here, one
+    # record), then their records; its length in records (3) in the header.
     raw = (tmp_path / "t.rows").read_bytes()
-    assert len(raw) == HEADER_BYTES + 10 * 6 * 4
+    assert len(raw) == HEADER_BYTES + 10 * 6 * 4 + 3 * 6 * 4
     np.testing.assert_array_equal(np.frombuffer(raw[HEADER_BYTES + 4 * 24:HEADER_BYTES + 5 * 24], "<f4"),
                                   [12, 13, 14, -12.5, -13.5, -14.5])
+    log = HEADER_BYTES + 10 * 24
+    np.testing.assert_array_equal(np.frombuffer(raw[log:log + 24], "<i8"), [2, 1, 5])
+    np.testing.assert_array_equal(np.frombuffer(raw[log + 24:], "<f4"), [100] * 3 + [200] * 3 + [100] * 3 + [200] * 3)
+    assert raw[LOG_HEADER_OFFSET:LOG_HEADER_OFFSET + 16] == b"CTRLOG01" + (3).to_bytes(8, "little")
 
 
 def test_create_calls_the_initializer_by_chunks_and_fills_the_accumulator(tmp_path):
@@ -144,6 +151,7 @@ def test_a_snapshot_is_independent_of_the_live_store(tmp_path):
 def test_counters_count_distinct_rows_bytes_and_one_call_per_run_of_consecutive_rows(tmp_path):
     values, accumulators = table(100, 4)
     store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=64)
+    store.log_writes = False  # writes in place, as creation and the log's merge do
     # Creation counts too: 100 rows of 32 bytes in two chunks of 64 rows, one call each.
     assert store.counters == StoreCounters(rows_written=100, bytes_written=3200, write_calls=2)
     store.read(np.array([5, 6, 7, 7, 20, 90, 91]))  # runs 5-7, 20, 90-91: 6 distinct rows, 3 calls
@@ -172,6 +180,7 @@ def test_many_scattered_rows_are_read_and_written_in_batches_or_a_call_each(tmp_
     values, accumulators = table(3000, 4)
     store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=4096)
     store.io_threads = io_threads
+    store.log_writes = False  # writes in place, as creation and the log's merge do
     before = store.counters
     rows = np.random.default_rng(0).permutation(3000)[:2 * AIO_BATCH + 7]  # 519 rows, about 430 runs
     runs = len(consecutive_runs(np.sort(rows)))
@@ -202,6 +211,7 @@ def test_a_read_or_write_of_many_runs_is_cut_across_threads_and_moves_the_same_b
     values, accumulators = table(20_000, 4)
     store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
     rows = np.random.default_rng(1).choice(20_000, 3000, replace=False)
+    store.log_writes = False  # writes in place, as creation and the log's merge do
     threads = []
     transfer = BATCHED_IO.transfer
 
@@ -297,6 +307,7 @@ def test_requests_a_batch_did_not_complete_are_done_again_a_call_each(tmp_path, 
     values, accumulators = table(1000, 2)
     store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
     rows = np.arange(0, 1000, 5)  # 200 runs of one row
+    store.log_writes = False  # writes in place, as creation and the log's merge do
     transfer = BATCHED_IO.transfer
 
     def half_done(fd, opcode, offsets, addresses, sizes, flags=0):  # the odd requests go through; the even fail
@@ -368,3 +379,103 @@ def test_an_overlay_merged_in_one_sort_equals_one_updated_part_by_part():
                                 (np.array([0]), {"values": np.full((1, 1), 7.0)})])
     assert newest.rows.tolist() == [0, 5] and newest.arrays["values"].ravel().tolist() == [7.0, 1.0]
     assert len(RowOverlay.merged([])) == 0
+
+
+def test_writes_go_to_the_log_and_read_back_after_a_reopen_and_a_snapshot(tmp_path):
+    # A table of 5,000 rows: 40 writes of 300 random rows each (rows written again and again), then reads of
+    # random rows, against a table in memory; reopened, its log's index is rebuilt from the blocks.
+    rng = np.random.default_rng(3)
+    values, accumulators = table(5000, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators, chunk_rows=1000)
+    for step in range(40):
+        rows = rng.choice(5000, 300, replace=False)
+        new_values = rng.normal(size=(300, 4)).astype(np.float32)
+        store.write(rows, new_values, np.full((300, 4), step + 1.0))
+        values[rows], accumulators[rows] = new_values, step + 1.0
+        probe = rng.integers(0, 5000, 700)
+        got_values, got_accumulators = store.read(probe)
+        np.testing.assert_array_equal(got_values, values[probe])
+        np.testing.assert_array_equal(got_accumulators, accumulators[probe])
+    assert store.counters.log_appends == 40 and store.counters.log_compactions == 0
+    assert store.log_rows == len(np.unique(np.flatnonzero(accumulators[:, 0] > 0)))
+    table_bytes = HEADER_BYTES + 5000 * 32
+    assert os.path.getsize(tmp_path / "t.rows") == table_bytes + store.log_length * 32
+    store.snapshot(tmp_path / "snap.rows")
+    store.close()
+    for path in ("t.rows", "snap.rows"):
+        with RowStore.open(tmp_path / path, writable=False) as reopened:
+            np.testing.assert_array_equal(reopened.read(np.arange(5000))[0], values)
+            np.testing.assert_array_equal(reopened.read(np.arange(5000))[1], accumulators)
+
+
+def test_appends_no_flush_made_durable_are_not_part_of_the_store(tmp_path):
+    values, accumulators = table(100, 2)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
+    store.write(np.array([3, 4]), np.full((2, 2), 1.0), np.full((2, 2), 2.0))
+    store.flush()
+    store.write(np.array([4, 5]), np.full((2, 2), 9.0), np.full((2, 2), 9.0))
+    os.close(store.fd)  # the process dies: no flush, no close
+    with RowStore.open(tmp_path / "t.rows") as reopened:  # the store as of the flush
+        np.testing.assert_array_equal(reopened.read(np.array([3, 4, 5]))[0], [[1, 1], [1, 1], values[5]])
+        reopened.write(np.array([5]), np.full((1, 2), 7.0), np.full((1, 2), 7.0))  # over the dead tail
+    with RowStore.open(tmp_path / "t.rows", writable=False) as reopened:
+        np.testing.assert_array_equal(reopened.read(np.array([3, 4, 5]))[0], [[1, 1], [1, 1], [7, 7]])
+
+
+def test_a_long_log_is_merged_into_the_table_and_a_merge_cut_short_loses_nothing(tmp_path, monkeypatch):
+    import trainer.row_store as row_store
+
+    rng = np.random.default_rng(4)
+    values, accumulators = table(2000, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
+    store.log_max_rows = 500  # a merge once the log holds more than 500 distinct rows
+    for step in range(6):
+        rows = rng.choice(2000, 200, replace=False)
+        store.write(rows, np.full((200, 4), float(step)), np.full((200, 4), step + 1.0))
+        values[rows], accumulators[rows] = step, step + 1.0
+    assert store.counters.log_compactions >= 1 and store.counters.rows_compacted > 500
+    np.testing.assert_array_equal(store.read(np.arange(2000))[0], values)
+    # A merge killed after writing the table and before emptying the log: the log still holds every row's latest
+    # values, and the table's rows it wrote are those same values.
+    store.log_max_rows = 10**9
+    rows = rng.choice(2000, 300, replace=False)
+    store.write(rows, np.full((300, 4), 42.0), np.full((300, 4), 43.0))
+    values[rows], accumulators[rows] = 42.0, 43.0
+    store.flush()
+    real_write_all = row_store.write_all
+
+    def killed_at_the_header(fd, data, offset):
+        if offset == LOG_HEADER_OFFSET:
+            raise KeyboardInterrupt("killed")
+        real_write_all(fd, data, offset)
+
+    monkeypatch.setattr(row_store, "write_all", killed_at_the_header)
+    with pytest.raises(KeyboardInterrupt):
+        store.compact()
+    monkeypatch.undo()
+    os.close(store.fd)
+    with RowStore.open(tmp_path / "t.rows") as reopened:
+        assert reopened.log_rows == 300
+        np.testing.assert_array_equal(reopened.read(np.arange(2000))[0], values)
+        np.testing.assert_array_equal(reopened.read(np.arange(2000))[1], accumulators)
+        assert reopened.compact() == 300
+        assert os.path.getsize(tmp_path / "t.rows") == HEADER_BYTES + 2000 * 32  # the log cut off
+    with RowStore.open(tmp_path / "t.rows", writable=False) as reopened:
+        assert reopened.log_rows == 0
+        np.testing.assert_array_equal(reopened.read(np.arange(2000))[0], values)
+
+
+def test_a_store_that_draws_its_rows_logs_the_rows_written(tmp_path):
+    initializer = uniform_initializer(4, seed=5)
+    store = RowStore.create(tmp_path / "t.rows", 1_000_000, 4, initializer, initial_accumulator=0.1)
+    rows = np.array([7, 999_999, 123_456])
+    store.write(rows, np.ones((3, 4)), np.full((3, 4), 0.5))
+    store.flush()
+    # Only the log takes disk: the table stays a hole.
+    assert os.stat(tmp_path / "t.rows").st_blocks * 512 <= 64 << 10
+    with RowStore.open(tmp_path / "t.rows", writable=False) as reopened:
+        got_values, got_accumulators, written = reopened.read_marked(np.array([7, 8, 123_456]))
+        np.testing.assert_array_equal(written, [True, False, True])
+        np.testing.assert_array_equal(got_values[[0, 2]], np.ones((2, 4)))
+        np.testing.assert_array_equal(got_values[1], initializer.rows(np.array([8]))[0])
+        np.testing.assert_allclose(got_accumulators[1], 0.1)
