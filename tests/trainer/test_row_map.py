@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 def test_a_row_map_agrees_with_a_dict_through_updates_and_doublings():
     rng = np.random.default_rng(0)
     row_map, expected = RowMap(0), {}
-    for step in range(60):
+    for _ in range(60):
         rows = np.unique(rng.integers(0, 50_000, 700))
         values = rng.integers(0, 1 << 40, len(rows))
         present = row_map.set(rows, values)
