@@ -32,7 +32,7 @@ Kinds and their keys (every key but `name`/`names` and `kind` is optional):
   rows are compressed into `functions` small tables, for very-high-cardinality features), `table` (share
   the vocabulary and embedding table of another categorical feature), `storage` memory | tiered (tiered: the
   table and its optimizer state on local disk while training, `hot_rows` of them in memory, default
-  DEFAULT_HOT_ROWS; read by single-valued features only, not hashed; docs/tiers.md).
+  DEFAULT_HOT_ROWS; not hashed; lists of ids that share it are remapped to the hot tier too; docs/tiers.md).
 - multi_categorical (several values a row, e.g. tags): `separator` (or a list column), `max_length`,
   `pooling` sum | mean, and the table keys of a categorical feature (`table` to share one).
 - sequence (ordered ids, newest last): `separator` (or a list column), `max_length`, `shares` (required: the
@@ -859,13 +859,6 @@ def _check(spec: FeatureSpec, where: str) -> None:
                                        f"itself reads the table of {owner.table!r}: name {owner.table!r} instead")
             if feature.history is not None:
                 _check_history(feature, feature.history, by_name, spec, where)
-    for table in spec.tables().values():
-        lists = [name for name in table.features if not isinstance(by_name.get(name), CategoricalFeature)]
-        if table.tiered and lists:
-            raise FeatureSpecError(
-                f"{where}: table {table.name!r} is tiered (storage: tiered), and {lists} read it as lists of ids; a "
-                "tiered table is read by single-valued categorical features only (the hot tier remaps their "
-                f"columns). Keep {table.name!r} in memory, or give those features a table of their own")
     if spec.source.columns:
         missing = [c for c in spec.input_columns if c not in spec.source.columns]
         if missing:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -258,11 +258,15 @@ class RowSlots(tf.Module):
     """The served row cache of a model's tiered tables (trainer/tiered_tables.py): per tiered table a hash table
     row id -> slot of the model's HotTable, which the serving process fills (`load`) with the rows a request
     needs before the request runs (serving/row_cache.py). `slots` rewrites the categorical input's tiered
-    columns from row ids to slots; a row not loaded reads slot 0."""
+    columns from row ids to slots, and the items of the list inputs in `lists` (key -> table) that read a
+    tiered table, their padding to -1 (as trainer/tiered_training.py does in training); a row not loaded reads
+    slot 0."""
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: Any, lists: Mapping[str, int] | None = None) -> None:
         super().__init__(name="row_slots")
         self.tables = list(layer.tiered_tables)
+        self.lists = {key: self.tables.index(table) for key, table in (lists or {}).items()
+                      if table in layer.tiered_tables}  # key -> the table's place in `tables`
         self.columns = [layer.tiered_columns(table) for table in self.tables]  # per table, in `tables` order
         self.maps = [tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
                      for _ in self.tables]
@@ -274,13 +278,29 @@ class RowSlots(tf.Module):
         column_table = {column: index for index, columns in enumerate(self.columns) for column in columns}
         columns = [self.maps[column_table[c]].lookup(categorical[:, c]) if c in column_table else categorical[:, c]
                    for c in range(self.num_columns)]
-        return {**inputs, CATEGORICAL_INPUT: tf.reshape(tf.stack(columns, axis=1), tf.shape(categorical))}
+        lists = {}
+        for key, index in self.lists.items():
+            ids = inputs[key]
+            slots = tf.ensure_shape(tf.reshape(self.maps[index].lookup(ids), tf.shape(ids)), ids.shape)
+            lists[key] = tf.where(list_items(ids), slots, tf.constant(-1, ids.dtype))
+        return {**inputs, CATEGORICAL_INPUT: tf.reshape(tf.stack(columns, axis=1), tf.shape(categorical)), **lists}
 
     def rows(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Per tiered table (`table_<index>`), the row ids the batch reads, [batch, its columns]."""
+        """Per tiered table (`table_<index>`), the row ids the batch reads: [batch, its columns], or, where list
+        inputs read it too, those ids flattened and then the lists' items."""
         categorical = inputs[CATEGORICAL_INPUT]
-        return {f"table_{table}": tf.gather(categorical, columns, axis=1)
-                for table, columns in zip(self.tables, self.columns, strict=True)}
+        out = {}
+        for index, (table, columns) in enumerate(zip(self.tables, self.columns, strict=True)):
+            ids = tf.gather(categorical, columns, axis=1)
+            items = [tf.boolean_mask(inputs[key], list_items(inputs[key]))
+                     for key, list_index in self.lists.items() if list_index == index]
+            out[f"table_{table}"] = tf.concat([tf.reshape(ids, [-1]), *items], axis=0) if items else ids
+        return out
+
+
+def list_items(ids: tf.Tensor) -> tf.Tensor:
+    """Where a list input holds an item, not padding (trainer.tiered_training.list_items, in TensorFlow)."""
+    return tf.logical_and(tf.greater_equal(ids, 0), tf.not_equal(ids, tf.constant(MISSING_ROW, ids.dtype)))
 
 
 def tiered_slot_signature(layer: Any) -> dict[str, tf.TensorSpec]:
@@ -300,7 +320,7 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     cache: its serving endpoints map the tiered columns' row ids to slots, `TIERED_ROWS_ENDPOINT` gives the row
     ids a packed batch reads, and `LOAD_SLOTS_ENDPOINT` writes rows into slots. The tables themselves are not in
     the SavedModel: the export step ships their stores beside it (serving/row_cache.py reads them)."""
-    from trainer.tiered_tables import tiered_layer
+    from trainer.tiered_tables import tiered_layer, tiered_lists
 
     directory = Path(directory)
     target = directory / SAVED_MODEL_DIR
@@ -309,7 +329,7 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     spec = spec or load_spec("criteo")
     preprocessor = RawFeaturePreprocessor(state, spec)
     layer = tiered_layer(model)
-    row_slots = RowSlots(layer) if layer is not None else None
+    row_slots = RowSlots(layer, tiered_lists(model, layer)) if layer is not None else None
 
     def model_inputs_of(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         return row_slots.slots(inputs) if row_slots is not None else inputs
@@ -351,7 +371,7 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
         derived = any(spec.categorical[column].derived_from for columns in row_slots.columns for column in columns)
 
         def tiered_rows(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
-            if derived:  # through the whole preprocessing
+            if derived or row_slots.lists:  # through the whole preprocessing
                 return row_slots.rows(preprocessor.packed(*arguments))
             # Only the tiered columns' lookups: the request's other inputs are the answer's work.
             given = {argument["name"]: tensor for argument, tensor in zip(preprocessor.layout, arguments, strict=True)}

@@ -45,10 +45,20 @@ from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
 from trainer.row_store import CREATE_CHUNK_ROWS, RowOverlay, RowStore, UniformRows, uniform_initializer
-from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of
+from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of, list_items
 
 TABLES_DIR = "tables"
 STORE_SUFFIX = ".rows"
+
+
+def tiered_lists(model: keras.Model, layer: CategoricalEmbedding) -> dict[str, int]:
+    """The model's list inputs (key -> table) that read a tiered table of `layer`: the bags it pools and the
+    behaviour sequence an attention model reads (trainer/models)."""
+    lists = {bag["key"]: int(bag["table"]) for bag in getattr(model, "bags", ())}
+    sequence_key, item_feature = getattr(model, "sequence_key", None), getattr(model, "item_feature", None)
+    if sequence_key is not None and item_feature is not None:
+        lists[sequence_key] = layer.feature_tables[item_feature]
+    return {key: table for key, table in lists.items() if table in layer.tiered_tables}
 
 
 def tiered_layer(model: keras.Model) -> CategoricalEmbedding | None:
@@ -71,6 +81,7 @@ class TieredTables:
         self.model = model
         self.layer = layer
         self.names = {table: names[table] for table in layer.tiered_tables}
+        self.lists = tiered_lists(model, layer)  # list inputs reading a tiered table: remapped too
         self.directory = Path(directory)
         self.ahead = ahead
         self.stores: dict[int, RowStore] = {}
@@ -158,7 +169,7 @@ class TieredTables:
     def stream(self, dataset: Any, training: bool) -> tuple[TieredBatches, HotTierCallback]:
         source = numpy_batches(dataset)
         batches = TieredBatches(self.recorded(source) if training else source, self.layer, self.tiers,
-                                key=CATEGORICAL_INPUT, training=training, ahead=self.ahead)
+                                key=CATEGORICAL_INPUT, training=training, ahead=self.ahead, lists=self.lists)
         callback = HotTierCallback(batches)
         callback.slots = self.slot_access()
         return batches, callback
@@ -170,6 +181,9 @@ class TieredTables:
             ids = np.asarray(features[CATEGORICAL_INPUT])
             for table, table_columns in columns.items():
                 self.touched_parts[table].append(np.unique(ids[:, table_columns]))
+            for name, table in self.lists.items():
+                items = np.asarray(features[name])
+                self.touched_parts[table].append(np.unique(items[list_items(items)]))
             yield features, label
 
     def touched(self) -> dict[str, np.ndarray]:

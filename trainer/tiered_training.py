@@ -15,9 +15,12 @@ Three pieces, used together:
   optimizer's state, and last a state file naming them with the step; `restore_tiered_checkpoint` puts a run
   back there.
 
-Limits: `steps_per_execution` must be 1 (plans are applied between steps), validation during `fit` is refused
-(evaluate afterwards with a training=False stream), and only the columns of one features key (or a plain ids
-array) are remapped: sequence inputs that read a tiered table through `embed_table` are not.
+List inputs (multi-valued and sequence features) that read a tiered table through `embed_table` are remapped
+too (`lists`): their items become slots, planned with the batch's columns, and their padding (MISSING_ROW or a
+negative id) becomes -1, which the models mask for a tiered table (trainer/models/blocks.py `list_mask`).
+
+Limits: `steps_per_execution` must be 1 (plans are applied between steps), and validation during `fit` is
+refused (evaluate afterwards with a training=False stream).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from trainer.arguments import require_integer
 from trainer.hot_tier import HotTier, PreparedPlan
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.embedding_rows import take_rows
+from trainer.model_inputs import PADDING_ROW
 from trainer.row_store import RowStore
 
 STATE_FILE = "state.json"
@@ -112,13 +116,15 @@ class TieredBatches:
     (table -> HotTier). Iterate it once; pass `iter(batches)` (a generator) to `fit`, `evaluate` or `predict`,
     with a HotTierCallback on the same object.
 
-    `key` names the features entry holding the layer's input ids (None: the features are that array). With
-    `training`, the batches' slots are marked dirty (the step updates them). `ahead` bounds the batches the
-    producer runs ahead of the consumer.
+    `key` names the features entry holding the layer's input ids (None: the features are that array). `lists`
+    maps the features entries of list inputs (int [batch, length]) to the table each reads; those of tiered
+    tables are remapped too, padding to -1. With `training`, the batches' slots are marked dirty (the step
+    updates them). `ahead` bounds the batches the producer runs ahead of the consumer.
     """
 
     def __init__(self, source: Iterable[tuple[Any, Any]], layer: CategoricalEmbedding, tiers: Mapping[int, HotTier],
-                 key: str | None = "categorical", training: bool = True, ahead: int = 2) -> None:
+                 key: str | None = "categorical", training: bool = True, ahead: int = 2,
+                 lists: Mapping[str, int] | None = None) -> None:
         require_integer("ahead", ahead)
         if set(tiers) != set(layer.tiered_tables) or any(
                 tiers[table].hot_rows != hot_rows for table, hot_rows in layer.tiered_tables.items()):
@@ -129,6 +135,10 @@ class TieredBatches:
         self.layer = layer
         self.tiers = dict(tiers)
         self.key = key
+        self.lists = {name: int(table) for name, table in (lists or {}).items() if int(table) in self.tiers}
+        if self.lists and key is None:
+            raise ValueError(f"List inputs {sorted(self.lists)} need the features as a dict: give `key`, the entry "
+                             "of the layer's input ids")
         self.training = bool(training)
         self.batches: queue.Queue[Any] = queue.Queue(maxsize=ahead)
         self.plans: queue.Queue[Any] = queue.Queue()
@@ -163,13 +173,26 @@ class TieredBatches:
             for features, label in self.source:
                 ids = np.asarray(features if self.key is None else features[self.key])
                 slot_ids = ids.copy()
+                lists = {name: np.asarray(features[name]) for name in self.lists}
+                remapped = {}
                 plans = {}
                 for table, tier in self.tiers.items():
-                    prepared = tier.prepare(ids[:, columns[table]], training=self.training)
-                    slot_ids[:, columns[table]] = prepared.plan.slot_ids
+                    read = [name for name, t in self.lists.items() if t == table]
+                    if not read:
+                        prepared = tier.prepare(ids[:, columns[table]], training=self.training)
+                        slot_ids[:, columns[table]] = prepared.plan.slot_ids
+                    else:  # the columns' ids and the lists' items, planned as one batch of rows
+                        items = {name: list_items(lists[name]) for name in read}
+                        parts = [ids[:, columns[table]].reshape(-1), *(lists[name][items[name]] for name in read)]
+                        prepared = tier.prepare(np.concatenate(parts), training=self.training)
+                        slots = np.split(prepared.plan.slot_ids, np.cumsum([len(part) for part in parts])[:-1])
+                        slot_ids[:, columns[table]] = slots[0].reshape(len(ids), -1)
+                        for name, part in zip(read, slots[1:], strict=True):
+                            remapped[name] = np.full(lists[name].shape, -1, dtype=lists[name].dtype)
+                            remapped[name][items[name]] = part
                     plans[table] = prepared
                 self.plans.put(plans)  # before the batch: the consumer's step waits on it
-                batch = slot_ids if self.key is None else {**features, self.key: slot_ids}
+                batch = slot_ids if self.key is None else {**features, self.key: slot_ids, **remapped}
                 if not self.put((batch, label)):
                     return
             self.plans.put(END)
@@ -203,6 +226,11 @@ class TieredBatches:
         if isinstance(item, BaseException):
             raise item
         return item
+
+
+def list_items(ids: np.ndarray) -> np.ndarray:
+    """Where a list input holds an item, not padding (MISSING_ROW or a negative id), as the models read it."""
+    return (ids >= 0) & (ids != PADDING_ROW)
 
 
 class HotTierCallback(keras.callbacks.Callback):

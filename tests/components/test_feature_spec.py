@@ -195,9 +195,6 @@ def test_a_shared_table_is_declared_once_and_read_by_both_features():
         ({"features": [{"name": "x", "kind": "categorical"}, {"name": "y", "kind": "categorical", "table": "x",
                                                               "storage": "tiered"}]},
          r"'y' shares the table of 'x', so it cannot set \['storage'\]"),
-        ({"features": [{"name": "x", "kind": "categorical", "storage": "tiered"},
-                       {"name": "tags", "kind": "multi_categorical", "max_length": 3, "table": "x"}]},
-         r"table 'x' is tiered \(storage: tiered\), and \['tags'\] read it as lists of ids"),
         ({"features": [{"name": "x", "kind": "multi_categorical", "max_length": 3, "storage": "tiered"}]},
          r"unknown key 'storage'"),
         ({"features": []}, r"features must be a non-empty list"),
@@ -206,6 +203,14 @@ def test_a_shared_table_is_declared_once_and_read_by_both_features():
 def test_a_malformed_spec_is_refused_naming_the_key_and_the_value(change, message):
     with pytest.raises(FeatureSpecError, match=message):
         spec_from_dict(_minimal(**change))
+
+
+def test_a_tiered_table_may_be_read_by_lists_of_ids_too():
+    spec = spec_from_dict(_minimal(features=[
+        {"name": "x", "kind": "categorical", "storage": "tiered", "hot_rows": 64},
+        {"name": "tags", "kind": "multi_categorical", "max_length": 3, "table": "x"}]))
+    table = spec.tables()["x"]
+    assert table.tiered and table.hot_rows == 64 and set(table.features) == {"x", "tags"}
 
 
 def test_a_spec_file_is_read_as_safe_yaml_and_never_runs_code(tmp_path):

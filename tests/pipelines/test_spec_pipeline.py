@@ -100,23 +100,40 @@ def _criteo_tiered(directory: Path) -> Path:
     return path
 
 
+def _taobao_tiered(directory: Path) -> Path:
+    """The taobao preset with adgroup_id on disk behind a hot tier of 48 rows: the table its click sequence reads
+    too, so the sequence's items go through the hot tier in training and through the row cache in serving."""
+    import yaml
+
+    spec = yaml.safe_load((PRESET_DIR / "taobao.yaml").read_text())
+    spec["name"] = "taobao_tiered"
+    categorical = next(entry for entry in spec["features"] if entry["kind"] == "categorical")
+    categorical["names"].remove("adgroup_id")
+    spec["features"].append({**{k: v for k, v in categorical.items() if k != "names"}, "name": "adgroup_id",
+                             "storage": "tiered", "hot_rows": 48})
+    path = directory / "taobao_tiered.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 # "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
 # and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
 # joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
 # forced CPU devices (train.devices=4), the table sharded across them.
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao/jax", "avazu/jax-2",
-                                    "criteo/jax-d4"])
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered",
+                                    "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")
     backend, _, scale = backend.partition("-")
     processes = int(scale) if scale.isdigit() else 0
     devices = int(scale[1:]) if scale.startswith("d") else 0
-    layout_name = "criteo" if preset.startswith("criteo_") else preset
+    layout_name = preset.partition("_")[0]
     sample = DATA / SAMPLES[layout_name]
     if not sample.is_file():
         pytest.skip(f"the real {layout_name} sample is read from {sample}, which is absent (../shared is not "
                     "beside the checkout)")
-    variants = {"criteo_buckets": _criteo_with_buckets, "criteo_tiered": _criteo_tiered}
+    variants = {"criteo_buckets": _criteo_with_buckets, "criteo_tiered": _criteo_tiered,
+                "taobao_tiered": _taobao_tiered}
     spec_name = str(variants[preset](tmp_path)) if preset in variants else preset
     overrides = {"paths.data_root": str(tmp_path), "features.spec": spec_name, "features.min_count": 2,
                  "features.block_rows": 16, "features.num_shards": 1, "train.epochs": 1, "train.batch_size": 16,
@@ -125,13 +142,15 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
                  "tracking.strict": True, "train.backend": backend or "tensorflow"}
     if processes:
         overrides.update({"train.processes": processes, "train.shard_table_rows": 0})
+    if preset == "taobao_tiered":  # the attention model: its behaviour sequence reads the tiered table
+        overrides["train.model"] = "din"
     if devices:  # the JAX child process inherits the flag; this process's TensorFlow is already started
         overrides.update({"train.devices": devices, "train.shard_table_rows": 0})
         monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}")
     config = load_config(overrides=overrides, environ={})
     spec = spec_for(config)
     layout = RunContext(config, Interval.minute("2026-01-01T00:00"), "daily", "x").layout
-    if preset == "taobao":
+    if layout_name == "taobao":
         sample = _spread_over_minutes(sample, tmp_path / "taobao.csv")
         # 4 clicks in 100 rows: the last quarter of the minutes holds one of them.
         config = load_config(overrides={**overrides, "features.eval_fraction": 0.25}, environ={})
@@ -190,6 +209,11 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
             assert 0 < entry["hit_rate"] < 1 and entry["rows_loaded"] > 0 and entry["store_bytes_read"] > 0
             assert entry["l2_norm"]["max"] > 0 and entry["bytes"] == state["table_sizes"][name] * 4 * 4
         assert tables["C5"]["storage"] == "memory"
+    if preset == "taobao_tiered":  # the sequence's items were read through the hot tier, then served
+        assert checkpoint["tiered_tables"] == {"adgroup_id": 48}
+        tables = {t["name"]: t for t in json.loads((ctx.layout.evaluation_dir(ctx.interval) / "tables.json")
+                                                    .read_text())["tables"]}
+        assert tables["adgroup_id"]["storage"] == "tiered" and tables["adgroup_id"]["rows_loaded"] > 0
     if preset == "criteo_buckets":
         dense = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "dense.json").read_text())["dense"]
         boundaries = {d["name"]: d["boundaries"] for d in dense}

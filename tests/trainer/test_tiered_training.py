@@ -4,7 +4,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.trainer.tiered_run import (
+    BATCH,
     DIM,
     FEATURE_TABLES,
     HOT_ROWS,
@@ -221,3 +224,90 @@ def test_a_run_killed_while_writing_back_resumes_from_its_checkpoint_to_the_unbr
     assert f"resumed_from={checkpoint_step} steps=40" in out
     for got, expected in zip(final_state(tmp_path / "killed"), final_state(tmp_path / "unbroken"), strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+LIST_HOT_ROWS, LIST_LENGTH = 240, 6
+
+
+def list_batches(num_batches: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """`batches` with a list input "items" of table 1 (Zipf ids, the front padded with MISSING_ROW 1 or -1)."""
+    rng = np.random.default_rng(11)
+    popular = rng.permutation(TABLE_SIZES[TIERED] - 2) + 2  # items are never rows 0 and 1
+    for features, label in batches(num_batches=num_batches):
+        items = popular[np.minimum(rng.zipf(1.2, (BATCH, LIST_LENGTH)) - 1, len(popular) - 1)]
+        padded = np.arange(LIST_LENGTH)[None, :] < rng.integers(0, LIST_LENGTH + 1, (BATCH, 1))
+        items = np.where(padded, rng.choice([-1, 1], (BATCH, LIST_LENGTH)), items).astype(np.int64)
+        yield {**features, "items": items}, label
+
+
+class ListModel(keras.Model):
+    """small_model with the "items" list pooled (mean, padding masked) beside the columns."""
+
+    def __init__(self, layer: CategoricalEmbedding) -> None:
+        super().__init__()
+        self.embedding = layer
+        self.hidden = keras.layers.Dense(8, activation="relu", name="hidden")
+        self.head = keras.layers.Dense(1, activation="sigmoid", name="head")
+
+    def call(self, inputs: dict[str, Any]) -> Any:
+        from trainer.models.blocks import pooled_bags
+
+        columns = keras.ops.reshape(self.embedding(inputs["categorical"]), (-1, len(FEATURE_TABLES) * DIM))
+        pooled = pooled_bags(self.embedding, inputs, [{"key": "items", "table": TIERED, "pooling": "mean"}])[0]
+        hidden = keras.ops.concatenate([columns, keras.ops.reshape(pooled, (-1, DIM)), inputs["dense"]], axis=-1)
+        return self.head(self.hidden(hidden))
+
+
+def list_model(layer: CategoricalEmbedding) -> keras.Model:
+    model = ListModel(layer)
+    model({"categorical": np.zeros((1, len(FEATURE_TABLES)), np.int64), "items": np.full((1, LIST_LENGTH), -1),
+           "dense": np.zeros((1, 3), np.float32)})
+    model.compile(optimizer=EmbeddingAdagrad(0.05, 0.1), loss="binary_crossentropy", jit_compile=False)
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+@pytest.mark.integration
+def test_a_list_input_over_a_tiered_table_trains_to_the_in_memory_weights(tmp_path):
+    """The items of a list input reading the tiered table are planned with the batch's columns and rewritten to
+    slots, their padding to -1: the same table, accumulators and dense weights as in memory, bit for bit."""
+    keras.utils.set_random_seed(2)
+    memory = list_model(embedding_layer(tiered=False))
+    layer = CategoricalEmbedding(TABLE_SIZES, DIM, feature_tables=FEATURE_TABLES,
+                                 tiered_tables={TIERED: LIST_HOT_ROWS}, name="embedding")
+    tiered = list_model(layer)
+    table = np.asarray(memory.embedding.embeddings)
+    layer.embeddings.assign(table[IN_MEMORY_ROWS])
+    for name in ("hidden", "head"):
+        getattr(tiered, name).set_weights(getattr(memory, name).get_weights())
+    store = RowStore.from_arrays(tmp_path / "table-1.rows", table[50:1050],
+                                 initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
+    num_batches = 40
+    memory.fit(list_batches(num_batches), steps_per_epoch=num_batches, epochs=1, shuffle=False, verbose=0)
+    tier = HotTier(store, LIST_HOT_ROWS)
+    stream = TieredBatches(list_batches(num_batches), layer, {TIERED: tier}, lists={"items": TIERED})
+    seen = []
+    original = stream.put
+
+    def recording(item):  # the batches as the model receives them
+        if isinstance(item, tuple):
+            seen.append(item[0])
+        return original(item)
+
+    stream.put = recording
+    tiered.fit(iter(stream), steps_per_epoch=num_batches, epochs=1, callbacks=[HotTierCallback(stream)],
+               shuffle=False, verbose=0)
+    assert tier.counters.rows_loaded > LIST_HOT_ROWS and tier.counters.rows_written_back > 0  # evictions
+    # Padding became -1 wherever it was (1 or -1), items became slots: in [0, hot_rows), slot 1 among them.
+    sent = np.concatenate([batch["items"].reshape(-1) for batch in seen])
+    source = np.concatenate([features["items"].reshape(-1) for features, _ in list_batches(num_batches)])
+    np.testing.assert_array_equal(sent < 0, (source == 1) | (source < 0))
+    assert sent.max() < LIST_HOT_ROWS and (sent == 1).any()
+    memory_table = memory.embedding.embeddings
+    values, accumulators = store.read(np.arange(1000))
+    np.testing.assert_array_equal(values, np.asarray(memory_table)[50:1050])
+    np.testing.assert_array_equal(accumulators, np.asarray(accumulator_of(memory.optimizer, memory_table))[50:1050])
+    for name in ("hidden", "head"):
+        for got_weight, expected_weight in zip(getattr(tiered, name).weights, getattr(memory, name).weights,
+                                               strict=True):
+            np.testing.assert_array_equal(np.asarray(got_weight), np.asarray(expected_weight))

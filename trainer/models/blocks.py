@@ -52,6 +52,15 @@ def valid_ids(ids: Any) -> Any:
     return ops.logical_and(ops.greater_equal(ids, 0), ops.not_equal(ids, PADDING_ROW))
 
 
+def list_mask(embedding: CategoricalEmbedding, ids: Any, table: int) -> Any:
+    """False at padding of a list input reading `table`. A tiered table's list ids are slots of its hot tier,
+    rewritten with padding as -1 (trainer/tiered_training.py in training, trainer/export.py RowSlots in serving),
+    so there every id >= 0 is an item, slot 1 included; elsewhere `valid_ids`."""
+    if table in embedding.tiered_tables:
+        return ops.greater_equal(ids, 0)
+    return valid_ids(ids)
+
+
 def behaviour_sequence(embedding: CategoricalEmbedding, inputs: dict[str, Any], item_feature: int,
                        key: str = HISTORY_INPUT) -> Any:
     """The sequence's embeddings [B, length, dim], read from the item feature's table, and its mask
@@ -65,7 +74,8 @@ def behaviour_sequence(embedding: CategoricalEmbedding, inputs: dict[str, Any], 
         )
     history = inputs[key]
     # Padding reads row 0, then the mask drops it.
-    return embedding.embed_feature(ops.maximum(history, 0), item_feature), valid_ids(history)
+    return (embedding.embed_feature(ops.maximum(history, 0), item_feature),
+            list_mask(embedding, history, embedding.feature_tables[item_feature]))
 
 
 def pooled_bags(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: Sequence[dict[str, Any]]) -> list:
@@ -75,7 +85,7 @@ def pooled_bags(embedding: CategoricalEmbedding, inputs: dict[str, Any], bags: S
     for bag in bags:
         ids = inputs[bag["key"]]
         vectors = embedding.embed_table(ops.maximum(ids, 0), bag["table"])
-        mask = ops.expand_dims(ops.cast(valid_ids(ids), vectors.dtype), -1)
+        mask = ops.expand_dims(ops.cast(list_mask(embedding, ids, bag["table"]), vectors.dtype), -1)
         total = ops.sum(ops.multiply(vectors, mask), axis=1)
         if bag.get("pooling", "mean") == "mean":
             total = ops.divide(total, ops.maximum(ops.sum(mask, axis=1), ops.cast(1, vectors.dtype)))
