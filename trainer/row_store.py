@@ -41,11 +41,12 @@ bytes a row) says which record holds each logged row's latest values, as a row i
 for the log's record k), so reads find them with the same runs, threads and batched calls as the table's rows.
 `flush` makes the log durable and then records its length in the header (LOG_HEADER at LOG_HEADER_OFFSET); `open`
 rebuilds the map from the blocks up to that length, so records appended after the last flush are not part of
-the store. Once the log holds more than LOG_MAX_ROWS distinct rows (the map's memory), or more than
-LOG_COMPACT_MIN_RECORDS records and LOG_GARBAGE_FACTOR times its rows (its disk), `compact` merges it into the
-table in row order and empties it. Creation, the merge and stores with `log_writes` off (serving's scratch
-stores, `materialize`) write in place. The file stays one file: a snapshot, a hard link, a checksum or a copy
-takes the log with the table.
+the store. Once the log holds more than LOG_COMPACT_MIN_RECORDS records and LOG_GARBAGE_FACTOR times its rows,
+each flush merges a part of it into the table (`merge_part`: the rows with the oldest records, at least twice
+as many as were appended since the flush before), until no row is left in it and it is cut off; a log of more
+than LOG_MAX_ROWS distinct rows (the map's memory) is merged whole at once (`compact`). Creation, the merge
+and stores with `log_writes` off (serving's scratch stores, `materialize`) write in place. The file stays one
+file: a snapshot, a hard link, a checksum or a copy takes the log with the table.
 
 A store is not safe against a crash on its own: a write in place that is killed half-way leaves a record half
 old and half new, and an append not yet flushed is dropped by the next open. Consistency comes from
@@ -90,11 +91,17 @@ RECORD_DTYPE = np.dtype("<f4")
 LOG_HEADER_OFFSET = 1024
 LOG_HEADER = struct.Struct("<8sQ")
 LOG_MAGIC = b"CTRLOG01"
-# A log is merged into the table once it holds more than this many records (128 MiB at dimension 16) and four
-# times the rows it holds, or once it holds more than LOG_MAX_ROWS distinct rows (RowStore.log_max_rows): the
-# first bounds its disk, the second the memory of its index (32-64 bytes a row).
+# A log that holds more than this many records (128 MiB at dimension 16) and four times the rows it holds is
+# merged into the table a part at a time, one part per flush (at least LOG_MERGE_MIN_ROWS rows, and twice the
+# rows appended since the flush before, oldest records first), until none of its rows is left and it is cut off:
+# a flush never pays for the whole log at once (a minute run's flush, among others). A log of more than
+# LOG_MAX_ROWS distinct rows (RowStore.log_max_rows: its index's memory, 32-64 bytes a row) or of more than
+# LOG_RECORDS_LIMIT_FACTOR times its rows (and of LOG_COMPACT_MIN_RECORDS) is merged whole at the write that
+# passes it: the bound on memory and disk between flushes.
 LOG_COMPACT_MIN_RECORDS = 1 << 20
 LOG_GARBAGE_FACTOR = 4
+LOG_MERGE_MIN_ROWS = 1 << 16
+LOG_RECORDS_LIMIT_FACTOR = 16
 LOG_MAX_ROWS = 1 << 22
 # Rows written per call when a store is created: bounds the memory creation needs (8 MiB at dimension 16).
 CREATE_CHUNK_ROWS = 65_536
@@ -149,7 +156,8 @@ class StoreCounters:
     cache_probes: int = 0  # runs first tried from the page cache alone (RWF_NOWAIT), before threads
     cache_hits: int = 0  # ...of which were there (or in holes): read then, or written on the calling thread
     log_appends: int = 0  # writes appended to the log, one call each
-    log_compactions: int = 0  # merges of the log into the table
+    log_merges: int = 0  # merges of (part of) the log into the table
+    log_compactions: int = 0  # ...of which left no row in the log, which was then cut off
     rows_compacted: int = 0  # rows those merges wrote into the table
 
 
@@ -185,6 +193,9 @@ class RowStore:
         # the log's record k), so that the log's records are read and written as the table's rows are.
         self.log_writes = log_writes
         self.log_max_rows = LOG_MAX_ROWS
+        self.log_compact_min_records = LOG_COMPACT_MIN_RECORDS
+        self.log_merge_min_rows = LOG_MERGE_MIN_ROWS
+        self.rows_appended = 0  # since the last flush: the flush's part of the log merges at least twice as many
         self.log_length = self.log_committed = 0
         self.log_index = RowMap(0)
         self.log_lock = threading.Lock()  # the index, and the records a read is reading (a merge moves them)
@@ -502,20 +513,34 @@ class RowStore:
         first = self.num_rows + start + id_records
         with self.log_lock:
             self.log_index.set(sorted_rows, np.arange(first, first + count, dtype=np.int64))
+            self.rows_appended += count
         self.count(rows_written=count, bytes_written=records.nbytes, write_calls=1, log_appends=1)
         live = len(self.log_index)
-        if live > self.log_max_rows or self.log_length > max(LOG_COMPACT_MIN_RECORDS, LOG_GARBAGE_FACTOR * live):
+        if live > self.log_max_rows or self.log_length > LOG_RECORDS_LIMIT_FACTOR * max(
+                live, self.log_compact_min_records):
             self.compact()
 
-    def compact(self) -> int:
-        """Merges the log into the table: every row the log holds is written in place from its latest record
-        (CREATE_CHUNK_ROWS rows at a time, in row order), made durable, and only then is the log emptied (its
-        length in the header set to 0 and the file cut back to the table). A crash before that leaves the log
-        as it was, which still holds every row's latest values. Returns the rows merged. Not beside a write."""
+    def merge_part(self) -> int:
+        """At a flush: once the log holds more than log_compact_min_records records and LOG_GARBAGE_FACTOR times
+        its rows, merges the next part of it (`compact` with a budget). Returns the rows merged."""
+        if self.log_length <= max(self.log_compact_min_records, LOG_GARBAGE_FACTOR * len(self.log_index)):
+            return 0
+        return self.compact(max(self.log_merge_min_rows, 2 * self.rows_appended))
+
+    def compact(self, max_rows: int | None = None) -> int:
+        """Merges the log into the table: the rows the log holds are written in place from their latest records
+        (CREATE_CHUNK_ROWS rows at a time, in row order), made durable, and leave the log's index; once no row
+        is left, the log is emptied (its length in the header set to 0 and the file cut back to the table).
+        With `max_rows`, at most that many rows are merged, those whose records are oldest. A crash at any point
+        leaves a log whose every record still holds its row's values as of its write, and the table agreeing
+        with the rows merged, so a reopened store reads the same. Returns the rows merged. Not beside a write."""
         with self.log_lock:
             rows, located = self.log_index.items()
             if not self.log_length:
                 return 0
+            if max_rows is not None and len(rows) > max_rows:
+                oldest = np.argpartition(located, max_rows - 1)[:max_rows]
+                rows, located = rows[oldest], located[oldest]
             order = np.argsort(rows)
             rows, located = rows[order], located[order]
             for start in range(0, len(rows), CREATE_CHUNK_ROWS):
@@ -527,12 +552,15 @@ class RowStore:
                 records[by_record] = ordered
                 self.transfer(rows[part], records, reading=False)
             os.fsync(self.fd)
-            write_all(self.fd, LOG_HEADER.pack(LOG_MAGIC, 0), LOG_HEADER_OFFSET)
-            os.fsync(self.fd)
-            os.ftruncate(self.fd, HEADER_BYTES + self.num_rows * self.record_bytes)
-            self.log_length = self.log_committed = 0
-            self.log_index = RowMap(0)
-        self.count(log_compactions=1, rows_compacted=len(rows), fsyncs=2)
+            self.log_index.remove_entries(self.log_index.entries(rows))
+            emptied = not len(self.log_index)
+            if emptied:
+                write_all(self.fd, LOG_HEADER.pack(LOG_MAGIC, 0), LOG_HEADER_OFFSET)
+                os.fsync(self.fd)
+                os.ftruncate(self.fd, HEADER_BYTES + self.num_rows * self.record_bytes)
+                self.log_length = self.log_committed = 0
+                self.log_index = RowMap(0)
+        self.count(log_merges=1, log_compactions=int(emptied), rows_compacted=len(rows), fsyncs=1 + int(emptied))
         return len(rows)
 
     def load_log(self, log_length: int) -> None:
@@ -655,6 +683,9 @@ class RowStore:
             os.fsync(self.fd)
             self.log_committed = length
             self.count(fsyncs=1)
+        if self.writable and self.log_writes:
+            self.merge_part()
+        self.rows_appended = 0
 
     def snapshot(self, destination: Path | str) -> str:
         """Flushes, then copies the store to `destination` (renamed into place once complete and fsynced), and

@@ -479,3 +479,31 @@ def test_a_store_that_draws_its_rows_logs_the_rows_written(tmp_path):
         np.testing.assert_array_equal(got_values[[0, 2]], np.ones((2, 4)))
         np.testing.assert_array_equal(got_values[1], initializer.rows(np.array([8]))[0])
         np.testing.assert_allclose(got_accumulators[1], 0.1)
+
+
+def test_a_flush_merges_a_long_log_a_part_at_a_time_until_it_is_cut_off(tmp_path):
+    # A log past its bound (here 1,000 records and four times its rows) is merged a part per flush: at least
+    # log_merge_min_rows rows and twice the rows appended since the flush before, the oldest records first, so
+    # no flush pays for the whole log; parts keep up with the writes, and the log is cut once none is left.
+    rng = np.random.default_rng(6)
+    values, accumulators = table(3000, 4)
+    store = RowStore.from_arrays(tmp_path / "t.rows", values, accumulators)
+    store.log_compact_min_records, store.log_merge_min_rows = 1000, 100
+    merged, lengths = [], []
+    for step in range(60):
+        rows = rng.choice(300, 60, replace=False)  # 300 rows written again and again: garbage accumulates
+        store.write(rows, np.full((60, 4), float(step)), np.full((60, 4), step + 1.0))
+        values[rows], accumulators[rows] = step, step + 1.0
+        before = store.counters.rows_compacted
+        store.flush()
+        merged.append(store.counters.rows_compacted - before)
+        lengths.append(store.log_length)
+        np.testing.assert_array_equal(store.read(np.arange(3000))[0], values)
+        np.testing.assert_array_equal(store.read(np.arange(3000))[1], accumulators)
+    assert max(merged) <= 120 and sum(merged) > 500  # parts of at most max(100, 2 x 60) rows
+    assert store.counters.log_merges > store.counters.log_compactions >= 1
+    assert min(lengths) == 0 and max(lengths) < 2000  # cut off, and never far past its bound
+    store.close()
+    with RowStore.open(tmp_path / "t.rows", writable=False) as reopened:  # a part merged, the log kept: the same
+        np.testing.assert_array_equal(reopened.read(np.arange(3000))[0], values)
+        np.testing.assert_array_equal(reopened.read(np.arange(3000))[1], accumulators)
