@@ -155,6 +155,7 @@ class StoreCounters:
     rows_fresh: int = 0  # rows read that were never written, drawn from the store's initializer (format 2)
     cache_probes: int = 0  # runs first tried from the page cache alone (RWF_NOWAIT), before threads
     cache_hits: int = 0  # ...of which were there (or in holes): read then, or written on the calling thread
+    rows_in_holes: int = 0  # rows read with no I/O: on pages of the table that hold no data (format 2)
     log_appends: int = 0  # writes appended to the log, one call each
     log_merges: int = 0  # merges of (part of) the log into the table
     log_compactions: int = 0  # ...of which left no row in the log, which was then cut off
@@ -201,6 +202,11 @@ class RowStore:
         self.log_lock = threading.Lock()  # the index, and the records a read is reading (a merge moves them)
         if log_length:
             self.load_log(log_length)
+        # A store that draws its rows (format 2): which pages of the table hold data. A row whose pages are holes
+        # (and that the log does not hold) was never written, so it is drawn without a read: most rows a
+        # training reads for the first time. One byte per page of the table (1/4,096 of its size).
+        self.data_pages = (self.table_data_pages() if fresh is not None and self.record_bytes <= PAGE_BYTES
+                           else None)
         if hasattr(os, "posix_fadvise"):  # not on macOS; there the kernel's readahead stays on
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
@@ -434,16 +440,22 @@ class RowStore:
         else:
             unique, inverse = np.unique(rows, return_inverse=True)
         records = np.empty((len(unique), self.record_floats), dtype=RECORD_DTYPE)
+        holes = 0
         with self.log_lock:  # held while reading: a merge of the log may not move the records meanwhile
             where = self.log_index.lookup(unique) if len(self.log_index) else None
-            if where is None or not (where >= 0).any():
-                calls = self.transfer(unique, records, reading=True)
-            else:  # the rows the log holds are read from their latest records, in file order with the others
-                located = np.where(where >= 0, where, unique)
-                order = np.argsort(located)
-                ordered = np.empty_like(records)
-                calls = self.transfer(located[order], ordered, reading=True)
-                records[order] = ordered
+            # The rows the log holds are read from their latest records, in file order with the others.
+            located = unique if where is None else np.where(where >= 0, where, unique)
+            needed = None if self.data_pages is None else self.has_data(unique)
+            if needed is not None and where is not None:
+                needed |= where >= 0
+            if needed is None or needed.all():
+                calls = self.read_located(located, records)
+            else:  # rows on pages that hold no data were never written: zeros, drawn below, with no read
+                holes = len(needed) - int(np.count_nonzero(needed))
+                part = np.empty((len(needed) - holes, self.record_floats), dtype=RECORD_DTYPE)
+                calls = self.read_located(located[needed], part)
+                records[needed] = part
+                records[~needed] = 0
         fresh = 0
         written = np.ones(len(unique), dtype=bool)
         if self.fresh is not None:
@@ -452,10 +464,45 @@ class RowStore:
             if fresh:
                 records[~written, :self.embedding_dim] = self.fresh.rows(unique[~written])
                 records[~written, self.embedding_dim:] = self.fresh_accumulator
-        self.count(rows_read=len(unique), bytes_read=records.nbytes, read_calls=calls, rows_fresh=fresh)
+        self.count(rows_read=len(unique), bytes_read=records.nbytes, read_calls=calls, rows_fresh=fresh,
+                   rows_in_holes=holes)
         if inverse is not None:
             records, written = records[inverse], written[inverse]
         return records[:, :self.embedding_dim], records[:, self.embedding_dim:], written
+
+    def read_located(self, located: np.ndarray, records: np.ndarray) -> int:
+        """Reads the records at `located` (row ids, or past the table the log's records; distinct) into
+        `records`, in file order. Returns the calls made."""
+        if strictly_increasing(located):
+            return self.transfer(located, records, reading=True)
+        order = np.argsort(located)
+        ordered = np.empty_like(records)
+        calls = self.transfer(located[order], ordered, reading=True)
+        records[order] = ordered
+        return calls
+
+    def table_data_pages(self) -> np.ndarray:
+        """Per page of the table's records (PAGE_BYTES from HEADER_BYTES on), whether the file holds data there
+        (SEEK_DATA / SEEK_HOLE; every page where the system cannot tell)."""
+        table_bytes = self.num_rows * self.record_bytes
+        pages = np.zeros(-(-table_bytes // PAGE_BYTES), dtype=bool)
+        for begin, end in data_segments(self.fd, HEADER_BYTES + table_bytes):
+            begin, end = max(begin, HEADER_BYTES) - HEADER_BYTES, end - HEADER_BYTES
+            if end > begin:
+                pages[begin // PAGE_BYTES:-(-end // PAGE_BYTES)] = True
+        return pages
+
+    def has_data(self, rows: np.ndarray) -> np.ndarray:
+        """Whether a page each of `rows`' records touches holds data (a record spans at most two pages)."""
+        first = rows * self.record_bytes // PAGE_BYTES
+        last = ((rows + 1) * self.record_bytes - 1) // PAGE_BYTES
+        return self.data_pages[first] | self.data_pages[last]  # type: ignore[index]
+
+    def mark_data(self, rows: np.ndarray) -> None:
+        """Records that `rows` are about to be written in place: their pages hold data from now on."""
+        if self.data_pages is not None:
+            self.data_pages[rows * self.record_bytes // PAGE_BYTES] = True
+            self.data_pages[((rows + 1) * self.record_bytes - 1) // PAGE_BYTES] = True
 
     def write(self, rows: np.ndarray, values: np.ndarray, accumulators: np.ndarray, *,
               page_by_page: bool = False) -> None:
@@ -490,6 +537,7 @@ class RowStore:
             return
         if self.log_length:  # the log would still name older records of these rows: merged first
             self.compact()
+        self.mark_data(rows)
         calls = self.transfer(rows, records, reading=False, page_by_page=page_by_page)
         self.count(rows_written=len(rows), bytes_written=records.nbytes, write_calls=calls)
 
@@ -550,6 +598,7 @@ class RowStore:
                 ordered = np.empty_like(records)
                 self.transfer(located[part][by_record], ordered, reading=True)
                 records[by_record] = ordered
+                self.mark_data(rows[part])
                 self.transfer(rows[part], records, reading=False)
             os.fsync(self.fd)
             self.log_index.remove_entries(self.log_index.entries(rows))

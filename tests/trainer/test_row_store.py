@@ -507,3 +507,27 @@ def test_a_flush_merges_a_long_log_a_part_at_a_time_until_it_is_cut_off(tmp_path
     with RowStore.open(tmp_path / "t.rows", writable=False) as reopened:  # a part merged, the log kept: the same
         np.testing.assert_array_equal(reopened.read(np.arange(3000))[0], values)
         np.testing.assert_array_equal(reopened.read(np.arange(3000))[1], accumulators)
+
+
+def test_rows_on_pages_that_hold_no_data_are_drawn_without_a_read(tmp_path):
+    # A store that draws its rows: 100,000 rows of 32 bytes, 128 to a page. Rows written in place (creation's
+    # warm-start rows) make their pages data; rows in the log are read from it; every other row is on a hole
+    # and is drawn without a call, however many of them a read asks for. (The table's last page shares its block
+    # with the log's first records: data, so its rows are read, as zeros, and drawn the same.)
+    initializer = uniform_initializer(4, seed=9)
+    written = np.array([5, 300, 90_000])
+    store = RowStore.create_fresh(tmp_path / "t.rows", 100_000, initializer, 0.1,
+                                  written=[(written, np.full((3, 4), 2.0), np.full((3, 4), 3.0))])
+    store.write(np.array([50_000]), np.full((1, 4), 7.0), np.full((1, 4), 8.0))  # to the log
+    store.flush()
+    rows = np.array([0, 5, 6, 300, 20_000, 50_000, 89_999, 90_000, 99_000])
+    for reader in (store, RowStore.open(tmp_path / "t.rows", writable=False)):
+        before = reader.counters
+        values, accumulators, marked = reader.read_marked(rows)
+        # Pages 0 (rows 0-127: row 5), 2 (256-383: row 300) and 703 (89,984-90,111: row 90,000) hold data; row
+        # 50,000 is in the log (of the store that wrote it) or read back from it (a flushed store reopened).
+        assert reader.counters.rows_in_holes - before.rows_in_holes == 2  # rows 20,000 and 99,000
+        np.testing.assert_array_equal(marked, [False, True, False, True, False, True, False, True, False])
+        np.testing.assert_array_equal(values[[1, 3, 5, 7], 0], [2.0, 2.0, 7.0, 2.0])
+        np.testing.assert_array_equal(values[~marked], initializer.rows(rows[~marked]))
+        np.testing.assert_allclose(accumulators[~marked], 0.1)
