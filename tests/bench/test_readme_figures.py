@@ -39,6 +39,11 @@ def log_runs(key: str, exponent: str = "1.05") -> list[float]:
     return [result(name)[f"zipf_{exponent}"][key] for name in ("tiers_log.json", "tiers_log_run2.json")]
 
 
+def holes_runs(key: str, exponent: str = "1.05") -> list[float]:
+    """`key` at Zipf `exponent` in the two bench-tiers runs with rows on holes drawn without a read."""
+    return [result(name)[f"zipf_{exponent}"][key] for name in ("tiers_holes.json", "tiers_holes_run2.json")]
+
+
 def log_disk(side: str) -> int:
     """Bytes the `side` run wrote to disk at Zipf 1.05 in the first run of the log (the same in both runs)."""
     return result("tiers_log.json")["zipf_1.05"][side]["process_io"]["write_bytes"]
@@ -200,6 +205,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"the log is {min(log_runs('log_speedup')):.2f}-{max(log_runs('log_speedup')):.2f}x faster than it "
         f"({min(log_runs('log_speedup', '0.8')):.2f}-{max(log_runs('log_speedup', '0.8')):.2f}x at Zipf 0.8) and "
         f"writes {log_disk('tiered') / 1e6:.0f} MB to disk instead of {log_disk('tiered_in_place') / 1e9:.2f} GB"),
+    "tiers_holes.json, tiers_holes_run2.json": lambda: (
+        f"With rows on pages that hold no data drawn without a read, {min(holes_runs('speed_ratio')):.3f}-"
+        f"{max(holes_runs('speed_ratio')):.3f}x (tiers_holes.json, tiers_holes_run2.json; the tiered side "
+        f"{min(holes_runs('tiered_ex_per_s')):,.0f}-{max(holes_runs('tiered_ex_per_s')):,.0f} ex/s), "
+        f"{min(holes_runs('speed_ratio', '0.8')):.3f}-{max(holes_runs('speed_ratio', '0.8')):.3f}x at Zipf 0.8"),
     "tier_policy.json": lambda: (
         f"in one pass {round(100 * policy()['first_touch_misses'] / policy()['lru_misses'])} % of LRU's misses are "
         f"rows read for the first time, which every policy misses, and LFU saves "
