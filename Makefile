@@ -75,8 +75,9 @@ test-stack:
 bench-encode:
 	@$(WITH_ENV); $(BENCH) bench/bench_block_encode.py
 
+BENCH_MULTI_HASH_ARGS ?=
 bench-multi-hash:
-	@$(WITH_ENV); $(BENCH) bench/bench_multi_hash.py
+	@$(WITH_ENV); $(BENCH) bench/bench_multi_hash.py $(BENCH_MULTI_HASH_ARGS)
 
 BENCH_TIERS_ARGS ?=
 bench-tiers:

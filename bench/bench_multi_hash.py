@@ -5,10 +5,12 @@ also one hash function at the same memory, and two at 8x fewer buckets. The trai
 its own.
 
     make bench-multi-hash
+    make bench-multi-hash BENCH_MULTI_HASH_ARGS='--out bench/results/multi_hash_run2.json'
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import platform
@@ -102,6 +104,9 @@ def train_and_measure(config: TrainConfig, files: dict[str, str], directory: Pat
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "multi_hash.json")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-multi-hash-") as temporary:
         directory = Path(temporary)
         train_labels, train_dense, train_categorical, _ = planted_rows(NUM_TRAIN_ROWS, seed=1)
@@ -138,10 +143,11 @@ def main() -> int:
         "note": "same data, seed and config; embedding_parameters counts the tables (Adagrad keeps one "
         "accumulator per parameter, so its state shrinks by the same ratio); AUC on the eval rows",
         "machine": platform.machine(), "python": sys.version.split()[0],
-        "command": "make bench-multi-hash",
+        "command": "make bench-multi-hash" + (f" BENCH_MULTI_HASH_ARGS='{' '.join(sys.argv[1:])}'"
+                                              if sys.argv[1:] else ""),
     }
     result = {**provenance(result["command"]), **result}
-    out = Path(__file__).parent / "results" / "multi_hash.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
