@@ -39,6 +39,7 @@ from components.feature_spec import BUCKET_DERIVATION, MISSING_ROW, RARE_ROW, Fe
 from components.feature_state import FeatureState, check_state_matches
 from trainer.keras_internals import flatten_layers
 from trainer.model_inputs import CATEGORICAL_INPUT, DENSE_INPUT
+from trainer.models.blocks import valid_ids
 
 SAVED_MODEL_DIR = "saved_model"
 SIGNATURE_NAME = "serving_default"
@@ -282,7 +283,7 @@ class RowSlots(tf.Module):
         for key, index in self.lists.items():
             ids = inputs[key]
             slots = tf.ensure_shape(tf.reshape(self.maps[index].lookup(ids), tf.shape(ids)), ids.shape)
-            lists[key] = tf.where(list_items(ids), slots, tf.constant(-1, ids.dtype))
+            lists[key] = tf.where(valid_ids(ids), slots, tf.constant(-1, ids.dtype))
         return {**inputs, CATEGORICAL_INPUT: tf.reshape(tf.stack(columns, axis=1), tf.shape(categorical)), **lists}
 
     def rows(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -292,15 +293,10 @@ class RowSlots(tf.Module):
         out = {}
         for index, (table, columns) in enumerate(zip(self.tables, self.columns, strict=True)):
             ids = tf.gather(categorical, columns, axis=1)
-            items = [tf.boolean_mask(inputs[key], list_items(inputs[key]))
+            items = [tf.boolean_mask(inputs[key], valid_ids(inputs[key]))
                      for key, list_index in self.lists.items() if list_index == index]
             out[f"table_{table}"] = tf.concat([tf.reshape(ids, [-1]), *items], axis=0) if items else ids
         return out
-
-
-def list_items(ids: tf.Tensor) -> tf.Tensor:
-    """Where a list input holds an item, not padding (trainer.tiered_training.list_items, in TensorFlow)."""
-    return tf.logical_and(tf.greater_equal(ids, 0), tf.not_equal(ids, tf.constant(MISSING_ROW, ids.dtype)))
 
 
 def tiered_slot_signature(layer: Any) -> dict[str, tf.TensorSpec]:
