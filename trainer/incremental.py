@@ -252,7 +252,5 @@ def _tiered_tables(model: keras.Model, parent_checkpoint: Path, table_names: lis
     layer = tiered_layer(model)
     if layer is None:
         return None
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError("tiered tables (storage: tiered) train on TensorFlow only: set train.backend=tensorflow")
     first = table_names[next(iter(layer.tiered_tables))]
     return TieredTables(model, layer, table_names, live_directory(Path(parent_checkpoint), first))

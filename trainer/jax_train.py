@@ -367,6 +367,7 @@ def train_model_jax(
         take,
     )
     from trainer.progress import ProgressCheckpoint, clear_progress, read_progress
+    from trainer.tiered_tables import TABLES_DIR, TieredTables, tiered_layer
     from trainer.train import (
         MIXED_PRECISION_POLICY,
         PROGRESS_DIR,
@@ -374,13 +375,17 @@ def train_model_jax(
         ThroughputMeter,
         TrainResult,
         compile_model,
+        fit_tiered_epoch,
         input_hash,
-        load_checkpoint,
         micro_batch_size_of,
+        progress_tables,
+        restore_best,
+        save_tiered_progress,
         speed_flags_of,
+        update_best,
+        warm_start_model,
         write_training_checkpoint,
     )
-    from trainer.warm_start import warm_start_weights
 
     if keras.backend.backend() != "jax":
         raise RuntimeError(f"train_model_jax needs the JAX backend (KERAS_BACKEND=jax), this process has "
@@ -431,6 +436,7 @@ def train_model_jax(
     if config.mixed_precision:
         keras.config.set_dtype_policy(MIXED_PRECISION_POLICY)
     warm_start_summary: dict[str, int] | None = None
+    tiered: TieredTables | None = None
 
     def eval_batches() -> Iterator[Any]:
         return block_batches(eval_files, config.batch_size, inputs=inputs)
@@ -441,11 +447,25 @@ def train_model_jax(
             compile_model(model, dataclasses.replace(config, jit_compile=True), steps_per_execution=steps_per_execution)
             if resumed is not None or processes > 1:
                 model.optimizer.build(model.trainable_variables)
+            layer = tiered_layer(model)
+            if layer is not None:  # tables on disk with a hot tier (trainer/tiered_tables.py), as on TensorFlow
+                if config.average_epochs:
+                    raise ValueError("train.average_epochs averages whole tables, which a tiered table (storage: "
+                                     "tiered) never holds in memory; set train.average_epochs=false")
+                if steps_per_execution != 1:
+                    raise ValueError(f"tiered tables (storage: tiered) apply their hot tiers' plans between steps: "
+                                     f"train with steps_per_execution=1, not {steps_per_execution}")
+                tiered = TieredTables(model, layer, inputs.tables, progress_dir / TABLES_DIR)
+                # Batches stay numpy until the hot tiers have rewritten their ids; Keras puts them on the device.
+                transfer = host_copy
             if resumed is not None:
                 model.load_weights(progress_dir / resumed.weights)
+                if tiered is not None:
+                    tiered.restore(progress_dir / progress_tables(resumed.global_step))
             elif warm_start is not None:
-                previous = load_checkpoint(warm_start.checkpoint_dir)
-                warm_start_summary = warm_start_weights(model, previous, warm_start.reset_rows)
+                warm_start_summary = warm_start_model(model, warm_start, tiered, config.seed, inputs.tables)
+            elif tiered is not None:
+                tiered.create(config.seed)
         host: HostCopy | None = None
         if processes > 1:  # the first process keeps an unsharded copy for what needs the whole table
             copy = None
@@ -457,8 +477,10 @@ def train_model_jax(
 
         with in_scope():
             meter = ThroughputMeter()
-            saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed,
-                                       save_weights=host.save_weights if host is not None else None)
+            saver = ProgressCheckpoint(
+                progress_dir, identity, config.checkpoint_every_steps, start=resumed,
+                save_weights=host.save_weights if host is not None else None if tiered is None else
+                lambda model, path: save_tiered_progress(model, path, tiered, saver))
             best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
                              average=config.average_epochs)
             for callback in callbacks:
@@ -489,14 +511,18 @@ def train_model_jax(
                             train_data = whole_batches(train_data, devices)
                         if processes > 1:
                             train_data = process_share(train_data, jax.process_index(), processes)
-                    fitted = model.fit(train_data, validation_data=eval_batches() if devices == 1 else None,
-                                       initial_epoch=epoch, epochs=epoch + 1, callbacks=[meter, saver, *callbacks],
-                                       verbose=0)
-                    logs = {name: float(values[-1]) for name, values in fitted.history.items()}
+                    if tiered is None:
+                        fitted = model.fit(train_data, validation_data=eval_batches() if devices == 1 else None,
+                                           initial_epoch=epoch, epochs=epoch + 1,
+                                           callbacks=[meter, saver, *callbacks], verbose=0).history
+                    else:
+                        fitted = fit_tiered_epoch(model, tiered, train_data, eval_batches(), epoch,
+                                                  [meter, saver, *callbacks])
+                    logs = {name: float(values[-1]) for name, values in fitted.items()}
                     if host is None:
                         if devices > 1:
                             logs.update(held_out_metrics(model, eval_batches()))
-                        stop = best.update(epoch, logs, model)
+                        stop = update_best(best, epoch, logs, model, tiered, progress_dir)
                     else:  # the first process scores its gathered copy and decides for all
                         host.sync()
                         stop = False
@@ -513,17 +539,19 @@ def train_model_jax(
             return None
         # The rest runs on the kept model: the sharded one in its scope, or the first process's unsharded copy.
         with in_scope() if host is None else host.local():
-            best_epoch = best.restore(kept_model)
+            best_epoch = restore_best(best, kept_model, tiered, progress_dir)
             averaged_epochs = tuple(best.averaged_epochs)
             calibration = None
             if config.calibrate:
-                rows = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
-                                        -(-config.calibration_rows // config.batch_size))
-                calibration = calibrate(kept_model, rows,
-                                        eval_batches() if config.calibrate_on == "held_out" else None,
-                                        config.calibration_min_clicks)
+                rows: Any = itertools.islice(block_batches(train_files, config.batch_size, inputs=inputs),
+                                             -(-config.calibration_rows // config.batch_size))
+                held_out: Any = eval_batches() if config.calibrate_on == "held_out" else None
+                if tiered is not None:
+                    rows = tiered.applied(rows)
+                    held_out = tiered.applied(held_out) if held_out is not None else None
+                calibration = calibrate(kept_model, rows, held_out, config.calibration_min_clicks)
             labels, predictions = [], []
-            for features, batch_labels in eval_batches():
+            for features, batch_labels in eval_batches() if tiered is None else tiered.applied(eval_batches()):
                 # A sharded model: a direct call, which takes a batch of any number of rows.
                 predicted = (model(features, training=False) if devices > 1 and host is None
                              else kept_model.predict_on_batch(features))
@@ -546,6 +574,7 @@ def train_model_jax(
                    "shard_rows": shard_rows(model)}
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1
 
+    table_files = tiered.commit(checkpoint_dir) if tiered is not None else []
     write_training_checkpoint(
         kept_model, checkpoint_dir, config=config, version=version or identity, spec=spec, table_sizes=table_sizes,
         train_files=train_files, eval_files=eval_files,
@@ -553,8 +582,11 @@ def train_model_jax(
         num_train_examples=num_train_examples, num_eval_examples=len(eval_labels), history=history, kept=kept,
         best_epoch=best_epoch, first_epoch=first_epoch, speed_flags=speed_flags, global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None, calibration=calibration,
+        table_files=table_files,
         # Checked by the tests: the JAX step must run where TensorFlow is not installed.
         extra={"averaged_epochs": list(averaged_epochs),
+               "tiered_tables": {name: table.hot_rows for name, table in (spec.tables() if spec else {}).items()
+                                 if table.tiered},
                "tensorflow_imported": any(module is not None and (name == "tensorflow"
                                                                   or name.startswith("tensorflow."))
                                           for name, module in list(sys.modules.items()))})
@@ -565,6 +597,7 @@ def train_model_jax(
         speed_flags=speed_flags, global_step=saver.global_step,
         resumed_from_step=resumed.global_step if resumed else None, warm_start=warm_start_summary,
         calibration=calibration, best_epoch=best_epoch, averaged_epochs=averaged_epochs,
+        tiered_tables=tiered.counters() if tiered is not None else None,
     )
 
 
@@ -620,7 +653,7 @@ def _child_main(request_file: str, result_dir: str) -> int:
     out = Path(result_dir)
     np.savez(out / EVAL_FILE, labels=result.eval_labels, predictions=result.eval_predictions)
     fields = ("history", "num_train_examples", "examples_per_second", "speed_flags", "global_step",
-              "resumed_from_step", "warm_start", "calibration", "best_epoch", "averaged_epochs")
+              "resumed_from_step", "warm_start", "calibration", "best_epoch", "averaged_epochs", "tiered_tables")
     partial = out / f".{RESULT_FILE}.partial"  # renamed last: a waiting launcher reads a whole file
     partial.write_text(json.dumps({name: getattr(result, name) for name in fields}))
     os.replace(partial, out / RESULT_FILE)

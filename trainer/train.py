@@ -225,7 +225,7 @@ def train_model(
                 if tiered is not None:
                     tiered.restore(progress_dir / progress_tables(resumed.global_step))
             elif warm_start is not None:
-                warm_start_summary = _warm_start(model, warm_start, tiered, config.seed, inputs.tables)
+                warm_start_summary = warm_start_model(model, warm_start, tiered, config.seed, inputs.tables)
             elif tiered is not None:
                 tiered.create(config.seed)
         eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
@@ -233,7 +233,7 @@ def train_model(
         meter = ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed,
                                    save_weights=None if tiered is None else
-                                   lambda model, path: _save_tiered_progress(model, path, tiered, saver))
+                                   lambda model, path: save_tiered_progress(model, path, tiered, saver))
         best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
                          average=config.average_epochs)
         for callback in callbacks:
@@ -261,30 +261,14 @@ def train_model(
                         shuffle=False,  # block_dataset shuffles
                         verbose=0,
                     ).history
-                else:  # batches through the hot tiers; the held-out slice scored after the epoch, the same way
-                    stream, tier_callback = tiered.training(train_data)
-                    fitted = model.fit(stream, initial_epoch=epoch, epochs=epoch + 1,
-                                       callbacks=[tier_callback, meter, saver, *callbacks], shuffle=False,
-                                       verbose=0).history
-                    held_out = tiered.evaluate(model, eval_data)
-                    fitted.update({name: [value] for name, value in held_out.items()})
-                    for callback in callbacks:  # the epoch's held-out metrics, logged where fit's would be
-                        if isinstance(callback, StepMetricsLogger):
-                            callback.log_fn(held_out, callback.step)
+                else:
+                    fitted = fit_tiered_epoch(model, tiered, train_data, eval_data, epoch, [meter, saver, *callbacks])
                 for name, values in fitted.items():
                     history.setdefault(name, []).extend(float(v) for v in values)
                 logs = {name: values[-1] for name, values in fitted.items()}
-                if tiered is not None and best.improves(logs):  # its tables beside its weights
-                    tiered.snapshot(progress_dir / best_tables(epoch))
-                stop = best.update(epoch, logs, model)
-                if tiered is not None and best.best is not None:
-                    _remove_other(progress_dir, "best-tables-*", best_tables(best.best.epoch))
-                if stop:
+                if update_best(best, epoch, logs, model, tiered, progress_dir):
                     break
-            reloads = best.reloads()
-            best_epoch = best.restore(model)
-            if tiered is not None and best_epoch is not None and reloads:
-                tiered.restore(progress_dir / best_tables(best_epoch))
+            best_epoch = restore_best(best, model, tiered, progress_dir)
             averaged_epochs = tuple(best.averaged_epochs)
             calibration = None
             if config.calibrate:
@@ -427,7 +411,7 @@ def best_tables(epoch: int) -> str:
     return f"best-tables-{epoch:04d}"
 
 
-def _save_tiered_progress(model: keras.Model, path: Path, tiered: Any, saver: ProgressCheckpoint) -> bool:
+def save_tiered_progress(model: keras.Model, path: Path, tiered: Any, saver: ProgressCheckpoint) -> bool:
     """ProgressCheckpoint's save with tiered tables: the tables (flushed, then copied) before the weights, so a
     progress state names weights whose tables are on disk; older table copies go, except the one the current
     state names (a kill before the new state is written leaves it)."""
@@ -442,14 +426,15 @@ def _save_tiered_progress(model: keras.Model, path: Path, tiered: Any, saver: Pr
     return True
 
 
-def _remove_other(directory: Path, pattern: str, keep: str) -> None:
+def remove_other(directory: Path, pattern: str, keep: str) -> None:
+    """Removes the directories under `directory` matching `pattern`, except `keep`."""
     for old in Path(directory).glob(pattern):
         if old.name != keep:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _warm_start(model: keras.Model, warm_start: WarmStart, tiered: Any, seed: int,
-                table_names: Sequence[str]) -> dict[str, int]:
+def warm_start_model(model: keras.Model, warm_start: WarmStart, tiered: Any, seed: int,
+                     table_names: Sequence[str]) -> dict[str, int]:
     """Seeds `model` from the warm start's checkpoint. Tables in memory take the parent's rows as
     warm_start_weights does; a tiered table's store is made from the parent's store (or, when the parent held
     it in memory, from its rows there), the reset rows drawn afresh. A tiered parent whose tables do not match
@@ -474,6 +459,43 @@ def _warm_start(model: keras.Model, warm_start: WarmStart, tiered: Any, seed: in
     counts = tiered.create(seed, parent_tables, warm_start.reset_rows, parent_rows)
     summary = warm_start_weights(model, previous, warm_start.reset_rows, skip=tiered.hot_paths())
     return {key: summary.get(key, 0) + counts.get(key, 0) for key in {**summary, **counts}}
+
+
+def fit_tiered_epoch(model: keras.Model, tiered: Any, train_data: Any, eval_data: Any, epoch: int,
+                     callbacks: Sequence[keras.callbacks.Callback]) -> dict[str, list[float]]:
+    """Epoch `epoch` of `fit` with the batches of `train_data` through the hot tiers of `tiered` (a
+    TieredTables), then the held-out batches `eval_data` scored through them the same way: fit's history, the
+    held-out metrics under Keras' names ("val_" first), also logged where fit's would be. Either backend."""
+    stream, tier_callback = tiered.training(train_data)
+    fitted = model.fit(stream, initial_epoch=epoch, epochs=epoch + 1, callbacks=[tier_callback, *callbacks],
+                       shuffle=False, verbose=0).history
+    held_out = tiered.evaluate(model, eval_data)
+    fitted.update({name: [value] for name, value in held_out.items()})
+    for callback in callbacks:
+        if isinstance(callback, StepMetricsLogger):
+            callback.log_fn(held_out, callback.step)
+    return fitted
+
+
+def update_best(best: BestEpoch, epoch: int, logs: Mapping[str, float], model: keras.Model, tiered: Any,
+                progress_dir: Path) -> bool:
+    """`best.update` (trainer/early_stopping.py BestEpoch), whether to stop; with tiered tables, an epoch
+    better than the best so far keeps a copy of its tables beside its weights, and only the best's copy stays."""
+    if tiered is not None and best.improves(logs):
+        tiered.snapshot(progress_dir / best_tables(epoch))
+    stop = best.update(epoch, logs, model)
+    if tiered is not None and best.best is not None:
+        remove_other(progress_dir, "best-tables-*", best_tables(best.best.epoch))
+    return stop
+
+
+def restore_best(best: BestEpoch, model: keras.Model, tiered: Any, progress_dir: Path) -> int | None:
+    """`best.restore(model)`, the best epoch; with tiered tables, their stores put back to that epoch's too."""
+    reloads = best.reloads()
+    best_epoch = best.restore(model)
+    if tiered is not None and best_epoch is not None and reloads:
+        tiered.restore(progress_dir / best_tables(best_epoch))
+    return best_epoch
 
 
 def embedding_shapes(model: keras.Model) -> list[tuple[int, ...]]:

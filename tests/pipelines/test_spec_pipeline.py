@@ -120,7 +120,7 @@ def _taobao_tiered(directory: Path) -> Path:
 # and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
 # joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
 # forced CPU devices (train.devices=4), the table sharded across them.
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered",
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered", "criteo_tiered/jax",
                                     "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")

@@ -158,3 +158,36 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     del served, answers, watcher
     gc.collect()
     assert not scratch.exists()
+
+
+def test_a_minute_on_the_jax_backend_trains_the_chains_live_stores_and_serving_answers_as_its_checkpoint(
+        chain, tmp_path):
+    """train.backend=jax for the next minute (a child process without TensorFlow): it trains the live stores
+    the TensorFlow minutes left, in place, through its hot tiers; its delta carries the rows its batches read,
+    and serving the chain answers as its checkpoint does."""
+    from components.feature_spec import spec_for
+    from components.synthetic import SUCCESS_MARKER, write_minute
+
+    config, layout, store = chain["config"], chain["layout"], chain["store"]
+    minute = "2026-01-01T00:12"
+    start = Interval.minute(minute).start
+    if not (layout.raw_minute_dir(start) / SUCCESS_MARKER).exists():
+        write_minute(config.generate, layout, start.hour * 60 + start.minute, start)
+    train = run_minute(config, minute, **{"train.backend": "jax"})["train"]
+    assert train["tiered_live_reused"] is True  # the chain's stores, trained in place
+    assert set(train["tiered_rows_touched"]) == set(TIERED) and min(train["tiered_rows_touched"].values()) > 0
+    for name in TIERED:
+        assert train["tiered_tables"][name]["tier_rows_loaded"] > 0
+    assert store.latest("ctr") == "202601010013"
+    manifest = store.manifest("ctr", "202601010013")
+    assert (manifest["kind"], manifest["parent"]) == (DELTA_KIND, "202601010012")
+    table = next(path for path in manifest["rows_changed"] if path.endswith("embedding/embeddings"))
+    assert manifest["rows_changed"][table] > 0
+    columns = raw_columns(layout, "2026-01-01T00:15")
+    watcher = ModelWatcher(store, "ctr", tmp_path / "cache", poll_seconds=60)
+    assert watcher.poll_once() and watcher.version == "202601010013"
+    expected = in_memory_predictions(layout, minute, columns, spec_for(config))
+    served = watcher.current()
+    chunks = [served.predict_columns({name: values[start:start + 40] for name, values in columns.items()})
+              for start in range(0, len(expected), 40)]
+    np.testing.assert_allclose(np.concatenate(chunks), expected, rtol=0, atol=1e-6)

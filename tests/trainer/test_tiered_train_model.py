@@ -3,6 +3,7 @@ and the best epoch with the tables, warm start from the parent's store, the chec
 memory that the export reads."""
 
 import dataclasses
+import importlib.util
 import os
 
 import numpy as np
@@ -106,6 +107,35 @@ def test_a_tiered_table_trains_to_the_weights_of_the_same_table_in_memory(data, 
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_on_the_jax_backend_a_tiered_table_trains_to_the_weights_of_the_same_table_in_memory(data, parent, tmp_path):
+    """train.backend=jax (the train step in a child process without TensorFlow): the same comparison. The rows
+    in one file: the JAX step's readers hand over batches as they finish them, so with two files (two reader
+    processes) the batches' order, and the weights, differ from run to run even in memory."""
+    from trainer.jax_train import train_in_jax_process
+
+    criteo, tiered = load_spec("criteo"), tiered_spec()
+    config, warm = dataclasses.replace(CONFIG, backend="jax"), WarmStart(parent, {})
+    train = write_block_files(random_rows(3000, NUM_VALUES, seed=1), tmp_path / "train", 1, 512)
+    memory = train_in_jax_process(config, table_sizes(NUM_VALUES), train, data["eval"], tmp_path / "memory",
+                                  warm_start=warm, spec=criteo)
+    result = train_in_jax_process(config, table_sizes(NUM_VALUES), train, data["eval"], tmp_path / "tiered",
+                                  warm_start=warm, spec=tiered)
+    assert result.speed_flags["backend"] == "jax"
+    assert read_manifest(tmp_path / "tiered", kind="checkpoint")["tensorflow_imported"] is False
+    np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(memory.model, "C1", criteo))
+    served = load_in_memory(tmp_path / "tiered", model_inputs(tiered).tables)
+    for got, expected in zip(served.weights, memory.model.weights, strict=True):
+        assert got.path == expected.path
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+    assert result.history["val_auc"] == memory.history["val_auc"]
+    assert result.history["loss"] == memory.history["loss"]
+    np.testing.assert_allclose(result.eval_predictions, memory.eval_predictions, rtol=0, atol=1e-6)
+    counters = result.tiered_tables["C1"]
+    assert counters["tier_rows_loaded"] > HOT_ROWS and counters["tier_rows_written_back"] > 0  # rows went out
+    assert load_checkpoint(tmp_path / "tiered").embedding.tiered_tables == {0: HOT_ROWS}
+
+
 def test_the_best_epoch_keeps_its_tables_and_a_resumed_run_ends_where_an_unbroken_one_does(data, tmp_path):
     spec = tiered_spec()
     # Over-fitting settings: the held-out AUC peaks early, so the kept epoch is not the last one run and its
@@ -179,7 +209,8 @@ def test_a_warm_start_from_a_tiered_parent_copies_its_store_and_draws_the_reset_
 def test_a_spec_that_tiers_a_table_refuses_what_the_hot_tier_cannot_do(data, tmp_path):
     spec = tiered_spec()
     for change, message in ((dict(model="deepfm"), "linear part"), (dict(micro_batches=2), "micro_batches=1"),
-                            (dict(average_epochs=True, early_stopping_patience=1), "average_epochs")):
+                            (dict(average_epochs=True, early_stopping_patience=1), "average_epochs"),
+                            (dict(backend="jax", devices=2), "one device and one process")):
         with pytest.raises(ValueError, match=message):
             train_model(dataclasses.replace(CONFIG, **change), table_sizes(NUM_VALUES), data["train"], data["eval"],
                         tmp_path / "refused", spec=spec)

@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import re
 import signal
@@ -15,14 +16,17 @@ import tensorflow as tf
 
 from tests.trainer.tiered_run import (
     BATCH,
+    COMPARE_EPOCHS,
+    COMPARE_STEPS,
     DIM,
     FEATURE_TABLES,
     HOT_ROWS,
+    IN_MEMORY_ROWS,
     TABLE_SIZES,
     TIERED,
     batches,
     embedding_layer,
-    small_model,
+    in_memory_and_tiered,
 )
 from trainer.hot_tier import HotTier
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -31,25 +35,7 @@ from trainer.row_store import RowStore
 from trainer.tiered_training import HotTierCallback, TieredBatches, accumulator_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STEPS_PER_EPOCH, EPOCHS = 20, 3
-# Rows of tables 0 and 2 in the in-memory model's one table; table 1 owns rows 50..1049 there.
-IN_MEMORY_ROWS = np.r_[0:50, 1050:1080]
-
-
-def in_memory_and_tiered(tmp_path: Path):
-    """Two models with the same starting weights: one with every table in memory, one with table 1 tiered; and
-    table 1's store, made from the in-memory model's initial rows."""
-    keras.utils.set_random_seed(1)
-    memory = small_model(embedding_layer(tiered=False))
-    layer = embedding_layer(tiered=True)
-    tiered = small_model(layer)
-    table = np.asarray(memory.get_layer("embedding").embeddings)
-    tiered.get_layer(layer.name).embeddings.assign(table[IN_MEMORY_ROWS])
-    for name in ("hidden", "head"):
-        tiered.get_layer(name).set_weights(memory.get_layer(name).get_weights())
-    store = RowStore.from_arrays(tmp_path / "table-1.rows", table[50:1050],
-                                 initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
-    return memory, tiered, layer, store
+STEPS_PER_EPOCH, EPOCHS = COMPARE_STEPS, COMPARE_EPOCHS
 
 
 @pytest.mark.unit
@@ -144,6 +130,27 @@ def test_training_with_a_tiered_table_gives_bit_for_bit_the_in_memory_weights(tm
 
 
 @pytest.mark.integration
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_on_the_jax_backend_a_tiered_table_gives_bit_for_bit_the_in_memory_weights(tmp_path):
+    """The same comparison on JAX (a child process with KERAS_BACKEND=jax): there `fit` holds the state outside
+    the variables between steps, and the hot tier's callback must put it back before it reads or writes slots
+    (else it writes into variables the next step never reads)."""
+    done = subprocess.run([sys.executable, "-m", "tests.trainer.tiered_run", "--compare", str(tmp_path)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    compared = {name: (verdict, float(difference)) for name, verdict, difference in lines[:-1]}
+    assert set(compared) == {"store_values", "store_accumulators", "memory_rows", "memory_rows_accumulators",
+                             *(f"{layer}/{weight}{suffix}" for layer in ("hidden", "head")
+                               for weight in ("kernel", "bias") for suffix in ("", "_accumulator"))}
+    assert compared == dict.fromkeys(compared, ("equal", 0.0))
+    _, plans, loaded, written_back, trained = lines[-1]
+    assert int(plans) == STEPS_PER_EPOCH * EPOCHS
+    assert int(loaded) > 700 and int(written_back) > 600 and int(trained) > 200
+
+
+@pytest.mark.integration
 def test_evaluating_through_the_hot_tier_after_training_gives_the_in_memory_loss(tmp_path):
     memory, tiered, layer, store = in_memory_and_tiered(tmp_path)
     memory.fit(batches(), steps_per_epoch=10, epochs=1, shuffle=False, verbose=0)
@@ -180,11 +187,12 @@ def test_errors_name_what_was_wrong(tmp_path):
         accumulator_of(EmbeddingAdagrad(), keras.Variable(np.zeros((2, 2)), name="kernel"))
 
 
-def run_tiered(work: Path, pause_flag: Path | None = None, pause_at_step: int = 0) -> subprocess.Popen:
+def run_tiered(work: Path, pause_flag: Path | None = None, pause_at_step: int = 0,
+               backend: str = "tensorflow") -> subprocess.Popen:
     command = [sys.executable, "-m", "tests.trainer.tiered_run", str(work)]
     if pause_flag is not None:
         command += [str(pause_flag), str(pause_at_step)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO_ROOT), "KERAS_BACKEND": backend}
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -195,17 +203,19 @@ def final_state(work: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.integration
-def test_a_run_killed_while_writing_back_resumes_from_its_checkpoint_to_the_unbroken_weights(tmp_path):
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="JAX is not installed"))])
+def test_a_run_killed_while_writing_back_resumes_from_its_checkpoint_to_the_unbroken_weights(tmp_path, backend):
     """The run checkpoints every 7 steps (flush, snapshot of the store, weights and optimizer state, the step).
     It is paused half-way through a write-back to the live store after its second checkpoint, and killed
     there with SIGKILL; the resumed run starts from the checkpoint, not from the half-written store."""
-    unbroken = run_tiered(tmp_path / "unbroken")
+    unbroken = run_tiered(tmp_path / "unbroken", backend=backend)
     out, err = unbroken.communicate(timeout=300)
     assert unbroken.returncode == 0, err[-3000:]
     assert "resumed_from=None steps=40" in out
 
     flag = tmp_path / "paused"
-    killed = run_tiered(tmp_path / "killed", flag, pause_at_step=17)
+    killed = run_tiered(tmp_path / "killed", flag, pause_at_step=17, backend=backend)
     deadline = time.monotonic() + 300
     while not flag.exists() and killed.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -218,7 +228,7 @@ def test_a_run_killed_while_writing_back_resumes_from_its_checkpoint_to_the_unbr
     checkpoint_step = step - step % 7
     assert f'"step": {checkpoint_step}' in (tmp_path / "killed" / "checkpoint" / "state.json").read_text()
 
-    resumed = run_tiered(tmp_path / "killed")
+    resumed = run_tiered(tmp_path / "killed", backend=backend)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resumed_from={checkpoint_step} steps=40" in out

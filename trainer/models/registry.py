@@ -75,13 +75,10 @@ LINEAR_PART_MODELS = ("deepfm", "wide_deep")
 
 
 def _check_tiered(config: TrainConfig, spec: FeatureSpec) -> None:
-    """What a spec with tiered tables needs of the training: the TensorFlow backend (the JAX step assigns the
-    whole hot variable; its row-sparse path is not built), a model without a linear part, and one step per
-    batch (the hot tier's plans go between steps)."""
+    """What a spec with tiered tables needs of the training, on either backend: a model without a linear part,
+    one step per batch (the hot tier's plans go between steps), and one device in one process."""
     tiered = [name for name, table in spec.tables().items() if table.tiered]
     problems = []
-    if keras.backend.backend() != "tensorflow" or config.backend != "tensorflow":
-        problems.append("train.backend=tensorflow (tiered tables train on TensorFlow only)")
     if config.model in LINEAR_PART_MODELS:
         problems.append(f"a model without a linear part (train.model={config.model} reads every value twice); "
                         "dcnv2, dlrm, din and dien work")
