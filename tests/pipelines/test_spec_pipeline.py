@@ -119,9 +119,10 @@ def _taobao_tiered(directory: Path) -> Path:
 # "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
 # and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
 # joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
-# forced CPU devices (train.devices=4), the table sharded across them.
-@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered", "criteo_tiered/jax",
-                                    "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
+# forced CPU devices (train.devices=4), the table sharded across them. "criteo_tiered/jax": the tiered tables'
+# hot tiers on the JAX step.
+@pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered",
+                                    "criteo_tiered/jax", "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")
     backend, _, scale = backend.partition("-")
