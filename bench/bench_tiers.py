@@ -35,6 +35,17 @@ The store appends the rows written back to a log after the table (trainer/row_st
 tiered run, the same run with the rows written back in place, a page of the store dirtied per row (the store
 before the log), runs by default under the same limit (`tiered_in_place_*`, `log_speedup`; `--no-in-place` skips
 it).
+
+`--train-step`: the same comparison through the pipeline's train step, `trainer.train.train_model`, as a daily
+run calls it: block TFRecord files written from the generated rows, a feature spec declaring the big table
+`storage: tiered` with `hot_rows` (against the same spec with it in memory), and the trainer's defaults (the
+default model, DCNv2, its layers, the batch size chosen from the rows, calibration, the checkpoint) except one
+epoch. Per side: examples per second as the train step measures them (trainer.train.ThroughputMeter), the step's
+whole wall time (the model built and its tables made, the epoch, the held-out slice scored, calibration, the
+checkpoint written), AUC on the held-out rows, peak RSS and the process's I/O. Writes
+bench/results/tiers_train_step.json.
+
+    make bench-tiers BENCH_TIERS_ARGS='--train-step'
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +68,8 @@ import numpy as np
 from bench.provenance import provenance
 
 RESULT = Path(__file__).resolve().parent / "results" / "tiers.json"
+TRAIN_STEP_RESULT = Path(__file__).resolve().parent / "results" / "tiers_train_step.json"
+BLOCK_ROWS = 4096  # rows per block in the --train-step files
 DIM = 16
 BATCH = 1024
 SMALL_TABLES = 3
@@ -255,6 +269,91 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# --- --train-step: the pipeline's train step --------------------------------------------------------------------
+
+
+def bench_spec(table_rows: int, hot_rows: int | None) -> dict[str, Any]:
+    """The feature spec of the generated rows: the big table (tiered with `hot_rows`, else in memory) and the
+    small ones, ids as integers (the samples hold row ids already)."""
+    big: dict[str, Any] = {"name": "big", "kind": "categorical", "dtype": "int"}
+    if hot_rows:
+        big.update(storage="tiered", hot_rows=hot_rows)
+    return {"name": "tiers_bench", "description": f"bench-tiers --train-step: one table of {table_rows} rows",
+            "source": {"format": "csv", "header": True}, "label": {"column": "clicked"},
+            "features": [big, {"names": [f"small_{i}" for i in range(SMALL_TABLES)], "kind": "categorical",
+                               "dtype": "int"}]}
+
+
+def write_block_samples(data: Path, directory: Path, train_rows: int, eval_rows: int) -> tuple[list[str], list[str]]:
+    """The generated rows as block TFRecord files, as the samples step writes them: the training rows in four
+    files (four parts, as Spark would write them), the held-out rows in one."""
+    from components.block_codec import encode_blocks, frame_records
+
+    loaded = np.load(data)
+    ids, labels = loaded["ids"], loaded["labels"]
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def write(name: str, start: int, stop: int) -> str:
+        path = directory / name
+        path.write_bytes(frame_records(encode_blocks(labels[start:stop], np.zeros((stop - start, 0), np.float32),
+                                                     ids[start:stop], BLOCK_ROWS)))
+        return str(path)
+
+    bounds = np.linspace(0, train_rows, 5).astype(int)
+    train = [write(f"train-{i:05d}.tfrecord", int(a), int(b)) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:],
+                                                                                          strict=True))]
+    return train, [write("eval-00000.tfrecord", train_rows, train_rows + eval_rows)]
+
+
+def train_step_child(args: argparse.Namespace) -> dict[str, Any]:
+    """One `train_model` run (the --train-step module text) on the files under `args.data`."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from components.config import load_config
+    from components.evaluation import roc_auc
+    from components.feature_spec import spec_from_dict
+    from trainer.train import train_model
+
+    tiered = args.mode == "train-step-tiered"
+    spec = spec_from_dict(bench_spec(args.table_rows, args.hot_rows if tiered else None))
+    config = load_config({"train.epochs": 1}, environ={}).train
+    files = json.loads((args.data / "files.json").read_text())
+    table_sizes = {"big": args.table_rows, **{f"small_{i}": SMALL_VALUES + RESERVED for i in range(SMALL_TABLES)}}
+    checkpoint = Path(args.work) / f"checkpoint-{args.mode}"
+    anonymous = PeakAnonymousMemory()
+    io_before = proc_io()
+    begin = time.perf_counter()
+    trained = train_model(config, table_sizes, files["train"], files["eval"], checkpoint, spec=spec,
+                          num_rows=args.train_rows)
+    wall_s = time.perf_counter() - begin
+    io_after = proc_io()
+    result = {
+        "mode": args.mode,
+        "wall_s": wall_s,
+        "ex_per_s": trained.examples_per_second,
+        "train_rows": trained.num_train_examples,
+        "batch_size": resolve_batch(config.batch_size, args.train_rows),
+        "global_step": trained.global_step,
+        "model": config.model,
+        "auc": float(roc_auc(trained.eval_labels, trained.eval_predictions)),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_anonymous_bytes": anonymous.stop(),
+        "process_io": {key: io_after.get(key, 0) - io_before.get(key, 0) for key in io_after},
+        "checkpoint_disk_bytes": sum(path.stat().st_blocks * 512 for path in checkpoint.rglob("*") if path.is_file()),
+    }
+    if tiered:
+        counters = trained.tiered_tables["big"]
+        lookups = counters["tier_rows_hit"] + counters["tier_rows_loaded"]
+        result.update({"hot_rows": args.hot_rows, "hit_rate": counters["tier_rows_hit"] / lookups if lookups else None,
+                       "tiered_tables": trained.tiered_tables})
+    return result
+
+
+def resolve_batch(batch_size: int, num_rows: int) -> int:
+    from trainer.arguments import resolve_batch_size
+
+    return resolve_batch_size(batch_size, num_rows)
+
+
 class PeakAnonymousMemory:
     """The process's peak anonymous memory (resident, not backed by a file: RSS less its file and shared pages),
     sampled every 50 ms on a thread of its own. The peak RSS beside it also counts the pages of mapped files
@@ -358,20 +457,22 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if cgroup is not None:
         result["cgroup_peak_bytes"] = cgroup.peak_bytes()
-    print(f"[bench-tiers] {mode}: {result['ex_per_s']:.0f} ex/s, step p50 {result['step_p50_ms']:.1f} ms, "
+    steps = (f"step p50 {result['step_p50_ms']:.1f} ms" if "step_p50_ms" in result
+             else f"{result['wall_s']:.0f} s in all")
+    print(f"[bench-tiers] {mode}: {result['ex_per_s']:.0f} ex/s, {steps}, "
           f"AUC {result['auc']:.4f}, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB (anonymous "
           f"{result['peak_anonymous_bytes'] / 2**20:.0f} MiB)", flush=True)
     return result
 
 
 def run_tiered(args: argparse.Namespace, data: Path, work: Path, result: dict[str, Any],
-               io_threads: int | None = None, in_place: bool = False) -> dict[str, Any]:
+               io_threads: int | None = None, in_place: bool = False, mode: str = "tiered") -> dict[str, Any]:
     """The tiered run in a memory cgroup of its own (so that its peak is its own); its store is removed after."""
     cgroup = None if args.no_memory_limit else MemoryCgroup(args.memory_limit_mib * 2**20)
     if cgroup is not None:
         result["memory_limit"] = cgroup.kind
     try:
-        return run_child(args, "tiered", data, work, cgroup, io_threads, in_place)
+        return run_child(args, mode, data, work, cgroup, io_threads, in_place)
     finally:
         if cgroup is not None:
             cgroup.remove()
@@ -400,17 +501,27 @@ def main() -> None:
     parser.add_argument("--written-store", action="store_true",
                         help="write every row of the tiered run's store at creation (format 1) instead of drawing "
                              "rows until first written (format 2, the default for a new table)")
-    parser.add_argument("--out", type=Path, default=RESULT)
-    parser.add_argument("--child", choices=("tiered", "memory"), help=argparse.SUPPRESS)
+    parser.add_argument("--train-step", action="store_true",
+                        help="through the pipeline's train step (trainer.train.train_model) with the trainer's "
+                             "defaults and one epoch; writes bench/results/tiers_train_step.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/tiers.json, or "
+                        "tiers_train_step.json with --train-step")
+    parser.add_argument("--child", choices=("tiered", "memory", "train-step-tiered", "train-step-memory"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     limit = args.memory_limit_mib * 2**20
     if not args.table_rows:
         args.table_rows = -(-4 * limit // RECORD_BYTES)
+    if args.out is None:
+        args.out = TRAIN_STEP_RESULT if args.train_step else RESULT
     if args.child:
         args.mode = args.child
-        print(json.dumps(child(args)))
+        print(json.dumps(train_step_child(args) if args.child.startswith("train-step") else child(args)))
+        return
+    if args.train_step:
+        train_step_main(args, limit)
         return
     command = "make bench-tiers" + (f" BENCH_TIERS_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
     result: dict[str, Any] = {
@@ -475,6 +586,56 @@ def main() -> None:
         "speed_ratio_at_1.05": ">= 0.5", "auc_difference_at_1.05": "<= 0.001",
         "peak_rss_under_limit": True, "minute_delta_cost": "tiered <= in memory",
     }
+    result = {**provenance(command), **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"[bench-tiers] wrote {args.out}")
+
+
+def train_step_main(args: argparse.Namespace, limit: int) -> None:
+    """--train-step: per Zipf exponent, the tiered train step under the memory limit and the in-memory one."""
+    command = "make bench-tiers BENCH_TIERS_ARGS='" + " ".join(sys.argv[1:]) + "'"
+    result: dict[str, Any] = {
+        "command": command,
+        "memory_limit_bytes": None if args.no_memory_limit else limit,
+        "memory_limit": "none" if args.no_memory_limit else None,
+        "table_rows": args.table_rows,
+        "table_bytes": args.table_rows * RECORD_BYTES,
+        "hot_rows": args.hot_rows,
+        "layout": args.layout,
+        "through": "trainer.train.train_model, the trainer's defaults, train.epochs=1",
+    }
+    for exponent in args.zipf or [1.05, 0.8]:
+        with tempfile.TemporaryDirectory(prefix="bench-tiers-") as scratch:
+            work = Path(scratch)
+            generate(work / "data.npz", args.train_rows + args.eval_rows, args.table_rows, exponent, SEED,
+                     args.layout)
+            train, held_out = write_block_samples(work / "data.npz", work, args.train_rows, args.eval_rows)
+            (work / "files.json").write_text(json.dumps({"train": train, "eval": held_out}))
+            tiered = run_tiered(args, work, work, result, mode="train-step-tiered")
+            shutil.rmtree(work / "checkpoint-train-step-tiered", ignore_errors=True)
+            memory = run_child(args, "train-step-memory", work, work, None)
+        result[f"zipf_{exponent}"] = {
+            "tiered_ex_per_s": tiered["ex_per_s"],
+            "memory_ex_per_s": memory["ex_per_s"],
+            "speed_ratio": tiered["ex_per_s"] / memory["ex_per_s"],
+            "tiered_wall_s": tiered["wall_s"],
+            "memory_wall_s": memory["wall_s"],
+            "wall_ratio": memory["wall_s"] / tiered["wall_s"],
+            "tiered_auc": tiered["auc"],
+            "memory_auc": memory["auc"],
+            "peak_rss_bytes": tiered["peak_rss_bytes"],
+            "peak_anonymous_bytes": tiered["peak_anonymous_bytes"],
+            "memory_limit_bytes": result["memory_limit_bytes"],
+            "table_bytes": result["table_bytes"],
+            "hit_rate": tiered["hit_rate"],
+            "tiered": tiered,
+            "memory": memory,
+        }
+        print(json.dumps({k: v for k, v in result[f"zipf_{exponent}"].items() if not isinstance(v, dict)}),
+              flush=True)
+    result["goals"] = {"speed_ratio_at_1.05": ">= 0.5", "auc_difference_at_1.05": "<= 0.001",
+                       "peak_rss_under_limit": True}
     result = {**provenance(command), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
