@@ -238,6 +238,10 @@ def _tiered_entry(table: Mapping[str, Any], in_use: np.ndarray, since_day: int |
         "rows_loaded": loads, "rows_written_back": counters.get("tier_rows_written_back", 0),
         "store_bytes_read": counters.get("store_bytes_read", 0),
         "store_bytes_written": counters.get("store_bytes_written", 0),
+        # Rows the store drew from their seed (never written before), and of those the ones on pages that hold
+        # no data, drawn without a read (trainer/row_store.py).
+        "rows_drawn": counters.get("store_rows_fresh", 0), "rows_drawn_without_read": counters.get(
+            "store_rows_in_holes", 0),
     }
 
 
@@ -284,6 +288,9 @@ def format_report(report: Mapping[str, Any]) -> str:
                          f"{_number(t['rows_loaded'])} rows loaded, {_number(t['rows_written_back'])} written back; "
                          f"store {t['store_bytes_read'] / 1e6:,.1f} MB read, {t['store_bytes_written'] / 1e6:,.1f} MB "
                          "written in training"
+                         + (f", {_number(t['rows_drawn'])} rows drawn from their seed "
+                            f"({_number(t.get('rows_drawn_without_read', 0))} without a read)"
+                            if t.get("rows_drawn") else "")
                          + (f"; norms of {_number(t['l2_norm_rows'])} rows drawn from its "
                             f"{_number(t['rows_in_use'])} in use" if t.get("l2_norm_rows", 0) < t["rows_in_use"]
                             else ""))

@@ -49,6 +49,12 @@ def log_disk(side: str) -> int:
     return result("tiers_log.json")["zipf_1.05"][side]["process_io"]["write_bytes"]
 
 
+def train_step_runs(key: str, exponent: str = "1.05", side: str | None = None) -> list:
+    """`key` at Zipf `exponent` in the two bench-tiers --train-step runs (of `side`'s run when given)."""
+    runs = [result(name)[f"zipf_{exponent}"] for name in ("tiers_train_step.json", "tiers_train_step_run2.json")]
+    return [run[side][key] if side else run[key] for run in runs]
+
+
 def tiers_figures(key: str, runs: tuple[object, ...] = (7, 8, 9)) -> list[float]:
     """`key` at Zipf 1.05 in bench-tiers runs (by default the three of the store's I/O threads and drawn rows)."""
     return [result(f"tiers{'_run' if isinstance(run, int) else ''}{run}.json")["zipf_1.05"][key] for run in runs]
@@ -210,6 +216,19 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{max(holes_runs('speed_ratio')):.3f}x (tiers_holes.json, tiers_holes_run2.json; the tiered side "
         f"{min(holes_runs('tiered_ex_per_s')):,.0f}-{max(holes_runs('tiered_ex_per_s')):,.0f} ex/s), "
         f"{min(holes_runs('speed_ratio', '0.8')):.3f}-{max(holes_runs('speed_ratio', '0.8')):.3f}x at Zipf 0.8"),
+    "tiers_train_step.json, tiers_train_step_run2.json": lambda: (
+        f"0.518-0.628x at Zipf 0.8. Through the pipeline's train step with the trainer's defaults (`--train-step`: "
+        f"DCNv2, batches of {train_step_runs('batch_size', side='tiered')[0]:,}, one epoch), "
+        f"{min(train_step_runs('speed_ratio')):.3f}-{max(train_step_runs('speed_ratio')):.3f}x by the step's own "
+        f"examples/s over two runs, AUC {train_step_runs('tiered_auc')[0]:.4f} against "
+        f"{train_step_runs('memory_auc')[0]:.4f} in memory, the whole step {min(train_step_runs('wall_ratio')):.2f}-"
+        f"{max(train_step_runs('wall_ratio')):.2f}x faster than in memory (the in-memory side builds and writes its "
+        f"4 GiB table: peak RSS {min(train_step_runs('peak_rss_bytes', side='memory')) / 2**20:,.0f}-"
+        f"{max(train_step_runs('peak_rss_bytes', side='memory')) / 2**20:,.0f} MiB, "
+        f"{train_step_runs('process_io', side='memory')[0]['write_bytes'] / 1e9:.1f} GB written), tiered peak RSS "
+        f"{min(train_step_runs('peak_rss_bytes')) / 2**20:,.0f}-{max(train_step_runs('peak_rss_bytes')) / 2**20:,.0f} "
+        f"MiB (tiers_train_step.json, tiers_train_step_run2.json); {min(train_step_runs('speed_ratio', '0.8')):.3f}-"
+        f"{max(train_step_runs('speed_ratio', '0.8')):.3f}x at Zipf 0.8"),
     "multi_hash.json, multi_hash_run2.json, multi_hash_own_settings.json": lambda: (
         f"0.853 of the embedding memory saved for AUC {value('multi_hash.json', 'auc_difference'):.4f} "
         f"(multi_hash.json; a second run repeats it, multi_hash_run2.json), one hash function at the same memory "

@@ -93,6 +93,9 @@ def test_the_daily_run_trains_the_tiered_tables_through_hot_tiers_and_reports_th
     for name in TIERED:
         assert tables[name]["storage"] == "tiered" and 0 < tables[name]["hit_rate"] < 1
         assert tables[name]["rows_written_back"] > 0  # rows were evicted and written back during training
+        # A new store draws a row from its seed until the row is first written, without a read on a hole.
+        assert 0 < tables[name]["rows_drawn_without_read"] <= tables[name]["rows_drawn"] <= tables[name]["rows_loaded"]
+        assert f"{tables[name]['rows_drawn']:,} rows drawn from their seed" in text
     assert set(CATEGORICAL_FEATURES) - set(TIERED) <= {n for n, t in tables.items() if t["storage"] == "memory"}
     spec = spec_for(config)
     assert [name for name, table in spec.tables().items() if table.tiered] == list(TIERED)
