@@ -131,9 +131,6 @@ class Vocabulary:
     def __len__(self) -> int:
         return len(self.values)
 
-    def row_of(self, value: str) -> int:
-        return dict(zip(self.values, self.rows, strict=True)).get(value, RARE_ROW)
-
 
 @dataclass(frozen=True)
 class FeatureState:

@@ -510,7 +510,7 @@ class LoadedModel:
             guard, packed = self.guard, self.packed
             try:
                 probability = self.tiered.run(arguments, lambda: guard.reading(self.version), guard.writing,
-                                              lambda: packed.call(*arguments).numpy())
+                                              lambda: packed.call(*arguments).numpy(), packed.cached_call)
             except RowCacheTooSmall as err:  # the request's size: the client's to change (a 400)
                 raise InvalidInput(str(err)) from err
             return self._checked(probability, num_instances)
@@ -527,6 +527,19 @@ class LoadedModel:
         return probability
 
 
+def direct_call(function: Any) -> Callable[..., Any]:
+    """`function` (a ConcreteFunction) as PackedCall.call calls it: its graph's function on the arguments and
+    the captured variables; `function` itself where TensorFlow's internals differ."""
+    call_preflattened = preflattened_call(function)
+    if call_preflattened is None or not hasattr(function, "captured_inputs"):
+        return function
+
+    def call(*arguments: tf.Tensor) -> Any:
+        return call_preflattened([*arguments, *function.captured_inputs])
+
+    return call
+
+
 @dataclass(frozen=True)
 class PackedCall:
     """A packed serving endpoint (trainer.export PACKED_ENDPOINTS): the same model and preprocessing as the
@@ -538,6 +551,9 @@ class PackedCall:
     # Per argument, how row-form instances become it without a pass per value: "floats", "strings" or "".
     row_readers: tuple[str, ...]
     precision: str
+    # A model with tiered tables: the same packed call, answered only when every row it reads is cached, and the
+    # rows it reads (trainer.export CACHED_ENDPOINTS; serving/row_cache.py). None in exports before it.
+    cached_function: Any = None
 
     @functools.cached_property
     def call(self) -> Callable[..., Any]:
@@ -546,15 +562,12 @@ class PackedCall:
         the arguments to the signature (about 0.07 ms a call, docs/serving.md). The arguments are built to the
         layout's specs by this class, so the signature's checks have nothing to find. Falls back to `function`
         where TensorFlow's internals differ."""
-        call_preflattened = preflattened_call(self.function)
-        if call_preflattened is None or not hasattr(self.function, "captured_inputs"):
-            return self.function
-        function = self.function
+        return direct_call(self.function)
 
-        def call(*arguments: tf.Tensor) -> Any:
-            return call_preflattened([*arguments, *function.captured_inputs])
-
-        return call
+    @functools.cached_property
+    def cached_call(self) -> Callable[..., Any] | None:
+        """`cached_function` called as `call` calls `function`; None without it."""
+        return direct_call(self.cached_function) if self.cached_function is not None else None
 
     @classmethod
     def load(cls, root: Any, directory: Path, precision: str, specs: Mapping[str, tf.TensorSpec],
@@ -584,8 +597,9 @@ class PackedCall:
                 readers.append("strings")
             else:
                 readers.append("")
+        cached = getattr(root, layout.get("cached_endpoints", {}).get(answered, ""), None)
         return cls(function=endpoint.concrete_functions[0], layout=arguments, row_readers=tuple(readers),
-                   precision=answered)
+                   precision=answered, cached_function=cached.concrete_functions[0] if cached is not None else None)
 
     def arguments(self, columns: Mapping[str, Any], num_instances: int, specs: Mapping[str, tf.TensorSpec]
                   ) -> list[tf.Tensor]:

@@ -2,12 +2,16 @@
 
 A full model exported with tiered tables (storage: tiered; trainer.export RowSlots) holds, per such table, a
 cache of `cache_rows` slots and a map row id -> slot; its store (trainer/row_store.py) ships beside it, and the
-manifest's `tiered_serving` names both. Before a request runs, `TieredRows.run` asks the model for the row ids
-it reads of each tiered table (the `tiered_rows` endpoint, from the same packed arguments), loads the ones not
-cached from the store (least recently used slots out, never a slot the request reads) through the
-`load_slots_<table>` endpoint, then runs the request. Loading writes the cache, so it happens under the
-replica's write lock (no request reads the cache meanwhile), and a request runs under the read lock only once
-every row it reads is cached; if another request's loads evicted one in between, it loads again.
+manifest's `tiered_serving` names both. `TieredRows.run` first calls the model's cached endpoint on the
+request's packed arguments (trainer.export CACHED_ENDPOINTS): one graph call that looks up the row ids the
+request reads of each tiered table and, when all of them are cached, answers it; a request whose rows are cached
+takes one call, as a table in memory does. Otherwise that call's row ids say what to load: the ones not cached
+are read from the store (least recently used slots out, never a slot the request reads) and written through the
+`load_slots_<table>` endpoint, then the request runs. (An export without the cached endpoint asks for the rows
+through the `tiered_rows` endpoint first, then runs the request: two calls, cached or not.) Loading writes the
+cache, so it happens under the replica's write lock (no request reads the cache meanwhile), and a request runs
+under the read lock only once every row it reads is cached; if another request's loads evicted one in between,
+it loads again.
 
 Deltas: a minute's delta carries a tiered table's changed rows as `tiered_rows_<table>` / `tiered_values_<table>`
 (components.delta.served_weight_arrays). The store is the full version's file and is never written: the
@@ -189,17 +193,35 @@ class TieredRows:
                                         table.store.embedding_dim)
             weakref.finalize(self, _remove_delta_rows, [t.delta for t in self.tables], self.scratch)
         self.lock = threading.Lock()  # the slot maps' bookkeeping (touches under the read lock)
+        self.one_call_answers = 0  # requests answered by the cached endpoint's one call
 
     def rows(self, arguments: Sequence[tf.Tensor]) -> list[np.ndarray]:
         """Per table, the distinct row ids a packed batch reads."""
         out = self.rows_endpoint(*arguments)
         return [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
 
-    def run(self, arguments: Sequence[tf.Tensor], reading: Any, writing: Any, call: Any) -> Any:
-        """`call()` under `reading()` once every row the batch reads is cached, loading under `writing()`."""
-        needed = self.rows(arguments)
-        for attempt in range(MAX_LOADS):
+    def run(self, arguments: Sequence[tf.Tensor], reading: Any, writing: Any, call: Any,
+            cached_call: Any = None) -> Any:
+        """`call()` under `reading()` once every row the batch reads is cached, loading under `writing()`.
+        `cached_call(*arguments)`: the model's cached endpoint, which answers in the same call when the rows are
+        cached (its answer is returned; `one_call_answers` counts them)."""
+        if cached_call is not None:
             context: AbstractContextManager[Any] = reading()
+            with context:
+                out = cached_call(*arguments)
+                if bool(out["cached"]):
+                    needed = [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
+                    with self.lock:
+                        for table, rows in zip(self.tables, needed, strict=True):
+                            table.rows_hit += len(rows)
+                            table.touch(rows)
+                        self.one_call_answers += 1
+                    return out["probability"].numpy()
+            needed = [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
+        else:
+            needed = self.rows(arguments)
+        for attempt in range(MAX_LOADS):
+            context = reading()
             with context:
                 with self.lock:
                     missing = [len(table.missing(rows)) for table, rows in zip(self.tables, needed, strict=True)]

@@ -53,6 +53,9 @@ PACKED_LAYOUT_FILE = "packed_inputs.json"
 # of table t (LOAD_SLOTS_ENDPOINT + "_" + t).
 TIERED_ROWS_ENDPOINT = "tiered_rows"
 LOAD_SLOTS_ENDPOINT = "load_slots"
+# A model with tiered tables, per precision: the packed call answered in the same graph call when every row it
+# reads is cached ({"probability", "cached", "table_<t>": the row ids}; serving/row_cache.py), else only the rows.
+CACHED_ENDPOINTS = {"float32": "serve_packed_if_cached", "bfloat16": "serve_packed_if_cached_bfloat16"}
 
 def raw_input_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
     """The serving signature's inputs, from the feature spec: raw values, one tensor per input.
@@ -261,7 +264,7 @@ class RowSlots(tf.Module):
     needs before the request runs (serving/row_cache.py). `slots` rewrites the categorical input's tiered
     columns from row ids to slots, and the items of the list inputs in `lists` (key -> table) that read a
     tiered table, their padding to -1 (as trainer/tiered_training.py does in training); a row not loaded reads
-    slot 0."""
+    slot 0 (the map answers -1 for it: `cached` tells whether a batch's rows are all loaded)."""
 
     def __init__(self, layer: Any, lists: Mapping[str, int] | None = None) -> None:
         super().__init__(name="row_slots")
@@ -269,7 +272,7 @@ class RowSlots(tf.Module):
         self.lists = {key: self.tables.index(table) for key, table in (lists or {}).items()
                       if table in layer.tiered_tables}  # key -> the table's place in `tables`
         self.columns = [layer.tiered_columns(table) for table in self.tables]  # per table, in `tables` order
-        self.maps = [tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0)
+        self.maps = [tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
                      for _ in self.tables]
         self.caches = [layer.hot_table(table).embeddings.value for table in self.tables]  # the tf.Variables
         self.num_columns = layer.num_features
@@ -277,13 +280,13 @@ class RowSlots(tf.Module):
     def slots(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         categorical = inputs[CATEGORICAL_INPUT]
         column_table = {column: index for index, columns in enumerate(self.columns) for column in columns}
-        columns = [self.maps[column_table[c]].lookup(categorical[:, c]) if c in column_table else categorical[:, c]
-                   for c in range(self.num_columns)]
+        columns = [tf.maximum(self.maps[column_table[c]].lookup(categorical[:, c]), 0) if c in column_table
+                   else categorical[:, c] for c in range(self.num_columns)]
         lists = {}
         for key, index in self.lists.items():
             ids = inputs[key]
             slots = tf.ensure_shape(tf.reshape(self.maps[index].lookup(ids), tf.shape(ids)), ids.shape)
-            lists[key] = tf.where(valid_ids(ids), slots, tf.constant(-1, ids.dtype))
+            lists[key] = tf.where(valid_ids(ids), tf.maximum(slots, 0), tf.constant(-1, ids.dtype))
         return {**inputs, CATEGORICAL_INPUT: tf.reshape(tf.stack(columns, axis=1), tf.shape(categorical)), **lists}
 
     def rows(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -297,6 +300,12 @@ class RowSlots(tf.Module):
                      for key, list_index in self.lists.items() if list_index == index]
             out[f"table_{table}"] = tf.concat([tf.reshape(ids, [-1]), *items], axis=0) if items else ids
         return out
+
+    def cached(self, rows: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Whether every row of `rows` (as `rows` gives them) is loaded in its table's cache: a bool scalar."""
+        loaded = [tf.reduce_all(self.maps[index].lookup(tf.reshape(rows[f"table_{table}"], [-1])) >= 0)
+                  for index, table in enumerate(self.tables)]
+        return tf.reduce_all(tf.stack(loaded))
 
 
 def tiered_slot_signature(layer: Any) -> dict[str, tf.TensorSpec]:
@@ -314,7 +323,8 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
 
     A model with tiered tables (its CategoricalEmbedding holds HotTable slots) is exported with a RowSlots row
     cache: its serving endpoints map the tiered columns' row ids to slots, `TIERED_ROWS_ENDPOINT` gives the row
-    ids a packed batch reads, and `LOAD_SLOTS_ENDPOINT` writes rows into slots. The tables themselves are not in
+    ids a packed batch reads, `LOAD_SLOTS_ENDPOINT` writes rows into slots, and `CACHED_ENDPOINTS` answer a
+    packed batch in one call when its rows are all cached (else they give the rows). The tables themselves are not in
     the SavedModel: the export step ships their stores beside it (serving/row_cache.py reads them)."""
     from trainer.tiered_tables import tiered_layer, tiered_lists
 
@@ -358,6 +368,24 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
 
         return serve_packed
 
+    def cached_endpoint(precision: str) -> Callable[..., dict[str, tf.Tensor]]:
+        policies = _policies_of(model, precision)
+
+        def serve_if_cached(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
+            with _computing_in(policies):
+                inputs = preprocessor.packed(*arguments)
+                rows = row_slots.rows(inputs)
+                cached = row_slots.cached(rows)
+
+                def answer() -> tf.Tensor:
+                    probability = model(row_slots.slots(inputs), training=False)
+                    return tf.reshape(tf.cast(probability, tf.float32), [-1])
+
+                probability = tf.cond(cached, answer, lambda: tf.zeros([tf.shape(arguments[0])[0]], tf.float32))
+            return {"probability": probability, "cached": cached, **rows}
+
+        return serve_if_cached
+
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(preprocessor)
@@ -389,13 +417,16 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
         for index, table in enumerate(row_slots.tables):
             archive.add_endpoint(f"{LOAD_SLOTS_ENDPOINT}_{table}", load_slots(index),
                                  input_signature=[tiered_slot_signature(layer)])
+        for precision, endpoint in CACHED_ENDPOINTS.items():
+            archive.add_endpoint(endpoint, cached_endpoint(precision), input_signature=packed_input_signature(spec))
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])
     archive.add_endpoint(APPLY_DELTA_ENDPOINT, apply_delta, input_signature=[delta_input_signature(model)])
     for precision, endpoint in PACKED_ENDPOINTS.items():
         archive.add_endpoint(endpoint, packed_endpoint(precision), input_signature=packed_input_signature(spec))
     archive.write_out(str(target), verbose=False)
-    (directory / PACKED_LAYOUT_FILE).write_text(json.dumps({"endpoints": PACKED_ENDPOINTS,
-                                                            "arguments": packed_layout(spec)}, indent=1) + "\n")
+    (directory / PACKED_LAYOUT_FILE).write_text(json.dumps({
+        "endpoints": PACKED_ENDPOINTS, "arguments": packed_layout(spec),
+        **({"cached_endpoints": CACHED_ENDPOINTS} if row_slots is not None else {})}, indent=1) + "\n")
     files = [path for path in target.rglob("*") if path.is_file()] + [directory / PACKED_LAYOUT_FILE]
     return sorted(str(path.relative_to(directory)) for path in files)
 

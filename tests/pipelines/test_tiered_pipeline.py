@@ -130,6 +130,12 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     chunks = [served.predict_columns({name: values[start:start + 40] for name, values in columns.items()})
               for start in range(0, len(expected), 40)]
     np.testing.assert_allclose(np.concatenate(chunks), expected, rtol=0, atol=1e-6)
+    # The last request again: its rows are all cached, so the model answers it in one graph call.
+    answered = served.tiered.one_call_answers
+    start = (len(expected) - 1) // 40 * 40
+    last = {name: values[start:start + 40] for name, values in columns.items()}
+    np.testing.assert_allclose(served.predict_columns(last), expected[start:start + 40], rtol=0, atol=1e-6)
+    assert served.tiered.one_call_answers == answered + 1
     # The same requests from four threads at once: loads wait for the requests reading the cache, and a request
     # whose rows another one evicted loads them again.
     from concurrent.futures import ThreadPoolExecutor
