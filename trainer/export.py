@@ -368,24 +368,6 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
 
         return serve_packed
 
-    def cached_endpoint(precision: str) -> Callable[..., dict[str, tf.Tensor]]:
-        policies = _policies_of(model, precision)
-
-        def serve_if_cached(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
-            with _computing_in(policies):
-                inputs = preprocessor.packed(*arguments)
-                rows = row_slots.rows(inputs)
-                cached = row_slots.cached(rows)
-
-                def answer() -> tf.Tensor:
-                    probability = model(row_slots.slots(inputs), training=False)
-                    return tf.reshape(tf.cast(probability, tf.float32), [-1])
-
-                probability = tf.cond(cached, answer, lambda: tf.zeros([tf.shape(arguments[0])[0]], tf.float32))
-            return {"probability": probability, "cached": cached, **rows}
-
-        return serve_if_cached
-
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(preprocessor)
@@ -401,6 +383,20 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
             given = {argument["name"]: tensor for argument, tensor in zip(preprocessor.layout, arguments, strict=True)}
             return {f"table_{table}": preprocessor.categorical_columns(given, columns)
                     for table, columns in zip(row_slots.tables, row_slots.columns, strict=True)}
+
+        def cached_endpoint(precision: str) -> Callable[..., dict[str, tf.Tensor]]:
+            serve_packed = packed_endpoint(precision)
+
+            def serve_if_cached(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
+                # The rows as `tiered_rows` finds them (the tiered columns' lookups only, where it can), and the
+                # answer only when they are all cached: a request whose rows are not pays for the lookups.
+                rows = tiered_rows(*arguments)
+                cached = row_slots.cached(rows)
+                probability = tf.cond(cached, lambda: serve_packed(*arguments),
+                                      lambda: tf.zeros([tf.shape(arguments[0])[0]], tf.float32))
+                return {"probability": probability, "cached": cached, **rows}
+
+            return serve_if_cached
 
         def load_slots(index: int) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
             def load(request: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
