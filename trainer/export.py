@@ -390,8 +390,9 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
             def serve_if_cached(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
                 # One pass of the preprocessing gives the rows and the model's inputs; the model runs only when
                 # the rows are all cached. (Finding the rows by the tiered columns' lookups alone, as
-                # `tiered_rows` does, and preprocessing again for the answer made a cached request 1.11-1.17x
-                # the in-memory p50 in bench-row-cache, against 1.04-1.06x this way.)
+                # `tiered_rows` does, and preprocessing again for the answer made a cached request 1.12-1.17x
+                # the in-memory p50 in bench-row-cache, row_cache_cached_columns.json; this way 1.01-1.13x,
+                # row_cache_one_call.json and row_cache_one_call_run2.json.)
                 with _computing_in(policies):
                     inputs = preprocessor.packed(*arguments)
                     rows = row_slots.rows(inputs)

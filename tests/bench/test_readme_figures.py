@@ -49,6 +49,13 @@ def log_disk(side: str) -> int:
     return result("tiers_log.json")["zipf_1.05"][side]["process_io"]["write_bytes"]
 
 
+def one_call_span(phase: str) -> str:
+    """The p99 ratios to in memory of `phase` over the four runs of the two bench-row-cache files of one call."""
+    ratios = [v for name in ("row_cache_one_call.json", "row_cache_one_call_run2.json")
+              for v in result(name)["p99_ratio_to_memory"][phase]]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+
+
 def train_step_runs(key: str, exponent: str = "1.05", side: str | None = None) -> list:
     """`key` at Zipf `exponent` in the two bench-tiers --train-step runs (of `side`'s run when given)."""
     runs = [result(name)[f"zipf_{exponent}"] for name in ("tiers_train_step.json", "tiers_train_step_run2.json")]
@@ -173,6 +180,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         + "x,\nwith a cache smaller than the rows read "
         + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.evicting"))
         + "x (row_cache.json)"),
+    "row_cache_one_call.json, row_cache_one_call_run2.json": lambda: (
+        "since a request whose rows are all cached is answered in one graph call, "
+        + one_call_span("warm") + "x with every row cached over four runs, " + one_call_span("cold")
+        + "x with an empty cache, " + one_call_span("evicting") + "x evicting (row_cache_one_call.json, "
+        "row_cache_one_call_run2.json)"),
     "freshness.json": lambda: (
         f"over {value('freshness.json', 'minutes')} minutes p50 {value('freshness.json', 'p50_s'):.1f} s,\n"
         f"p95 {value('freshness.json', 'p95_s'):.1f} s, max {value('freshness.json', 'max_s'):.1f} s, the cold first "
