@@ -46,11 +46,17 @@ checkpoint written), AUC on the held-out rows, peak RSS and the process's I/O. W
 bench/results/tiers_train_step.json.
 
     make bench-tiers BENCH_TIERS_ARGS='--train-step'
+
+Beside the tiered runs, where JAX is installed, the same tiered run on the JAX backend in a process without
+TensorFlow (as the JAX train step runs; `tiered_jax_*`; `--no-jax` skips it): its speed and, above all, its
+memory, since TensorFlow's libraries alone map about 630 MiB of file pages into a process, which its peak RSS
+counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -438,11 +444,13 @@ class MemoryCgroup:
 
 
 def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
-              cgroup: MemoryCgroup | None, io_threads: int | None = None, in_place: bool = False) -> dict[str, Any]:
+              cgroup: MemoryCgroup | None, io_threads: int | None = None, in_place: bool = False,
+              backend: str = "tensorflow") -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", mode, "--data", str(data), "--work", str(work),
                "--table-rows", str(args.table_rows), "--hot-rows", str(args.hot_rows),
                "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows),
-               "--io-threads", str(io_threads if io_threads is not None else args.io_threads)]
+               "--io-threads", str(io_threads if io_threads is not None else args.io_threads),
+               "--backend", backend]
     if args.written_store:
         command.append("--written-store")
     if in_place:
@@ -459,20 +467,21 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
         result["cgroup_peak_bytes"] = cgroup.peak_bytes()
     steps = (f"step p50 {result['step_p50_ms']:.1f} ms" if "step_p50_ms" in result
              else f"{result['wall_s']:.0f} s in all")
-    print(f"[bench-tiers] {mode}: {result['ex_per_s']:.0f} ex/s, {steps}, "
+    print(f"[bench-tiers] {mode}{' on JAX' if backend == 'jax' else ''}: {result['ex_per_s']:.0f} ex/s, {steps}, "
           f"AUC {result['auc']:.4f}, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB (anonymous "
           f"{result['peak_anonymous_bytes'] / 2**20:.0f} MiB)", flush=True)
     return result
 
 
 def run_tiered(args: argparse.Namespace, data: Path, work: Path, result: dict[str, Any],
-               io_threads: int | None = None, in_place: bool = False, mode: str = "tiered") -> dict[str, Any]:
+               io_threads: int | None = None, in_place: bool = False, mode: str = "tiered",
+               backend: str = "tensorflow") -> dict[str, Any]:
     """The tiered run in a memory cgroup of its own (so that its peak is its own); its store is removed after."""
     cgroup = None if args.no_memory_limit else MemoryCgroup(args.memory_limit_mib * 2**20)
     if cgroup is not None:
         result["memory_limit"] = cgroup.kind
     try:
-        return run_child(args, mode, data, work, cgroup, io_threads, in_place)
+        return run_child(args, mode, data, work, cgroup, io_threads, in_place, backend)
     finally:
         if cgroup is not None:
             cgroup.remove()
@@ -501,6 +510,10 @@ def main() -> None:
     parser.add_argument("--written-store", action="store_true",
                         help="write every row of the tiered run's store at creation (format 1) instead of drawing "
                              "rows until first written (format 2, the default for a new table)")
+    parser.add_argument("--no-jax", action="store_true",
+                        help="skip the tiered run on the JAX backend (a process without TensorFlow, as the JAX "
+                             "train step runs) that runs beside it by default where JAX is installed")
+    parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow", help=argparse.SUPPRESS)
     parser.add_argument("--train-step", action="store_true",
                         help="through the pipeline's train step (trainer.train.train_model) with the trainer's "
                              "defaults and one epoch; writes bench/results/tiers_train_step.json")
@@ -517,6 +530,9 @@ def main() -> None:
     if args.out is None:
         args.out = TRAIN_STEP_RESULT if args.train_step else RESULT
     if args.child:
+        if args.backend == "jax":  # as trainer/jax_train.py's child: Keras on JAX, TensorFlow never imported
+            os.environ["KERAS_BACKEND"] = "jax"
+            sys.modules.setdefault("tensorflow", None)  # type: ignore[arg-type]
         args.mode = args.child
         print(json.dumps(train_step_child(args) if args.child.startswith("train-step") else child(args)))
         return
@@ -547,6 +563,8 @@ def main() -> None:
             tiered = run_tiered(args, data, work, result)
             serial = None if args.no_serial_io else run_tiered(args, data, work, result, io_threads=1)
             in_place = None if args.no_in_place else run_tiered(args, data, work, result, in_place=True)
+            jax = None if args.no_jax or importlib.util.find_spec("jax") is None else run_tiered(
+                args, data, work, result, backend="jax")
             memory = run_child(args, "memory", data, work, None)
         result[f"zipf_{exponent}"] = {
             "tiered_ex_per_s": tiered["ex_per_s"],
@@ -575,7 +593,17 @@ def main() -> None:
                 "log_speedup": tiered["ex_per_s"] / in_place["ex_per_s"],
                 "in_place_delta_s_ratio": in_place["minute"]["delta_s"] / memory["minute"]["delta_s"],
             }),
+            # The tiered run on JAX (no TensorFlow in the process): its own speed and memory; the speed ratio
+            # above is TensorFlow's, against TensorFlow in memory.
+            **({} if jax is None else {
+                "tiered_jax_ex_per_s": jax["ex_per_s"],
+                "tiered_jax_auc": jax["auc"],
+                "tiered_jax_peak_rss_bytes": jax["peak_rss_bytes"],
+                "tiered_jax_peak_anonymous_bytes": jax["peak_anonymous_bytes"],
+                "tiered_jax_cgroup_peak_bytes": jax.get("cgroup_peak_bytes"),
+            }),
             "tiered": tiered,
+            **({} if jax is None else {"tiered_jax": jax}),
             **({} if serial is None else {"tiered_serial_io": serial}),
             **({} if in_place is None else {"tiered_in_place": in_place}),
             "memory": memory,
