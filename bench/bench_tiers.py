@@ -17,10 +17,10 @@ labels from a planted logit (a fixed effect per id). Ids: rank r ~ r^-s, scatter
 multiplicative hash (popular ids do not sit together; `--layout scattered`, the default), or, with `--layout
 ranked`, rank r at row r: the layout the feature state gives a table on the day its values are first admitted
 (components/feature_state.py ranks them by count, the most frequent on the lowest rows), where the popular rows
-share the store's pages. Per run (under `zipf_<s>`): examples per second over the
-training (without its first step) by the time inside the steps (`ex_per_s`, `speed_ratio`) and by the fit's
-time, what happens between steps included (`fit_ex_per_s`, `fit_speed_ratio`), step time p50 / p99 (applying the plan included), the time applying plans,
-the hot tier's hit rate, the store's rows and bytes read and written, the process's read and written bytes and
+share the store's pages. Per run (under `zipf_<s>`): examples per second over the training (without its first
+step) by the time inside the steps (`ex_per_s`, `speed_ratio`) and by the fit's time, what happens between steps
+included (`fit_ex_per_s`, `fit_speed_ratio`), step time p50 / p99 (applying the plan included), the time applying
+plans, the hot tier's hit rate, the store's rows and bytes read and written, the process's read and written bytes and
 system calls (/proc/self/io), peak RSS, the cgroup's peak, held-out AUC, and a minute's delta (the next 60
 batches trained, then the rows they changed gathered): its rows, bytes and seconds.
 

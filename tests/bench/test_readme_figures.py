@@ -49,6 +49,12 @@ def log_disk(side: str) -> int:
     return result("tiers_log.json")["zipf_1.05"][side]["process_io"]["write_bytes"]
 
 
+def quiet_runs(key: str) -> list[float]:
+    """`key` at Zipf 1.05 in the four bench-tiers runs of the quiet machine (tiers_jax*, tiers_fit*)."""
+    return [result(name)["zipf_1.05"][key] for name in
+            ("tiers_jax.json", "tiers_jax_run2.json", "tiers_fit.json", "tiers_fit_run2.json")]
+
+
 def one_call_span(phase: str) -> str:
     """The p99 ratios to in memory of `phase` over the four runs of the two bench-row-cache files of one call."""
     ratios = [v for name in ("row_cache_one_call.json", "row_cache_one_call_run2.json")
@@ -180,6 +186,15 @@ FIGURES: dict[str, Callable[[], str]] = {
         + "x,\nwith a cache smaller than the rows read "
         + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.evicting"))
         + "x (row_cache.json)"),
+    "tiers_jax.json, tiers_jax_run2.json, tiers_fit.json, tiers_fit_run2.json": lambda: (
+        f"On a quiet machine (the in-memory side at {min(quiet_runs('memory_ex_per_s')):,.0f}-"
+        f"{max(quiet_runs('memory_ex_per_s')):,.0f} ex/s) the library runs gave {min(quiet_runs('speed_ratio')):.3f}-"
+        f"{max(quiet_runs('speed_ratio')):.3f}x at Zipf 1.05, the goal missed in "
+        f"{['no', 'one', 'two', 'three', 'four'][sum(r < 0.5 for r in quiet_runs('speed_ratio'))]} run"
+        f"{'' if sum(r < 0.5 for r in quiet_runs('speed_ratio')) == 1 else 's'} of four (tiers_jax.json, "
+        f"tiers_jax_run2.json, tiers_fit.json, tiers_fit_run2.json); the same tiered run on JAX, in a process without "
+        f"TensorFlow, peaks at {min(quiet_runs('tiered_jax_peak_rss_bytes')) / 2**20:,.0f}-"
+        f"{max(quiet_runs('tiered_jax_peak_rss_bytes')) / 2**20:,.0f} MiB RSS, under the 1 GiB limit"),
     "row_cache_one_call.json, row_cache_one_call_run2.json": lambda: (
         "since a request whose rows are all cached is answered in one graph call, "
         + one_call_span("warm") + "x with every row cached over four runs, " + one_call_span("cold")
