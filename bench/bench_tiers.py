@@ -549,15 +549,9 @@ def main() -> None:
         return
     command = "make bench-tiers" + (f" BENCH_TIERS_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
     result: dict[str, Any] = {
-        "command": command,
-        "memory_limit_bytes": None if args.no_memory_limit else limit,
-        "memory_limit": "none" if args.no_memory_limit else None,
-        "table_rows": args.table_rows,
-        "table_bytes": args.table_rows * RECORD_BYTES,
+        **run_settings(args, limit, command),
         "embedding_dim": DIM,
         "batch_size": BATCH,
-        "hot_rows": args.hot_rows,
-        "layout": args.layout,
         "store": "written at creation (format 1)" if args.written_store else "rows drawn until first written "
                  "(format 2)",
     }
@@ -575,18 +569,9 @@ def main() -> None:
                 args, data, work, result, backend="jax")
             memory = run_child(args, "memory", data, work, None)
         result[f"zipf_{exponent}"] = {
-            "tiered_ex_per_s": tiered["ex_per_s"],
-            "memory_ex_per_s": memory["ex_per_s"],
-            "speed_ratio": tiered["ex_per_s"] / memory["ex_per_s"],
+            **goal_figures(tiered, memory, result),
             # The same over the fit's time between steps included (`fit_ex_per_s`); `speed_ratio` as before.
             "fit_speed_ratio": tiered["fit_ex_per_s"] / memory["fit_ex_per_s"],
-            "tiered_auc": tiered["auc"],
-            "memory_auc": memory["auc"],
-            "peak_rss_bytes": tiered["peak_rss_bytes"],
-            "peak_anonymous_bytes": tiered["peak_anonymous_bytes"],
-            "memory_limit_bytes": result["memory_limit_bytes"],
-            "table_bytes": result["table_bytes"],
-            "hit_rate": tiered["hit_rate"],
             "delta_s_ratio": tiered["minute"]["delta_s"] / memory["minute"]["delta_s"],
             "tiered_io_threads": tiered["io_threads"],
             **({} if serial is None else {
@@ -630,10 +615,9 @@ def main() -> None:
     print(f"[bench-tiers] wrote {args.out}")
 
 
-def train_step_main(args: argparse.Namespace, limit: int) -> None:
-    """--train-step: per Zipf exponent, the tiered train step under the memory limit and the in-memory one."""
-    command = "make bench-tiers BENCH_TIERS_ARGS='" + " ".join(sys.argv[1:]) + "'"
-    result: dict[str, Any] = {
+def run_settings(args: argparse.Namespace, limit: int, command: str) -> dict[str, Any]:
+    """A result's settings, as both modes write them."""
+    return {
         "command": command,
         "memory_limit_bytes": None if args.no_memory_limit else limit,
         "memory_limit": "none" if args.no_memory_limit else None,
@@ -641,6 +625,30 @@ def train_step_main(args: argparse.Namespace, limit: int) -> None:
         "table_bytes": args.table_rows * RECORD_BYTES,
         "hot_rows": args.hot_rows,
         "layout": args.layout,
+    }
+
+
+def goal_figures(tiered: dict[str, Any], memory: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The keys the issue's goals name, from a tiered and an in-memory run."""
+    return {
+        "tiered_ex_per_s": tiered["ex_per_s"],
+        "memory_ex_per_s": memory["ex_per_s"],
+        "speed_ratio": tiered["ex_per_s"] / memory["ex_per_s"],
+        "tiered_auc": tiered["auc"],
+        "memory_auc": memory["auc"],
+        "peak_rss_bytes": tiered["peak_rss_bytes"],
+        "peak_anonymous_bytes": tiered["peak_anonymous_bytes"],
+        "memory_limit_bytes": result["memory_limit_bytes"],
+        "table_bytes": result["table_bytes"],
+        "hit_rate": tiered["hit_rate"],
+    }
+
+
+def train_step_main(args: argparse.Namespace, limit: int) -> None:
+    """--train-step: per Zipf exponent, the tiered train step under the memory limit and the in-memory one."""
+    command = "make bench-tiers BENCH_TIERS_ARGS='" + " ".join(sys.argv[1:]) + "'"
+    result: dict[str, Any] = {
+        **run_settings(args, limit, command),
         "through": "trainer.train.train_model, the trainer's defaults, train.epochs=1",
     }
     for exponent in args.zipf or [1.05, 0.8]:
@@ -654,19 +662,10 @@ def train_step_main(args: argparse.Namespace, limit: int) -> None:
             shutil.rmtree(work / "checkpoint-train-step-tiered", ignore_errors=True)
             memory = run_child(args, "train-step-memory", work, work, None)
         result[f"zipf_{exponent}"] = {
-            "tiered_ex_per_s": tiered["ex_per_s"],
-            "memory_ex_per_s": memory["ex_per_s"],
-            "speed_ratio": tiered["ex_per_s"] / memory["ex_per_s"],
+            **goal_figures(tiered, memory, result),
             "tiered_wall_s": tiered["wall_s"],
             "memory_wall_s": memory["wall_s"],
             "wall_ratio": memory["wall_s"] / tiered["wall_s"],
-            "tiered_auc": tiered["auc"],
-            "memory_auc": memory["auc"],
-            "peak_rss_bytes": tiered["peak_rss_bytes"],
-            "peak_anonymous_bytes": tiered["peak_anonymous_bytes"],
-            "memory_limit_bytes": result["memory_limit_bytes"],
-            "table_bytes": result["table_bytes"],
-            "hit_rate": tiered["hit_rate"],
             "tiered": tiered,
             "memory": memory,
         }
