@@ -209,15 +209,14 @@ class TieredRows:
             context: AbstractContextManager[Any] = reading()
             with context:
                 out = cached_call(*arguments)
+                needed = [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
                 if bool(out["cached"]):
-                    needed = [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
                     with self.lock:
                         for table, rows in zip(self.tables, needed, strict=True):
                             table.rows_hit += len(rows)
                             table.touch(rows)
                         self.one_call_answers += 1
                     return out["probability"].numpy()
-            needed = [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
         else:
             needed = self.rows(arguments)
         for attempt in range(MAX_LOADS):
