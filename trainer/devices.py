@@ -10,6 +10,11 @@ count as its rows (CategoricalEmbedding's `row_multiple`), so that it splits eve
 A batch that is split must hold a multiple of the device count of rows: training batches are cut down to one
 (at most devices - 1 rows of a batch are left out of that step), and the held-out slice is scored by calling
 the model directly, which takes any number of rows (`held_out_metrics`), so no held-out row is left out.
+
+Tiered tables (storage: tiered) train the same way: their hot slots (one HotTable variable each, rows on disk
+behind it) are sharded row-wise like the table when a tier holds more than `shard_table_rows` slots, else
+replicated; the hot tier's plans stay one per table in this process (the host decides which row goes into which
+slot of the whole variable, and a slot write lands on the device that holds that slot).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from components.evaluation import log_loss, roc_auc
 DEVICE_AXIS = "devices"
 # The path of CategoricalEmbedding's table variable in every model of the zoo.
 TABLE_PATH = r"(.*/)?embedding/embeddings"
+# The paths of its tiered tables' hot slots (HotTable's variable, one per tiered table).
+HOT_TABLE_PATH = r"(.*/)?embedding/tiered_table_\d+/embeddings"
 
 
 def resolve_devices(requested: int) -> int:
@@ -52,15 +59,18 @@ def table_rows(config: TrainConfig, table_sizes: Mapping[str, int], tables: Sequ
     return -(-rows // multiple) * multiple
 
 
-def distribution(devices: int, shard_table: bool) -> Any:
+def distribution(devices: int, shard_table: bool, shard_hot_tables: bool = False) -> Any:
     """keras.distribution.ModelParallel over the first `devices` devices: batches split along their rows, the
-    embedding table split along its rows when `shard_table`, every other weight replicated."""
+    embedding table split along its rows when `shard_table`, the hot slots of its tiered tables when
+    `shard_hot_tables`, every other weight replicated."""
     from keras import distribution as keras_distribution
 
     mesh = keras_distribution.DeviceMesh((devices,), (DEVICE_AXIS,), keras_distribution.list_devices()[:devices])
     layout_map = keras_distribution.LayoutMap(mesh)
     if shard_table:
         layout_map[TABLE_PATH] = (DEVICE_AXIS, None)
+    if shard_hot_tables:
+        layout_map[HOT_TABLE_PATH] = (DEVICE_AXIS, None)
     # The data is never a tf.data dataset for Keras to shard: with several processes each feeds its own share
     # (trainer/processes.py).
     return keras_distribution.ModelParallel(layout_map=layout_map, batch_dim_name=DEVICE_AXIS,
@@ -98,12 +108,23 @@ def host_copy(batch: Any) -> Any:
     return jax.tree.map(np.array, batch)
 
 
-def shard_rows(model: Any) -> dict[str, list[int]]:
+def shard_rows(model: Any) -> dict[str, Any]:
     """Rows of the embedding table (`table`) and of the optimizer state of its shape (`optimizer`) that each
-    device holds, read from the live variables: [rows] on one device, [rows / n] * n when sharded."""
-    table = getattr(model.embedding, "embeddings", None)
-    if table is None:  # every feature multi-hashed: no table
-        return {"table": [], "optimizer": []}
+    device holds, read from the live variables: [rows] on one device, [rows / n] * n when sharded. With tiered
+    tables, the same for each one's hot slots and their Adagrad accumulator (`hot_tables`, `hot_optimizer`:
+    table index -> rows per device)."""
+    from trainer.tiered_training import accumulator_of
+
+    def rows(variable: Any) -> list[int]:
+        return [int(shard.data.shape[0]) for shard in variable.value.addressable_shards]
+
+    layer = model.embedding
+    hot = {str(table): layer.hot_table(table).embeddings for table in getattr(layer, "tiered_tables", {})}
+    tiered = {"hot_tables": {table: rows(variable) for table, variable in hot.items()},
+              "hot_optimizer": {table: rows(accumulator_of(model.optimizer, variable))
+                                for table, variable in hot.items()}} if hot else {}
+    table = getattr(layer, "embeddings", None)
+    if table is None:  # every feature multi-hashed or tiered: no table
+        return {"table": [], "optimizer": [], **tiered}
     state = [v for v in model.optimizer.variables if tuple(v.shape) == tuple(table.shape)]
-    return {"table": [int(shard.data.shape[0]) for shard in table.value.addressable_shards],
-            "optimizer": [int(shard.data.shape[0]) for v in state for shard in v.value.addressable_shards]}
+    return {"table": rows(table), "optimizer": [n for v in state for n in rows(v)], **tiered}

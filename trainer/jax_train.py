@@ -406,11 +406,17 @@ def train_model_jax(
         micro_batch_size = even_batch_size(num_rows, micro_batch_size)
     if devices > 1:  # a batch splits evenly across the devices
         micro_batch_size = max(devices, micro_batch_size // devices * devices)
-        spec_hashed = inputs.embedding_options(spec).get("hashed_features", []) if spec is not None else []
-        sharded_rows = table_rows(config, table_sizes, list(inputs.tables), [inputs.tables[i] for i in spec_hashed])
-        mesh = distribution(devices, sharded_rows > config.shard_table_rows)
+        spec_options = inputs.embedding_options(spec) if spec is not None else {}
+        spec_hashed = spec_options.get("hashed_features", [])
+        hot = spec_options.get("tiered_tables", {})
+        sharded_rows = table_rows(config, table_sizes, list(inputs.tables),
+                                  [inputs.tables[i] for i in [*spec_hashed, *hot]])
+        # A tiered table's hot slots, sharded like the table when a tier is as large (trainer/devices.py).
+        sharded_hot_rows = sum(-(-rows // devices) * devices for rows in hot.values()) \
+            if any(rows > config.shard_table_rows for rows in hot.values()) else 0
+        mesh = distribution(devices, sharded_rows > config.shard_table_rows, sharded_hot_rows > 0)
     else:
-        sharded_rows, mesh = 0, None
+        sharded_rows, sharded_hot_rows, mesh = 0, 0, None
 
     def in_scope() -> Any:
         return mesh.scope() if mesh is not None else contextlib.nullcontext()
@@ -517,10 +523,11 @@ def train_model_jax(
                                            callbacks=[meter, saver, *callbacks], verbose=0).history
                     else:
                         fitted = fit_tiered_epoch(model, tiered, train_data, eval_batches(), epoch,
-                                                  [meter, saver, *callbacks])
+                                                  [meter, saver, *callbacks],
+                                                  score=held_out_metrics if devices > 1 else None)
                     logs = {name: float(values[-1]) for name, values in fitted.items()}
                     if host is None:
-                        if devices > 1:
+                        if devices > 1 and tiered is None:  # the tiered epoch scored its held-out rows itself
                             logs.update(held_out_metrics(model, eval_batches()))
                         stop = update_best(best, epoch, logs, model, tiered, progress_dir)
                     else:  # the first process scores its gathered copy and decides for all
@@ -570,6 +577,7 @@ def train_model_jax(
                    "process_files": "split" if split is not None else "shared" if processes > 1 else None,
                    "steps_per_epoch": split[3] if split is not None else None,
                    "sharded_table_rows": sharded_rows if sharded_rows > config.shard_table_rows else 0,
+                   "sharded_hot_rows": sharded_hot_rows,
                    # This process's shards (every process holds as many when the table is sharded).
                    "shard_rows": shard_rows(model)}
     kept = best_epoch - first_epoch if best_epoch is not None and best_epoch >= first_epoch else -1

@@ -462,14 +462,17 @@ def warm_start_model(model: keras.Model, warm_start: WarmStart, tiered: Any, see
 
 
 def fit_tiered_epoch(model: keras.Model, tiered: Any, train_data: Any, eval_data: Any, epoch: int,
-                     callbacks: Sequence[keras.callbacks.Callback]) -> dict[str, list[float]]:
+                     callbacks: Sequence[keras.callbacks.Callback],
+                     score: Callable[[keras.Model, Any], dict[str, float]] | None = None) -> dict[str, list[float]]:
     """Epoch `epoch` of `fit` with the batches of `train_data` through the hot tiers of `tiered` (a
     TieredTables), then the held-out batches `eval_data` scored through them the same way: fit's history, the
-    held-out metrics under Keras' names ("val_" first), also logged where fit's would be. Either backend."""
+    held-out metrics under Keras' names ("val_" first), also logged where fit's would be. Either backend.
+    `score(model, batches)` scores the held-out batches instead of `evaluate` (several devices: a direct call
+    of the model, which takes batches of any size; trainer/devices.py `held_out_metrics`)."""
     stream, tier_callback = tiered.training(train_data)
     fitted = model.fit(stream, initial_epoch=epoch, epochs=epoch + 1, callbacks=[tier_callback, *callbacks],
                        shuffle=False, verbose=0).history
-    held_out = tiered.evaluate(model, eval_data)
+    held_out = tiered.evaluate(model, eval_data) if score is None else score(model, tiered.applied(eval_data))
     fitted.update({name: [value] for name, value in held_out.items()})
     for callback in callbacks:
         if isinstance(callback, StepMetricsLogger):

@@ -210,7 +210,7 @@ def test_a_spec_that_tiers_a_table_refuses_what_the_hot_tier_cannot_do(data, tmp
     spec = tiered_spec()
     for change, message in ((dict(model="deepfm"), "linear part"), (dict(micro_batches=2), "micro_batches=1"),
                             (dict(average_epochs=True, early_stopping_patience=1), "average_epochs"),
-                            (dict(backend="jax", devices=2), "one device and one process")):
+                            (dict(backend="jax", processes=2), r"one process \(train.processes=1")):
         with pytest.raises(ValueError, match=message):
             train_model(dataclasses.replace(CONFIG, **change), table_sizes(NUM_VALUES), data["train"], data["eval"],
                         tmp_path / "refused", spec=spec)

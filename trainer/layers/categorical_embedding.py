@@ -58,7 +58,8 @@ class CategoricalEmbedding(keras.layers.Layer):
 
     `row_multiple` > 1 gives the table variable a multiple of that many rows (`num_rows` rounded up; the rows
     past `num_rows` are never read), so that it splits evenly when it is sharded row-wise across that many
-    devices (trainer/devices.py).
+    devices (trainer/devices.py); each HotTable likewise (`hot_rows` rounded up: the hot tier never hands out
+    the slots past `hot_rows`).
     """
 
     def __init__(
@@ -148,7 +149,8 @@ class CategoricalEmbedding(keras.layers.Layer):
                 f"rare_row_rate={self.rare_row_rate!r}, embeddings_regularizer={embeddings_regularizer!r}; set "
                 "rare_row_rate=0 and embeddings_regularizer=None (row_l2 works with tiered tables)")
         self.hot_tables = [
-            HotTable(hot_rows, embedding_dim, dtype=self.dtype_policy, name=f"tiered_table_{table}")
+            HotTable(-(-hot_rows // self.row_multiple) * self.row_multiple, embedding_dim, dtype=self.dtype_policy,
+                     name=f"tiered_table_{table}")
             for table, hot_rows in self.tiered_tables.items()
         ]
         self.tabled_features = [f for f in range(num_features)

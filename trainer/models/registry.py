@@ -76,7 +76,7 @@ LINEAR_PART_MODELS = ("deepfm", "wide_deep")
 
 def _check_tiered(config: TrainConfig, spec: FeatureSpec) -> None:
     """What a spec with tiered tables needs of the training, on either backend: a model without a linear part,
-    one step per batch (the hot tier's plans go between steps), and one device in one process."""
+    one step per batch (the hot tier's plans go between steps), and one process."""
     tiered = [name for name, table in spec.tables().items() if table.tiered]
     problems = []
     if config.model in LINEAR_PART_MODELS:
@@ -86,8 +86,10 @@ def _check_tiered(config: TrainConfig, spec: FeatureSpec) -> None:
         problems.append("train.micro_batches=1 (the hot tier's plans go between optimizer steps)")
     if config.multi_hash_features and set(config.multi_hash_features) & set(tiered):
         problems.append(f"no train.multi_hash_features among the tiered tables {tiered}")
-    if config.devices > 1 or config.processes > 1:
-        problems.append("one device and one process (train.devices=1, train.processes=1)")
+    if config.processes > 1:
+        # Several devices of one host work (the hot slots sharded or replicated, trainer/devices.py); several
+        # processes would each need the plans of the rows the others' batches read (docs/tiers.md).
+        problems.append("one process (train.processes=1; several devices of one host work: train.devices)")
     if problems:
         raise ValueError(f"feature spec {spec.name!r} keeps tables {tiered} tiered (storage: tiered), which needs "
                          + "; ".join(problems) + ". Change those settings, or set storage: memory on those tables")
