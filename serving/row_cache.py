@@ -6,9 +6,10 @@ manifest's `tiered_serving` names both. `TieredRows.run` first calls the model's
 request's packed arguments (trainer.export CACHED_ENDPOINTS): one graph call that looks up the row ids the
 request reads of each tiered table and, when all of them are cached, answers it; a request whose rows are cached
 takes one call, as a table in memory does. Otherwise that call's row ids say what to load: the ones not cached
-are read from the store (least recently used slots out, never a slot the request reads) and written through the
-`load_slots_<table>` endpoint, then the request runs. (An export without the cached endpoint asks for the rows
-through the `tiered_rows` endpoint first, then runs the request: two calls, cached or not.) Loading writes the
+are read from the store (least recently used slots out, never a slot the request reads) and written, every
+table's in one call of the `load_all_slots` endpoint, then the request runs: three calls. (Exports made before
+that endpoint load each table by its own `load_slots_<table>` call; those made before the cached endpoint ask
+for the rows through `tiered_rows` first, then run the request: two calls, cached or not.) Loading writes the
 cache, so it happens under the replica's write lock (no request reads the cache meanwhile), and a request runs
 under the read lock only once every row it reads is cached; if another request's loads evicted one in between,
 it loads again.
@@ -41,6 +42,8 @@ import tensorflow as tf
 from components.delta import tiered_rows_name, tiered_values_name
 from trainer.row_store import RowOverlay, RowStore
 
+LOAD_ALL_SLOTS_ENDPOINT = "load_all_slots"
+# Exports before it: the rows a packed batch reads (before the cached endpoints), and one load per table.
 TIERED_ROWS_ENDPOINT = "tiered_rows"
 LOAD_SLOTS_ENDPOINT = "load_slots"
 # Loads a request may need when other requests' loads keep evicting its rows; then it fails.
@@ -110,7 +113,7 @@ class ServedTable:
     index: int  # the table's index in the model (its `table_<index>` output of the rows endpoint)
     store: RowStore
     cache_rows: int
-    load: Any  # the load_slots endpoint of this table
+    load: Any  # the load_slots endpoint of this table, in exports without LOAD_ALL_SLOTS_ENDPOINT; else None
     slots: OrderedDict[int, int] = field(default_factory=OrderedDict)  # row -> slot, least recently used first
     free: list[int] = field(default_factory=list)
     # The rows deltas changed since the full version: in memory, or on disk (DeltaRows).
@@ -131,15 +134,19 @@ class ServedTable:
     def missing(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray([row for row in rows.tolist() if row not in self.slots], dtype=np.int64)
 
-    def fill(self, rows: np.ndarray) -> None:
-        """Loads the rows not cached (the caller holds the write lock)."""
+    def check_fits(self, rows: np.ndarray) -> None:
         if len(rows) > self.cache_rows:
             raise RowCacheTooSmall(
                 f"a request reads {len(rows)} distinct rows of tiered table {self.name!r}, more than its row cache "
                 f"of {self.cache_rows}; send fewer instances, or serve with a larger serving.row_cache_rows")
+
+    def fill(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The load of the rows not cached (`slots`, `rows`, `values`, `evicted`), taken into the slot map; None
+        when all are cached. The caller holds the write lock and writes the load into the model's cache."""
+        self.check_fits(rows)
         missing = self.missing(rows)
         if not len(missing):
-            return
+            return None
         needed = set(rows.tolist())
         evicted: list[int] = []
         while len(self.free) < len(missing):
@@ -149,27 +156,26 @@ class ServedTable:
         slots = np.asarray([self.free.pop() for _ in range(len(missing))], dtype=np.int64)
         order = np.argsort(missing)
         missing, slots = missing[order], slots[order]
-        self.load({"slots": tf.constant(slots), "rows": tf.constant(missing),
-                   "values": tf.constant(self.values(missing), tf.float32),
-                   "evicted": tf.constant(np.asarray(evicted, np.int64))})
         self.slots.update(zip(missing.tolist(), slots.tolist(), strict=True))
         self.rows_loaded += len(missing)
+        return {"slots": slots, "rows": missing, "values": self.values(missing),
+                "evicted": np.asarray(evicted, np.int64)}
 
     def touch(self, rows: np.ndarray) -> None:
         for row in rows.tolist():
             self.slots.move_to_end(row)
 
-    def apply_delta(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """A delta's rows of this table: kept as the newest values of those rows, and written into the slots of
-        the ones cached (the caller holds the write lock)."""
+    def apply_delta(self, rows: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray] | None:
+        """A delta's rows of this table: kept as the newest values of those rows; returns the load that writes
+        them into the slots of the ones cached (None when none is), for the caller (who holds the write lock)."""
         rows, values = np.asarray(rows, np.int64), np.asarray(values, np.float32)
         self.delta.update(rows, values=values)
         cached = [(row, self.slots[row], i) for i, row in enumerate(rows.tolist()) if row in self.slots]
-        if cached:
-            self.load({"slots": tf.constant([slot for _, slot, _ in cached], tf.int64),
-                       "rows": tf.constant([row for row, _, _ in cached], tf.int64),
-                       "values": tf.constant(values[[i for _, _, i in cached]], tf.float32),
-                       "evicted": tf.constant(np.zeros(0, np.int64))})
+        if not cached:
+            return None
+        return {"slots": np.asarray([slot for _, slot, _ in cached], np.int64),
+                "rows": np.asarray([row for row, _, _ in cached], np.int64),
+                "values": values[[i for _, _, i in cached]], "evicted": np.zeros(0, np.int64)}
 
 
 class TieredRows:
@@ -179,12 +185,15 @@ class TieredRows:
                  scratch: Path | None = None) -> None:
         """`scratch`: where the delta rows go to disk (a directory of this model's under it, removed when this
         object goes); None keeps them in memory."""
-        self.rows_endpoint = getattr(root, TIERED_ROWS_ENDPOINT).concrete_functions[0]
+        rows_endpoint = getattr(root, TIERED_ROWS_ENDPOINT, None)
+        self.rows_endpoint = rows_endpoint.concrete_functions[0] if rows_endpoint is not None else None
+        self.load_all = getattr(root, LOAD_ALL_SLOTS_ENDPOINT, None)
         self.tables = [
             ServedTable(name=name, index=int(entry["table"]), store=RowStore.open(Path(directory) / entry["file"],
                                                                                     writable=False),
                         cache_rows=int(entry["cache_rows"]),
-                        load=getattr(root, f"{LOAD_SLOTS_ENDPOINT}_{int(entry['table'])}"))
+                        load=None if self.load_all is not None
+                        else getattr(root, f"{LOAD_SLOTS_ENDPOINT}_{int(entry['table'])}"))
             for name, entry in tables.items()]
         self.scratch = scratch_for(scratch) if scratch is not None else None
         if self.scratch is not None:
@@ -194,9 +203,39 @@ class TieredRows:
             weakref.finalize(self, _remove_delta_rows, [t.delta for t in self.tables], self.scratch)
         self.lock = threading.Lock()  # the slot maps' bookkeeping (touches under the read lock)
         self.one_call_answers = 0  # requests answered by the cached endpoint's one call
+        self.load_calls = 0  # graph calls that wrote rows into the caches
+
+    def write(self, loads: Sequence[dict[str, np.ndarray] | None]) -> None:
+        """Writes `loads` (per table, in `tables` order: a `fill` or `apply_delta` load, or None) into the
+        model's caches: one call for all tables, or one per table in exports before LOAD_ALL_SLOTS_ENDPOINT."""
+        if not any(load is not None for load in loads):
+            return
+        if self.load_all is None:
+            for table, load in zip(self.tables, loads, strict=True):
+                if load is not None:
+                    table.load({"slots": tf.constant(load["slots"], tf.int64),
+                                "rows": tf.constant(load["rows"], tf.int64),
+                                "values": tf.constant(load["values"], tf.float32),
+                                "evicted": tf.constant(load["evicted"], tf.int64)})
+                    self.load_calls += 1
+            return
+        request = {}
+        for table, load in zip(self.tables, loads, strict=True):
+            dim = table.store.embedding_dim
+            load = load or {"slots": np.zeros(0, np.int64), "rows": np.zeros(0, np.int64),
+                            "values": np.zeros((0, dim), np.float32), "evicted": np.zeros(0, np.int64)}
+            request.update({f"slots_{table.index}": tf.constant(load["slots"], tf.int64),
+                            f"rows_{table.index}": tf.constant(load["rows"], tf.int64),
+                            f"values_{table.index}": tf.constant(load["values"], tf.float32),
+                            f"evicted_{table.index}": tf.constant(load["evicted"], tf.int64)})
+        self.load_all(request)
+        self.load_calls += 1
 
     def rows(self, arguments: Sequence[tf.Tensor]) -> list[np.ndarray]:
-        """Per table, the distinct row ids a packed batch reads."""
+        """Per table, the distinct row ids a packed batch reads (exports without a cached endpoint)."""
+        if self.rows_endpoint is None:
+            raise RuntimeError("this model's export has neither a cached endpoint nor the tiered_rows endpoint: "
+                               "export it again")
         out = self.rows_endpoint(*arguments)
         return [np.unique(out[f"table_{table.index}"].numpy()) for table in self.tables]
 
@@ -233,16 +272,16 @@ class TieredRows:
                     return call()
             with writing(), self.lock:
                 for table, rows in zip(self.tables, needed, strict=True):
-                    table.fill(rows)
+                    table.check_fits(rows)  # before any table's slot map changes
+                self.write([table.fill(rows) for table, rows in zip(self.tables, needed, strict=True)])
         raise RuntimeError(f"the rows of a request were evicted by other requests {MAX_LOADS} times in a row; "
                            "serve with a larger serving.row_cache_rows")
 
     def apply_delta(self, arrays: Mapping[str, np.ndarray]) -> None:
         """A delta's tiered rows (the caller holds the write lock)."""
         with self.lock:
-            for table in self.tables:
-                if tiered_rows_name(table.name) in arrays:
-                    table.apply_delta(arrays[tiered_rows_name(table.name)], arrays[tiered_values_name(table.name)])
+            self.write([table.apply_delta(arrays[tiered_rows_name(table.name)], arrays[tiered_values_name(table.name)])
+                        if tiered_rows_name(table.name) in arrays else None for table in self.tables])
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {table.name: {"cache_rows": table.cache_rows, "cached": len(table.slots), "rows_hit": table.rows_hit,

@@ -49,10 +49,9 @@ APPLY_DELTA_ENDPOINT = "apply_delta"
 # packed_layout's few tensors (a server's fast path) and returning the probabilities [batch].
 PACKED_ENDPOINTS = {"float32": "serve_packed", "bfloat16": "serve_packed_bfloat16"}
 PACKED_LAYOUT_FILE = "packed_inputs.json"
-# A model with tiered tables: the row ids a packed batch reads of each, and the writes of rows into the row cache
-# of table t (LOAD_SLOTS_ENDPOINT + "_" + t).
-TIERED_ROWS_ENDPOINT = "tiered_rows"
-LOAD_SLOTS_ENDPOINT = "load_slots"
+# A model with tiered tables: the writes of rows into the row caches of all its tiered tables in one call, each
+# table t's under the keys of load_slots_signature (serving/row_cache.py).
+LOAD_ALL_SLOTS_ENDPOINT = "load_all_slots"
 # A model with tiered tables, per precision: the packed call answered in the same graph call when every row it
 # reads is cached ({"probability", "cached", "table_<t>": the row ids}; serving/row_cache.py), else only the rows.
 CACHED_ENDPOINTS = {"float32": "serve_packed_if_cached", "bfloat16": "serve_packed_if_cached_bfloat16"}
@@ -212,18 +211,6 @@ class RawFeaturePreprocessor(tf.Module):
         rows = tf.reshape(self.table.lookup(keys), tf.shape(values))  # a mutable table's lookup has no static shape
         return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
 
-    def categorical_columns(self, given: dict[str, tf.Tensor], columns: list[int]) -> tf.Tensor:
-        """The rows of categorical columns `columns` only (`categorical`'s, without the other columns' lookups);
-        columns of features read from the request (not derived ones)."""
-        raw_names = next((a["inputs"] for a in self.layout if a["name"] == "categorical"), [])
-        values = tf.stack([given["categorical"][:, raw_names.index(self.spec.categorical[c].name)] for c in columns],
-                          axis=1)
-        prefixes = tf.constant([self.spec.table_of(self.spec.categorical[c].name) + KEY_SEPARATOR for c in columns],
-                               tf.string)
-        keys = tf.strings.join([tf.broadcast_to(prefixes, tf.shape(values)), values])
-        rows = tf.reshape(self.table.lookup(keys), tf.shape(values))
-        return tf.where(tf.equal(values, ""), tf.constant(MISSING_ROW, tf.int64), rows)
-
     def id_list(self, values: tf.Tensor, table: str) -> tf.Tensor:
         """Same rows as components.feature_state.list_rows for a front-padded list ("" is padding)."""
         keys = tf.strings.join([table + KEY_SEPARATOR, values])
@@ -308,12 +295,18 @@ class RowSlots(tf.Module):
         return tf.reduce_all(tf.stack(loaded))
 
 
-def tiered_slot_signature(layer: Any) -> dict[str, tf.TensorSpec]:
+def load_slots_signature(layer: Any) -> dict[str, tf.TensorSpec]:
+    """LOAD_ALL_SLOTS_ENDPOINT's argument: per tiered table t, the rows to load (`rows_<t>`), the slots they go
+    into (`slots_<t>`), their values (`values_<t>`, [rows, dim]) and the rows that leave the cache first
+    (`evicted_<t>`); empty for a table with nothing to load."""
     dim = layer.embedding_dim
-    return {"slots": tf.TensorSpec([None], tf.int64, name="slots"),
-            "rows": tf.TensorSpec([None], tf.int64, name="rows"),
-            "values": tf.TensorSpec([None, dim], tf.float32, name="values"),
-            "evicted": tf.TensorSpec([None], tf.int64, name="evicted")}
+    signature = {}
+    for table in layer.tiered_tables:
+        signature.update({f"slots_{table}": tf.TensorSpec([None], tf.int64, name=f"slots_{table}"),
+                          f"rows_{table}": tf.TensorSpec([None], tf.int64, name=f"rows_{table}"),
+                          f"values_{table}": tf.TensorSpec([None, dim], tf.float32, name=f"values_{table}"),
+                          f"evicted_{table}": tf.TensorSpec([None], tf.int64, name=f"evicted_{table}")})
+    return signature
 
 
 def export_serving_model(model: keras.Model, state: FeatureState, directory: Path,
@@ -322,10 +315,10 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     to `directory`, for the manifest. `spec`: the feature spec the model was trained under (criteo if None).
 
     A model with tiered tables (its CategoricalEmbedding holds HotTable slots) is exported with a RowSlots row
-    cache: its serving endpoints map the tiered columns' row ids to slots, `TIERED_ROWS_ENDPOINT` gives the row
-    ids a packed batch reads, `LOAD_SLOTS_ENDPOINT` writes rows into slots, and `CACHED_ENDPOINTS` answer a
-    packed batch in one call when its rows are all cached (else they give the rows). The tables themselves are not in
-    the SavedModel: the export step ships their stores beside it (serving/row_cache.py reads them)."""
+    cache: its serving endpoints map the tiered columns' row ids to slots, `CACHED_ENDPOINTS` answer a packed
+    batch in one call when its rows are all cached (else they give the rows it reads), and
+    `LOAD_ALL_SLOTS_ENDPOINT` writes rows into the slots of every tiered table in one call. The tables themselves
+    are not in the SavedModel: the export step ships their stores beside it (serving/row_cache.py reads them)."""
     from trainer.tiered_tables import tiered_layer, tiered_lists
 
     directory = Path(directory)
@@ -374,25 +367,15 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     if row_slots is not None:
         archive.track(row_slots)
 
-        derived = any(spec.categorical[column].derived_from for columns in row_slots.columns for column in columns)
-
-        def tiered_rows(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
-            if derived or row_slots.lists:  # through the whole preprocessing
-                return row_slots.rows(preprocessor.packed(*arguments))
-            # Only the tiered columns' lookups: the request's other inputs are the answer's work.
-            given = {argument["name"]: tensor for argument, tensor in zip(preprocessor.layout, arguments, strict=True)}
-            return {f"table_{table}": preprocessor.categorical_columns(given, columns)
-                    for table, columns in zip(row_slots.tables, row_slots.columns, strict=True)}
-
         def cached_endpoint(precision: str) -> Callable[..., dict[str, tf.Tensor]]:
             policies = _policies_of(model, precision)
 
             def serve_if_cached(*arguments: tf.Tensor) -> dict[str, tf.Tensor]:
                 # One pass of the preprocessing gives the rows and the model's inputs; the model runs only when
-                # the rows are all cached. (Finding the rows by the tiered columns' lookups alone, as
-                # `tiered_rows` does, and preprocessing again for the answer made a cached request 1.12-1.17x
-                # the in-memory p50 in bench-row-cache, row_cache_cached_columns.json; this way 1.01-1.13x,
-                # row_cache_one_call.json and row_cache_one_call_run2.json.)
+                # the rows are all cached. (Finding the rows by the tiered columns' lookups alone, as an
+                # earlier `tiered_rows` endpoint did, and preprocessing again for the answer made a cached
+                # request 1.12-1.17x the in-memory p50 in bench-row-cache, row_cache_cached_columns.json; this
+                # way 1.01-1.13x, row_cache_one_call.json and row_cache_one_call_run2.json.)
                 with _computing_in(policies):
                     inputs = preprocessor.packed(*arguments)
                     rows = row_slots.rows(inputs)
@@ -408,21 +391,19 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
 
             return serve_if_cached
 
-        def load_slots(index: int) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
-            def load(request: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        def load_all_slots(request: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            loaded = []
+            for index, table in enumerate(row_slots.tables):
+                rows, slots = request[f"rows_{table}"], request[f"slots_{table}"]
                 # Evicted rows leave the map first: a slot they free may be one `rows` takes.
-                row_slots.maps[index].remove(request["evicted"])
-                row_slots.maps[index].insert(request["rows"], request["slots"])
+                row_slots.maps[index].remove(request[f"evicted_{table}"])
+                row_slots.maps[index].insert(rows, slots)
                 # A gather reads the cache (trainer.layers.embedding_rows.take_rows), so a scatter costs no copies.
-                row_slots.caches[index].scatter_update(tf.IndexedSlices(request["values"], request["slots"]))
-                return {"loaded": tf.size(request["rows"])}
+                row_slots.caches[index].scatter_update(tf.IndexedSlices(request[f"values_{table}"], slots))
+                loaded.append(tf.size(rows))
+            return {"loaded": tf.add_n(loaded)}
 
-            return load
-
-        archive.add_endpoint(TIERED_ROWS_ENDPOINT, tiered_rows, input_signature=packed_input_signature(spec))
-        for index, table in enumerate(row_slots.tables):
-            archive.add_endpoint(f"{LOAD_SLOTS_ENDPOINT}_{table}", load_slots(index),
-                                 input_signature=[tiered_slot_signature(layer)])
+        archive.add_endpoint(LOAD_ALL_SLOTS_ENDPOINT, load_all_slots, input_signature=[load_slots_signature(layer)])
         for precision, endpoint in CACHED_ENDPOINTS.items():
             archive.add_endpoint(endpoint, cached_endpoint(precision), input_signature=packed_input_signature(spec))
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])

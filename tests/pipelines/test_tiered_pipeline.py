@@ -126,6 +126,16 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     assert watcher.poll_once() and watcher.version == "202601010012"
     expected = in_memory_predictions(layout, "2026-01-01T00:11", columns, spec_for(chain["config"]))
     served = watcher.current()
+    # The first request finds both tables' caches empty: their rows go in with one load call for both.
+    before = {name: counts["rows_loaded"] for name, counts in served.tiered.counters().items()}
+    calls = served.tiered.load_calls
+    served.predict_columns({name: values[:40] for name, values in columns.items()})
+    assert served.tiered.load_calls == calls + 1
+    assert all(counts["rows_loaded"] > before[name] for name, counts in served.tiered.counters().items())
+    # The export writes the caches through that one endpoint; the per-table loads and the rows endpoint of
+    # earlier exports are gone.
+    assert hasattr(served.root, "load_all_slots") and not hasattr(served.root, "tiered_rows")
+    assert not any(hasattr(served.root, f"load_slots_{table}") for table in range(len(CATEGORICAL_FEATURES)))
     # Requests of 40 rows through row caches of 64: each loads what it reads, evicting what earlier ones read.
     chunks = [served.predict_columns({name: values[start:start + 40] for name, values in columns.items()})
               for start in range(0, len(expected), 40)]
