@@ -120,14 +120,17 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     expected = [memory.predict(batch) for batch in batches]
     latencies: dict[str, list[float]] = {"memory": [], "cold": [], "warm": [], "evicting": []}
     loaded: dict[str, list[int]] = {"cold": [], "warm": [], "evicting": []}
+    calls: dict[str, list[int]] = {"cold": [], "warm": [], "evicting": []}  # graph calls that loaded rows
     for phase, model in (("cold", tiered), ("warm", tiered), ("evicting", evicting)):
         for index, batch in enumerate(batches):  # alternating with the in-memory model, batch by batch
             latencies["memory"] += timed(memory, [batch])
             before = sum(t["rows_loaded"] for t in model.tiered.counters().values())
+            calls_before = model.tiered.load_calls
             start = time.perf_counter()
             answer = model.predict(batch)
             latencies[phase].append((time.perf_counter() - start) * 1e3)
             loaded[phase].append(sum(t["rows_loaded"] for t in model.tiered.counters().values()) - before)
+            calls[phase].append(model.tiered.load_calls - calls_before)
             np.testing.assert_allclose(answer, expected[index], rtol=0, atol=1e-5)
     memory_p99 = percentiles(latencies["memory"])["p99_ms"]
     result: dict[str, Any] = {phase: {**percentiles(values), "requests": len(values)}
@@ -135,6 +138,9 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     for phase in ("cold", "warm", "evicting"):
         result[phase]["p99_ratio_to_memory"] = result[phase]["p99_ms"] / memory_p99
         result[phase]["rows_loaded_per_request"] = float(np.mean(loaded[phase]))
+        # Of the requests that loaded rows, the load calls each took (one for all tables, since load_all_slots).
+        loading = [c for c, rows in zip(calls[phase], loaded[phase], strict=True) if rows]
+        result[phase]["load_calls_per_loading_request"] = float(np.mean(loading)) if loading else 0.0
     result["cache"] = {"tiered": tiered.tiered.counters(), "evicting": evicting.tiered.counters()}
     result["tiered_tables"] = models["tiered_tables"]
     return result
