@@ -62,6 +62,15 @@ def one_call_span(phase: str) -> str:
     return f"{min(ratios):.2f}-{max(ratios):.2f}"
 
 
+def p50_span(names: tuple[str, ...], phase: str) -> str:
+    """The p50 ratios of `phase` to the in-memory p50, run by run, over the bench-row-cache files `names`."""
+    ratios = [run[phase]["p50_ms"] / run["memory"]["p50_ms"] for name in names for run in result(name)["runs"]]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+
+
+ONE_LOAD = ("row_cache_one_load.json", "row_cache_one_load_run2.json")
+
+
 def train_step_runs(key: str, exponent: str = "1.05", side: str | None = None) -> list:
     """`key` at Zipf `exponent` in the two bench-tiers --train-step runs (of `side`'s run when given)."""
     runs = [result(name)[f"zipf_{exponent}"] for name in ("tiers_train_step.json", "tiers_train_step_run2.json")]
@@ -200,6 +209,14 @@ FIGURES: dict[str, Callable[[], str]] = {
         + one_call_span("warm") + "x with every row cached over four runs, " + one_call_span("cold")
         + "x with an empty cache, " + one_call_span("evicting") + "x evicting (row_cache_one_call.json, "
         "row_cache_one_call_run2.json)"),
+    "row_cache_one_load.json, row_cache_one_load_run2.json, row_cache_one_call_run3.json": lambda: (
+        "with one load call for the three tables' rows (row_cache_one_load.json, row_cache_one_load_run2.json; in "
+        "memory p99 " + span([run["memory"]["p99_ms"] for name in ONE_LOAD for run in result(name)["runs"]], ".1f")
+        + " ms on that host) the p50 is " + p50_span(ONE_LOAD, "cold") + "x in memory's with an empty cache and "
+        + p50_span(ONE_LOAD, "evicting") + "x evicting, against " + p50_span(("row_cache_one_call_run3.json",), "cold")
+        + "x and " + p50_span(("row_cache_one_call_run3.json",), "evicting")
+        + "x for a load call per table on the same host (row_cache_one_call_run3.json); the p99 ratios did not "
+        "move beyond their noise"),
     "freshness.json": lambda: (
         f"over {value('freshness.json', 'minutes')} minutes p50 {value('freshness.json', 'p50_s'):.1f} s,\n"
         f"p95 {value('freshness.json', 'p95_s'):.1f} s, max {value('freshness.json', 'max_s'):.1f} s, the cold first "

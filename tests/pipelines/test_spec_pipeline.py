@@ -119,10 +119,10 @@ def _taobao_tiered(directory: Path) -> Path:
 # "/jax": the train step on the JAX backend (train.backend=jax, a child process without TensorFlow); the export
 # and serving stay on TensorFlow and must serve what the JAX model predicted. "/jax-2": two training processes
 # joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
-# forced CPU devices (train.devices=4), the table sharded across them. "criteo_tiered/jax": the tiered tables'
-# hot tiers on the JAX step.
+# forced CPU devices (train.devices=4), the table sharded across them. "criteo_tiered/jax-d4": the tiered tables'
+# hot tiers on the JAX step, on four forced CPU devices, their hot slots sharded like the table.
 @pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered",
-                                    "criteo_tiered/jax", "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
+                                    "criteo_tiered/jax-d4", "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")
     backend, _, scale = backend.partition("-")
@@ -196,6 +196,10 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
         flags = checkpoint["speed_flags"]
         assert (flags["processes"], flags["devices"]) == (1, 4)
         assert flags["shard_rows"]["table"] == [flags["sharded_table_rows"] // 4] * 4 > [0] * 4
+        if preset == "criteo_tiered":  # C3's and C4's 24 hot slots, 6 on each device
+            assert flags["sharded_hot_rows"] == 48
+            hot = flags["shard_rows"]["hot_tables"]
+            assert list(hot.values()) == [[6] * 4] * 2 and flags["shard_rows"]["hot_optimizer"] == hot
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
     if preset == "criteo_tiered":  # trained through hot tiers of 24 rows; exported and served whole
