@@ -378,6 +378,7 @@ def train_model_jax(
         fit_tiered_epoch,
         input_hash,
         micro_batch_size_of,
+        progress_every,
         progress_tables,
         restore_best,
         save_tiered_progress,
@@ -484,7 +485,7 @@ def train_model_jax(
         with in_scope():
             meter = ThroughputMeter()
             saver = ProgressCheckpoint(
-                progress_dir, identity, config.checkpoint_every_steps, start=resumed,
+                progress_dir, identity, progress_every(config, tiered), start=resumed,
                 save_weights=host.save_weights if host is not None else None if tiered is None else
                 lambda model, path: save_tiered_progress(model, path, tiered, saver))
             best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,

@@ -41,11 +41,19 @@ import keras
 import numpy as np
 
 from trainer.hot_tier import HotTier
+from trainer.keras_internals import micro_steps
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.model_inputs import CATEGORICAL_INPUT
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
 from trainer.row_store import CREATE_CHUNK_ROWS, RowOverlay, RowStore, UniformRows, uniform_initializer
-from trainer.tiered_training import HotTierCallback, TieredBatches, VariableSlots, accumulator_of, list_items
+from trainer.tiered_training import (
+    HotTierCallback,
+    TieredBatches,
+    VariableSlots,
+    accumulator_of,
+    list_items,
+    whole_steps,
+)
 
 TABLES_DIR = "tables"
 STORE_SUFFIX = ".rows"
@@ -169,7 +177,8 @@ class TieredTables:
     def stream(self, dataset: Any, training: bool) -> tuple[TieredBatches, HotTierCallback]:
         source = numpy_batches(dataset)
         batches = TieredBatches(self.recorded(source) if training else source, self.layer, self.tiers,
-                                key=CATEGORICAL_INPUT, training=training, ahead=self.ahead, lists=self.lists)
+                                key=CATEGORICAL_INPUT, training=training, ahead=self.ahead, lists=self.lists,
+                                **(self.step_phase() if training else {}))
         callback = HotTierCallback(batches)
         callback.slots = self.slot_access()
         return batches, callback
@@ -208,8 +217,20 @@ class TieredTables:
             count += len(rows)
         return count
 
+    def step_phase(self) -> dict[str, int]:
+        """Micro-batches per optimizer step (`steps`: the optimizer's `gradient_accumulation_steps`,
+        train.micro_batches, or 1), and how many of the step under way the optimizer has taken (`offset`)."""
+        steps = int(getattr(self.model.optimizer, "gradient_accumulation_steps", None) or 1)
+        return {"steps": steps, "offset": micro_steps(self.model.optimizer) % steps if steps > 1 else 0}
+
     def training(self, dataset: Any) -> tuple[Iterator[Any], HotTierCallback]:
-        """An iterator of `dataset`'s batches for `fit`, and the callback that must go with it."""
+        """An iterator of `dataset`'s batches for `fit`, and the callback that must go with it. With
+        micro-batches (train.micro_batches > 1) the epoch ends with an optimizer step: at most
+        micro_batches - 1 micro-batches at its end are left out, so that no gradient is still being accumulated
+        on a hot slot when the next stream's plans may give it another row."""
+        phase = self.step_phase()
+        if phase["steps"] > 1:
+            dataset = whole_steps(numpy_batches(dataset), **phase)
         batches, callback = self.stream(dataset, training=True)
         return iter(batches), callback
 

@@ -157,12 +157,26 @@ class TieredBatches:
     maps the features entries of list inputs (int [batch, length]) to the table each reads; those of tiered
     tables are remapped too, padding to -1. With `training`, the batches' slots are marked dirty (the step
     updates them). `ahead` bounds the batches the producer runs ahead of the consumer.
+
+    `steps` > 1: the batches are micro-batches and the optimizer applies their gradients every `steps` of them
+    (Keras' `gradient_accumulation_steps`): the micro-batches of one optimizer step are planned as one batch,
+    and their plan is applied before the first of them, so no slot changes rows while a gradient of it is
+    accumulated. `offset`: the micro-batches of the optimizer step under way already taken when the stream
+    starts (trainer.keras_internals.micro_steps modulo `steps`), so the first group is the rest of that step.
+    The stream must end at an optimizer step's last micro-batch: one that ended inside a step would leave
+    gradients pending on slots the next stream's plans may give other rows (`whole_steps` cuts a source so).
     """
 
     def __init__(self, source: Iterable[tuple[Any, Any]], layer: CategoricalEmbedding, tiers: Mapping[int, HotTier],
                  key: str | None = "categorical", training: bool = True, ahead: int = 2,
-                 lists: Mapping[str, int] | None = None) -> None:
+                 lists: Mapping[str, int] | None = None, steps: int = 1, offset: int = 0) -> None:
         require_integer("ahead", ahead)
+        require_integer("steps", steps)
+        require_integer("offset", offset, minimum=0)
+        if steps < 1 or not 0 <= offset < steps:
+            raise ValueError(f"`steps` must be >= 1 and `offset` in [0, steps). Received: steps={steps}, "
+                             f"offset={offset}")
+        self.steps, self.offset = int(steps), int(offset)
         if set(tiers) != set(layer.tiered_tables) or any(
                 tiers[table].hot_rows != hot_rows for table, hot_rows in layer.tiered_tables.items()):
             raise ValueError(
@@ -205,38 +219,57 @@ class TieredBatches:
             self.stop.set()
 
     def produce(self) -> None:
-        columns = {table: self.layer.tiered_columns(table) for table in self.tiers}
         try:
-            for features, label in self.source:
-                ids = np.asarray(features if self.key is None else features[self.key])
-                slot_ids = ids.copy()
-                lists = {name: np.asarray(features[name]) for name in self.lists}
-                remapped = {}
-                plans = {}
-                for table, tier in self.tiers.items():
-                    read = [name for name, t in self.lists.items() if t == table]
-                    if not read:
-                        prepared = tier.prepare(ids[:, columns[table]], training=self.training)
-                        slot_ids[:, columns[table]] = prepared.plan.slot_ids
-                    else:  # the columns' ids and the lists' items, planned as one batch of rows
-                        items = {name: list_items(lists[name]) for name in read}
-                        parts = [ids[:, columns[table]].reshape(-1), *(lists[name][items[name]] for name in read)]
-                        prepared = tier.prepare(np.concatenate(parts), training=self.training)
-                        slots = np.split(prepared.plan.slot_ids, np.cumsum([len(part) for part in parts])[:-1])
-                        slot_ids[:, columns[table]] = slots[0].reshape(len(ids), -1)
-                        for name, part in zip(read, slots[1:], strict=True):
-                            remapped[name] = np.full(lists[name].shape, -1, dtype=lists[name].dtype)
-                            remapped[name][items[name]] = part
-                    plans[table] = prepared
-                self.plans.put(plans)  # before the batch: the consumer's step waits on it
-                batch = slot_ids if self.key is None else {**features, self.key: slot_ids, **remapped}
-                if not self.put((batch, label)):
-                    return
+            group: list[tuple[Any, Any]] = []
+            size = self.steps - self.offset  # the rest of the optimizer step under way, then whole ones
+            for batch in self.source:
+                group.append(batch)
+                if len(group) == size:
+                    if not self.emit(group):
+                        return
+                    group, size = [], self.steps
+            if group and not self.emit(group):
+                return
             self.plans.put(END)
             self.put(END)
         except BaseException as error:  # noqa: BLE001 -- handed to the consumer threads, which raise it
             self.plans.put(error)
             self.put(error)
+
+    def emit(self, group: list[tuple[Any, Any]]) -> bool:
+        """Plans the batches of `group` as one batch of rows in each tier, queues the plans (then, for the
+        other batches of the group, nothing to apply) and the batches with their ids as slots; False if the
+        consumer stopped."""
+        columns = {table: self.layer.tiered_columns(table) for table in self.tiers}
+        ids = [np.asarray(features if self.key is None else features[self.key]) for features, _ in group]
+        lists = [{name: np.asarray(features[name]) for name in self.lists} for features, _ in group]
+        slot_ids = [batch_ids.copy() for batch_ids in ids]
+        remapped: list[dict[str, np.ndarray]] = [{} for _ in group]
+        plans = {}
+        for table, tier in self.tiers.items():
+            read = [name for name, t in self.lists.items() if t == table]
+            # Per batch: its columns' ids, then each list's items; planned as one batch of rows.
+            items = [{name: list_items(batch_lists[name]) for name in read} for batch_lists in lists]
+            parts = []
+            for batch_ids, batch_lists, batch_items in zip(ids, lists, items, strict=True):
+                parts.append(batch_ids[:, columns[table]].reshape(-1))
+                parts += [batch_lists[name][batch_items[name]] for name in read]
+            prepared = tier.prepare(np.concatenate(parts) if len(parts) > 1 else parts[0], training=self.training)
+            slots = iter(np.split(prepared.plan.slot_ids.reshape(-1), np.cumsum([len(part) for part in parts])[:-1]))
+            for batch, (batch_ids, batch_lists, batch_items) in enumerate(zip(ids, lists, items, strict=True)):
+                slot_ids[batch][:, columns[table]] = next(slots).reshape(len(batch_ids), -1)
+                for name in read:
+                    remapped[batch][name] = np.full(batch_lists[name].shape, -1, dtype=batch_lists[name].dtype)
+                    remapped[batch][name][batch_items[name]] = next(slots)
+            plans[table] = prepared
+        self.plans.put(plans)  # before the batches: the consumer's step waits on it
+        for _ in group[1:]:
+            self.plans.put({})  # the group's other micro-batches: their rows are loaded already
+        for (features, label), batch_slots, batch_remapped in zip(group, slot_ids, remapped, strict=True):
+            batch = batch_slots if self.key is None else {**features, self.key: batch_slots, **batch_remapped}
+            if not self.put((batch, label)):
+                return False
+        return True
 
     def put(self, item: Any) -> bool:
         """Queues `item` for the consumer unless the consumer stopped; False if it did."""
@@ -263,6 +296,18 @@ class TieredBatches:
         if isinstance(item, BaseException):
             raise item
         return item
+
+
+def whole_steps(batches: Iterable[Any], steps: int, offset: int = 0) -> Iterator[Any]:
+    """`batches` cut to end with an optimizer step, `offset` micro-batches of whose first step were taken before
+    them (`steps` micro-batches a step): at most steps - 1 at the end are left out."""
+    group: list[Any] = []
+    size = steps - offset
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield from group
+            group, size = [], steps
 
 
 def list_items(ids: np.ndarray) -> np.ndarray:

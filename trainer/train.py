@@ -231,7 +231,7 @@ def train_model(
         eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
                                     inputs=inputs)
         meter = ThroughputMeter()
-        saver = ProgressCheckpoint(progress_dir, identity, config.checkpoint_every_steps, start=resumed,
+        saver = ProgressCheckpoint(progress_dir, identity, progress_every(config, tiered), start=resumed,
                                    save_weights=None if tiered is None else
                                    lambda model, path: save_tiered_progress(model, path, tiered, saver))
         best = BestEpoch(progress_dir, identity, config.early_stopping_patience, config.early_stopping_min_delta,
@@ -461,6 +461,10 @@ def warm_start_model(model: keras.Model, warm_start: WarmStart, tiered: Any, see
     return {key: summary.get(key, 0) + counts.get(key, 0) for key in {**summary, **counts}}
 
 
+# A progress interval no epoch reaches (progress_every).
+NO_SAVES_INSIDE_EPOCHS = 1 << 62
+
+
 def fit_tiered_epoch(model: keras.Model, tiered: Any, train_data: Any, eval_data: Any, epoch: int,
                      callbacks: Sequence[keras.callbacks.Callback],
                      score: Callable[[keras.Model, Any], dict[str, float]] | None = None) -> dict[str, list[float]]:
@@ -478,6 +482,16 @@ def fit_tiered_epoch(model: keras.Model, tiered: Any, train_data: Any, eval_data
         if isinstance(callback, StepMetricsLogger):
             callback.log_fn(held_out, callback.step)
     return fitted
+
+
+def progress_every(config: TrainConfig, tiered: Any) -> int:
+    """Training batches between progress saves: `checkpoint_every_steps`; for tiered tables with micro-batches,
+    none inside an epoch (only the saves at epoch ends, where the tiered stream ends with an optimizer step: a
+    save inside a step would keep gradients accumulated on hot slots that a resumed run's new hot tiers give
+    other rows)."""
+    if tiered is None or config.micro_batches <= 1:
+        return config.checkpoint_every_steps
+    return NO_SAVES_INSIDE_EPOCHS
 
 
 def update_best(best: BestEpoch, epoch: int, logs: Mapping[str, float], model: keras.Model, tiered: Any,

@@ -4,7 +4,7 @@ upgrade drops or changes one, before warm start, minute runs or the export do.""
 import keras
 import pytest
 
-from trainer.keras_internals import flatten_layers
+from trainer.keras_internals import flatten_layers, micro_steps
 
 pytestmark = pytest.mark.unit
 
@@ -44,3 +44,27 @@ def test_flatten_layers_finds_the_embedding_table_of_a_model_of_the_zoo():
     model = build_model(TrainConfig(model="dcnv2", embedding_dim=4, mlp_units=(8,)), feature_state().table_sizes())
     tables = [layer for layer in flatten_layers(model) if isinstance(layer, CategoricalEmbedding)]
     assert len(tables) == 1 and tables[0].num_rows == sum(feature_state().table_sizes().values())
+
+
+def test_micro_steps_counts_micro_batches_and_fit_counts_one_more_at_an_epochs_end():
+    """`micro_steps` reads `BaseOptimizer._iterations`. Keras' fit over a generator (unknown length) counts one
+    more when it finds the input exhausted: 4 micro-batches, 5 counted. If a Keras upgrade stops doing that,
+    this test fails, and trainer/keras_internals.py's text (and docs/tiers.md) should say so."""
+    import numpy as np
+
+    assert hasattr(keras.optimizers.SGD(), "_iterations"), (
+        "keras.optimizers.Optimizer._iterations is gone: rewrite trainer/keras_internals.micro_steps")
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), loss="mse")
+    x, y = np.ones((8, 2), np.float32), np.ones((8, 1), np.float32)
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    assert micro_steps(model.optimizer) == 3 and int(model.optimizer.iterations.numpy()) == 1
+
+    def batches():
+        for _ in range(4):
+            yield x, y
+
+    model.fit(batches(), epochs=1, verbose=0)
+    assert micro_steps(model.optimizer) == 3 + 4 + 1  # the tests' backend, TensorFlow

@@ -76,14 +76,12 @@ LINEAR_PART_MODELS = ("deepfm", "wide_deep")
 
 def _check_tiered(config: TrainConfig, spec: FeatureSpec) -> None:
     """What a spec with tiered tables needs of the training, on either backend: a model without a linear part,
-    one step per batch (the hot tier's plans go between steps), and one process."""
+    and one process. (Micro-batches work: the micro-batches of one optimizer step are planned as one batch.)"""
     tiered = [name for name, table in spec.tables().items() if table.tiered]
     problems = []
     if config.model in LINEAR_PART_MODELS:
         problems.append(f"a model without a linear part (train.model={config.model} reads every value twice); "
                         "dcnv2, dlrm, din and dien work")
-    if config.micro_batches != 1:
-        problems.append("train.micro_batches=1 (the hot tier's plans go between optimizer steps)")
     if config.multi_hash_features and set(config.multi_hash_features) & set(tiered):
         problems.append(f"no train.multi_hash_features among the tiered tables {tiered}")
     if config.processes > 1:
