@@ -184,6 +184,26 @@ def test_with_micro_batches_a_tiered_table_trains_to_the_weights_of_the_same_tab
     assert longer.history["val_auc"][0] == result.history["val_auc"][0]  # the first epoch as above
 
 
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_on_the_jax_backend_micro_batches_train_a_tiered_table_to_the_weights_in_memory_over_epochs(parent, tmp_path):
+    """train.backend=jax, train.micro_batches=2, three epochs: the JAX step's fit counts no extra micro-batch at
+    an epoch's end, so every epoch is whole optimizer steps, nothing is left out, and the tiered table ends at
+    the in-memory one's weights bit for bit after every epoch (one file: the JAX readers' order, above)."""
+    from trainer.jax_train import train_in_jax_process
+
+    criteo, tiered = load_spec("criteo"), tiered_spec()
+    config = dataclasses.replace(CONFIG, backend="jax", micro_batches=2, epochs=3, early_stopping_patience=0)
+    train = write_block_files(random_rows(3072, NUM_VALUES, seed=1), tmp_path / "train", 1, 512)
+    held_out = write_block_files(random_rows(1000, NUM_VALUES, seed=2), tmp_path / "eval", 1, 512)
+    runs = {name: train_in_jax_process(config, table_sizes(NUM_VALUES), train, held_out, tmp_path / name,
+                                       warm_start=WarmStart(parent, {}), spec=spec, num_rows=3072)
+            for name, spec in (("memory", criteo), ("tiered", tiered))}
+    assert runs["tiered"].num_train_examples == runs["memory"].num_train_examples == 3072
+    np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(runs["memory"].model, "C1", criteo))
+    assert runs["tiered"].history["val_auc"] == runs["memory"].history["val_auc"]
+    assert runs["tiered"].tiered_tables["C1"]["tier_rows_written_back"] > 0
+
+
 def test_the_best_epoch_keeps_its_tables_and_a_resumed_run_ends_where_an_unbroken_one_does(data, tmp_path):
     spec = tiered_spec()
     # Over-fitting settings: the held-out AUC peaks early, so the kept epoch is not the last one run and its
