@@ -141,25 +141,38 @@ class ServedTable:
                 f"of {self.cache_rows}; send fewer instances, or serve with a larger serving.row_cache_rows")
 
     def fill(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
-        """The load of the rows not cached (`slots`, `rows`, `values`, `evicted`), taken into the slot map; None
-        when all are cached. The caller holds the write lock and writes the load into the model's cache."""
+        """The load of the rows not cached (`slots`, `rows`, `values`, `evicted`: free slots first, then those of
+        the least recently used rows the request does not read); None when all are cached. The slot map is not
+        changed: the caller (who holds the write lock) writes the load into the model's cache, then `commit`s it,
+        so a load that fails leaves the map as the cache is."""
         self.check_fits(rows)
         missing = self.missing(rows)
         if not len(missing):
             return None
         needed = set(rows.tolist())
+        free = self.free[max(0, len(self.free) - len(missing)):]
         evicted: list[int] = []
-        while len(self.free) < len(missing):
-            victim = next(row for row in self.slots if row not in needed)
-            self.free.append(self.slots.pop(victim))
-            evicted.append(victim)
-        slots = np.asarray([self.free.pop() for _ in range(len(missing))], dtype=np.int64)
+        if len(free) < len(missing):
+            for row in self.slots:
+                if row not in needed:
+                    evicted.append(row)
+                    if len(free) + len(evicted) == len(missing):
+                        break
+        slots = np.asarray(free + [self.slots[row] for row in evicted], dtype=np.int64)
         order = np.argsort(missing)
         missing, slots = missing[order], slots[order]
-        self.slots.update(zip(missing.tolist(), slots.tolist(), strict=True))
-        self.rows_loaded += len(missing)
         return {"slots": slots, "rows": missing, "values": self.values(missing),
-                "evicted": np.asarray(evicted, np.int64)}
+                "evicted": np.asarray(evicted, np.int64), "free_taken": np.asarray(len(free))}
+
+    def commit(self, load: dict[str, np.ndarray] | None) -> None:
+        """Takes a `fill` load, written into the model's cache, into the slot map."""
+        if load is None:
+            return
+        for row in load["evicted"].tolist():
+            del self.slots[row]
+        del self.free[len(self.free) - int(load["free_taken"]):]
+        self.slots.update(zip(load["rows"].tolist(), load["slots"].tolist(), strict=True))
+        self.rows_loaded += len(load["rows"])
 
     def touch(self, rows: np.ndarray) -> None:
         for row in rows.tolist():
@@ -271,9 +284,10 @@ class TieredRows:
                 if not any(missing):
                     return call()
             with writing(), self.lock:
-                for table, rows in zip(self.tables, needed, strict=True):
-                    table.check_fits(rows)  # before any table's slot map changes
-                self.write([table.fill(rows) for table, rows in zip(self.tables, needed, strict=True)])
+                loads = [table.fill(rows) for table, rows in zip(self.tables, needed, strict=True)]
+                self.write(loads)
+                for table, load in zip(self.tables, loads, strict=True):
+                    table.commit(load)
         raise RuntimeError(f"the rows of a request were evicted by other requests {MAX_LOADS} times in a row; "
                            "serve with a larger serving.row_cache_rows")
 

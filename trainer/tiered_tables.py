@@ -174,11 +174,13 @@ class TieredTables:
                 self.slots[table] = VariableSlots(variable, accumulator_of(optimizer, variable))
         return self.slots
 
-    def stream(self, dataset: Any, training: bool) -> tuple[TieredBatches, HotTierCallback]:
+    def stream(self, dataset: Any, training: bool,
+               phase: Mapping[str, int] | None = None) -> tuple[TieredBatches, HotTierCallback]:
+        """`phase`: a training stream's `step_phase()` (micro-batches), else one batch a step."""
         source = numpy_batches(dataset)
         batches = TieredBatches(self.recorded(source) if training else source, self.layer, self.tiers,
                                 key=CATEGORICAL_INPUT, training=training, ahead=self.ahead, lists=self.lists,
-                                **(self.step_phase() if training else {}))
+                                **(phase or {}))
         callback = HotTierCallback(batches)
         callback.slots = self.slot_access()
         return batches, callback
@@ -231,7 +233,7 @@ class TieredTables:
         phase = self.step_phase()
         if phase["steps"] > 1:
             dataset = whole_steps(numpy_batches(dataset), **phase)
-        batches, callback = self.stream(dataset, training=True)
+        batches, callback = self.stream(dataset, training=True, phase=phase)
         return iter(batches), callback
 
     def evaluate(self, model: keras.Model, dataset: Any) -> dict[str, float]:
