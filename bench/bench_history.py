@@ -122,10 +122,12 @@ def step_seconds(log: Path) -> dict[str, float]:
 
 
 def _commit(repo: Path) -> str:
-    """The checkout's commit, with '+changes' when its tracked files differ from it."""
+    """The checkout's commit, with '+changes' when its tracked files other than bench/results' differ from it (a
+    result written by an earlier run leaves the code as committed, as in bench/provenance.py)."""
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", "HEAD"]).returncode != 0
+    dirty = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", "HEAD", "--", ":(top)",
+                            ":(top,exclude)bench/results"]).returncode != 0
     return head + ("+changes" if dirty else "")
 
 
