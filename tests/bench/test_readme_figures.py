@@ -102,6 +102,9 @@ def obd(key: str):
 SERVING = ("serving_run1.json", "serving_run2.json", "serving_run3.json")  # the load generator's first client
 LOADED = ("serving_run4.json", "serving.json")  # bodies encoded before the run, http.client
 SCALE = ("scale.json", "scale_run2.json")
+HISTORY = ("history.json", "history_run2.json")
+S3_PERSISTENCE = ("s3_persistence.json", "s3_persistence_run2.json")
+HISTORY_TRAIN = ("history_with_train.json", "history_with_train_run2.json")
 
 
 def span(numbers: list[float], fmt: str, scale: float = 1.0) -> str:
@@ -134,13 +137,20 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(values(SCALE, 'runs.0.steps_only_ex_per_s'), '.1f', 1e6)} M steps-only, "
         f"{span(values(SCALE, 'runs.0.end_to_end_ex_per_s'), '.1f', 1e6)} M end to end with "
         f"{value('scale.json', 'reader_workers')} reader processes"),
-    "history.json, history_with_train.json": lambda: (
-        f"validate {value('history.json', 'layouts.spread.steps_seconds.validate'):.1f} s "
+    "history*.json: two runs each": lambda: (
+        f"validate {span(values(HISTORY, 'layouts.spread.steps_seconds.validate'), '.1f')} s "
         f"({value('history.json', 'before.layouts.spread.steps_seconds.validate'):,.1f} s before batched "
-        f"validation), validate + features + samples {value('history.json', 'layouts.spread.run_seconds'):.1f} s "
-        f"against {value('history.json', 'layouts.one_day.run_seconds'):.1f} s for the one day (history.json; "
-        f"with training {value('history_with_train.json', 'layouts.spread.run_seconds'):.1f} s against "
-        f"{value('history_with_train.json', 'layouts.one_day.run_seconds'):.1f} s, history_with_train.json)"),
+        f"validation), validate + features + samples {span(values(HISTORY, 'layouts.spread.run_seconds'), '.1f')} s "
+        f"against {span(values(HISTORY, 'layouts.one_day.run_seconds'), '.1f')} s for the one day (history.json, "
+        f"history_run2.json; with training {span(values(HISTORY_TRAIN, 'layouts.spread.run_seconds'), '.1f')} s "
+        f"against {span(values(HISTORY_TRAIN, 'layouts.one_day.run_seconds'), '.1f')} s, "
+        "history_with_train.json, history_with_train_run2.json)"),
+    "s3_persistence*.json: the recorder against the snapshot": lambda: (
+        f"({value('s3_persistence.json', 'requests'):,} requests, {value('s3_persistence.json', 'live_bytes') / 1e6:.1f} "
+        f"MB live): moto's recorder kept a {value('s3_persistence.json', 'recorder.disk_bytes') / 1e6:.1f} MB log and "
+        f"took {span(values(S3_PERSISTENCE, 'recorder.restart_seconds'), '.1f')} s to start again, the stack's "
+        f"snapshot {value('s3_persistence.json', 'snapshot.disk_bytes') / 1e6:.1f} MB and "
+        f"{span(values(S3_PERSISTENCE, 'snapshot.restart_seconds'), '.2f')} s"),
     "serving_run4.json, serving.json: under load": lambda: (
         f"the highest rate that held p99 <= 10 ms was {span(values(LOADED, 'max_rate_per_s_at_p99_10ms'), '.1f')} "
         f"requests/s; at half of it ({span(values(LOADED, 'loaded_rate_per_s'), '.1f')} requests/s) p99 "

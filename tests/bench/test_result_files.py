@@ -20,8 +20,6 @@ PROVENANCE_KEYS = ("command", "commit", "machine")
 
 # Files whose "command" names no make target or bench script: the script that writes each.
 SCRIPT_BY_FILE = {
-    "history.json": "bench_history.py",  # written before bench_history.py recorded its command
-    "history_with_train.json": "bench_history.py",  # the same, with --output
     "scale.json": "bench_scale.py",  # bench/gpu_bench_scale.sh, which runs bench_scale.py on a GPU host
     "scale_run2.json": "bench_scale.py",  # the same
 }
@@ -37,7 +35,7 @@ RESULT_BUILDERS = {
 # carries all three, so the list only shrinks.
 WRITTEN_BEFORE_PROVENANCE = frozenset({
     "events_quality_ceiling.json",
-    "gpu.json", "history.json", "history_with_train.json",
+    "gpu.json",
     "quality_tuned.json", "real_run2.json", "scale.json", "scale_run2.json",
     "serving_run1.json", "serving_run2.json",
 })
