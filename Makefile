@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-updates bench-row-cache bench-s3-persistence clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-updates bench-row-cache bench-s3-persistence bench-worker-memory clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -92,6 +92,11 @@ bench-tier-policy:
 BENCH_S3_PERSISTENCE_ARGS ?=
 bench-s3-persistence:
 	@$(WITH_ENV); $(BENCH) bench/bench_s3_persistence.py $(BENCH_S3_PERSISTENCE_ARGS)
+
+# The step worker's resident memory minute after minute, with glibc's arenas as they come and capped.
+BENCH_WORKER_MEMORY_ARGS ?=
+bench-worker-memory:
+	@$(WITH_ENV); $(BENCH) bench/bench_worker_memory.py $(BENCH_WORKER_MEMORY_ARGS)
 
 # The JAX step's dense embedding update against the TensorFlow step's row-sparse one as the table grows.
 BENCH_UPDATES_ARGS ?=
