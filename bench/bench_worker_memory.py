@@ -8,8 +8,10 @@ A daily full model is trained first (`ctr-pipeline run daily` on `--history-minu
 on a Spark Connect server started here as the stack starts it. Then, for each variant, a step worker
 (`ctr-pipeline worker`, its own process) runs `--minutes` minutes of ctr_incremental one after another: each
 minute's partition is written, then every step of the minute is sent to the worker as the DAG's tasks send
-them (pipelines/step_client.py; no Airflow, no run-ahead: one step at a time, in the DAG's order). After each
-minute the worker's resident memory is read (psutil). The variants run one after the other on the same chain
+them (pipelines/step_client.py; no Airflow, no run-ahead: one step at a time, in the DAG's order), the next
+minute at once: the worker as it runs when it catches up on a backlog, with no idle time between minutes
+(bench-freshness runs it as the scheduler paces it, a minute a minute). After each minute the worker's resident
+memory is read (psutil). The variants run one after the other on the same chain
 (the second goes on from the minute the first ended on), each in a fresh worker:
 
 - `glibc_default`: the worker's environment as `ctr-pipeline stack up` gives it;

@@ -10,6 +10,10 @@ later than its neighbours'). So, with `incremental.worker_idle_gc` on (the defau
 - collects (a full collection) when it is idle: after warming up, IDLE_DELAY_S after a run's last step or a
   failed step when no step runs, and at least every MAX_INTERVAL_S when no step runs (validation on arrival
   and a paused DAG still allocate);
+- collects at a run's end when no collection came for MAX_INTERVAL_S: a worker catching up on a backlog runs one
+  minute after another with no idle time between them, and without this collected only when a poll happened
+  to fall between two steps (under bench-worker-memory's back-to-back minutes its resident memory climbed by
+  100-170 MiB a minute between such chance collections, docs/review.md);
 - logs every collection that takes longer than SLOW_S, with its generation, and every idle one.
 Reference counting still frees everything that is not in a cycle at once; cycles wait for the next idle
 collection, at most a run's length plus IDLE_DELAY_S. With it off, CPython collects as usual and the slow
@@ -87,6 +91,14 @@ class IdleCollector:
         if now - self.last_collection >= MAX_INTERVAL_S:
             return f"{MAX_INTERVAL_S:.0f} s since the last one"
         return None
+
+    def overdue(self) -> str | None:
+        """Why a collection is due at a run's end although the next run may follow at once, or None: none came
+        for MAX_INTERVAL_S (a worker catching up leaves no idle time for `due`)."""
+        if self.automatic:
+            return None
+        since = self._clock() - self.last_collection
+        return f"a run's end, {since:.0f} s since the last one" if since >= MAX_INTERVAL_S else None
 
     def collect_idle(self, why: str) -> dict[str, float]:
         """A full collection; returns its seconds and the objects it freed (also logged)."""

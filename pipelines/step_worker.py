@@ -239,7 +239,13 @@ class StepServer(socketserver.ThreadingTCPServer):
             outcome.add(final)
         self.start(next_steps)
         if self.collector is not None and not next_steps and (not final["ok"] or self.ends_run(request)):
-            self.collector.run_ended()
+            # The run is over and its task has its end; a worker catching up starts the next run at once, so a
+            # collection overdue is made here rather than left to an idle time that does not come.
+            others = [t for t in self.steps if t.is_alive() and t is not threading.current_thread()]
+            if (why := self.collector.overdue()) and not others and not self.recycling.is_set():
+                self.collector.collect_idle(why)
+            else:
+                self.collector.run_ended()
 
     def ends_run(self, request: Mapping[str, Any]) -> bool:
         try:

@@ -103,3 +103,12 @@ def test_install_is_idempotent_and_uninstall_removes_the_callback(clock):
     assert len(gc.callbacks) == before + 1
     collector.uninstall()
     assert len(gc.callbacks) == before
+
+
+def test_a_collection_is_overdue_at_a_runs_end_after_max_interval_without_one(collector, clock):
+    collector.collect_idle("test")
+    clock.now += MAX_INTERVAL_S - 0.5
+    assert collector.overdue() is None
+    clock.now += 0.5
+    assert collector.overdue() == "a run's end, 120 s since the last one"
+    assert IdleCollector(clock=clock, automatic=True).overdue() is None  # CPython collects as usual

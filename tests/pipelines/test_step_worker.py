@@ -256,3 +256,37 @@ def test_a_run_ends_with_its_pipelines_last_step():
         assert not server.ends_run({"pipeline": "nope", "step": "publish"})
     finally:
         server.server_close()
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_worker_catching_up_collects_at_a_runs_end_once_a_collection_is_overdue():
+    """Runs one after another leave no idle time: at a run's end (here a failed step, which ends its run) the
+    worker collects when none came for MAX_INTERVAL_S, and otherwise leaves it to the idle time after the run."""
+    from pipelines.idle_gc import MAX_INTERVAL_S, IdleCollector
+    from pipelines.run_ahead import Outcome
+
+    now = [1000.0]
+    collector = IdleCollector(clock=lambda: now[0])
+    collector.install()
+    server = step_worker.StepServer(("127.0.0.1", 0), None, collector, secret=SECRET)
+    failing = {**REQUEST, "pipeline": "nope"}  # fails at once: the end of its run
+    try:
+        collector.collect_idle("test")
+        now[0] += MAX_INTERVAL_S - 1
+        server.execute(Outcome(failing, ahead=False))
+        assert collector.last_collection == 1000.0 and collector.ended_at == now[0]  # not overdue: after the run
+        for _ in range(3000):
+            _Cycle()
+        now[0] += 1
+        outcome = Outcome(failing, ahead=False)
+        server.execute(outcome)
+        assert outcome.ended["error_type"] == "ValueError"
+        assert collector.last_collection == now[0] and collector.ended_at is None
+        assert gc.get_count()[0] < 3000  # the cycles went with that collection
+    finally:
+        server.server_close()
+        collector.uninstall()
