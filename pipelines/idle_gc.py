@@ -10,10 +10,11 @@ later than its neighbours'). So, with `incremental.worker_idle_gc` on (the defau
 - collects (a full collection) when it is idle: after warming up, IDLE_DELAY_S after a run's last step or a
   failed step when no step runs, and at least every MAX_INTERVAL_S when no step runs (validation on arrival
   and a paused DAG still allocate);
-- collects at a run's end when no collection came for MAX_INTERVAL_S: a worker catching up on a backlog runs one
-  minute after another with no idle time between them, and without this collected only when a poll happened
-  to fall between two steps (under bench-worker-memory's back-to-back minutes its resident memory climbed by
-  100-170 MiB a minute between such chance collections, docs/review.md);
+- collects at a run's end when the run before it ended with no collection after it (no idle time came), or
+  when none came for MAX_INTERVAL_S: a worker catching up on a backlog runs one minute after another, and
+  otherwise collected only when a poll happened to fall between two steps (under bench-worker-memory's
+  back-to-back minutes its resident memory rose and fell between 1.4 and 3.0 GiB, docs/review.md). Catching up,
+  it collects every second run;
 - logs every collection that takes longer than SLOW_S, with its generation, and every idle one.
 Reference counting still frees everything that is not in a cycle at once; cycles wait for the next idle
 collection, at most a run's length plus IDLE_DELAY_S. With it off, CPython collects as usual and the slow
@@ -93,10 +94,13 @@ class IdleCollector:
         return None
 
     def overdue(self) -> str | None:
-        """Why a collection is due at a run's end although the next run may follow at once, or None: none came
-        for MAX_INTERVAL_S (a worker catching up leaves no idle time for `due`)."""
+        """Why a collection is due at a run's end although the next run may follow at once, or None: the run
+        before this one ended and no collection came after it (a worker catching up leaves no idle time for
+        `due`), or none came for MAX_INTERVAL_S."""
         if self.automatic:
             return None
+        if self.ended_at is not None:
+            return "a run's end, the run before it not collected after"
         since = self._clock() - self.last_collection
         return f"a run's end, {since:.0f} s since the last one" if since >= MAX_INTERVAL_S else None
 

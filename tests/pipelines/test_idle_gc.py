@@ -105,8 +105,14 @@ def test_install_is_idempotent_and_uninstall_removes_the_callback(clock):
     assert len(gc.callbacks) == before
 
 
-def test_a_collection_is_overdue_at_a_runs_end_after_max_interval_without_one(collector, clock):
+def test_a_collection_is_overdue_at_a_runs_end_after_an_uncollected_run_or_max_interval(collector, clock):
     collector.collect_idle("test")
+    clock.now += 10
+    assert collector.overdue() is None  # the first run's end: its idle time may still come
+    collector.run_ended()
+    clock.now += 10  # the next run followed at once and ends now
+    assert collector.overdue() == "a run's end, the run before it not collected after"
+    collector.collect_idle("a run's end")
     clock.now += MAX_INTERVAL_S - 0.5
     assert collector.overdue() is None
     clock.now += 0.5

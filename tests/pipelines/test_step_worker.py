@@ -263,10 +263,11 @@ class _Cycle:
         self.me = self
 
 
-def test_a_worker_catching_up_collects_at_a_runs_end_once_a_collection_is_overdue():
+def test_a_worker_catching_up_collects_at_every_second_runs_end():
     """Runs one after another leave no idle time: at a run's end (here a failed step, which ends its run) the
-    worker collects when none came for MAX_INTERVAL_S, and otherwise leaves it to the idle time after the run."""
-    from pipelines.idle_gc import MAX_INTERVAL_S, IdleCollector
+    worker collects when the run before ended with no collection after it; a run followed by idle time leaves
+    its collection to that time (`due`)."""
+    from pipelines.idle_gc import IdleCollector
     from pipelines.run_ahead import Outcome
 
     now = [1000.0]
@@ -276,17 +277,20 @@ def test_a_worker_catching_up_collects_at_a_runs_end_once_a_collection_is_overdu
     failing = {**REQUEST, "pipeline": "nope"}  # fails at once: the end of its run
     try:
         collector.collect_idle("test")
-        now[0] += MAX_INTERVAL_S - 1
+        now[0] += 5
         server.execute(Outcome(failing, ahead=False))
-        assert collector.last_collection == 1000.0 and collector.ended_at == now[0]  # not overdue: after the run
+        assert collector.last_collection == 1000.0 and collector.ended_at == 1005.0  # left to the idle time
         for _ in range(3000):
             _Cycle()
-        now[0] += 1
+        now[0] += 5  # the next run came at once
         outcome = Outcome(failing, ahead=False)
         server.execute(outcome)
         assert outcome.ended["error_type"] == "ValueError"
-        assert collector.last_collection == now[0] and collector.ended_at is None
+        assert collector.last_collection == 1010.0 and collector.ended_at is None
         assert gc.get_count()[0] < 3000  # the cycles went with that collection
+        now[0] += 5
+        server.execute(Outcome(failing, ahead=False))
+        assert collector.last_collection == 1010.0 and collector.ended_at == 1015.0
     finally:
         server.server_close()
         collector.uninstall()
