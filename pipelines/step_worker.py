@@ -36,8 +36,10 @@ overrides and the environment variables of components.config.ENVIRONMENT_KEYS); 
 (credentials of the model store, MLflow) is the worker's own, so it is started with the scheduler's
 environment (`ctr-pipeline stack up` does).
 
-Memory: a long-running process that loads a feature state and trains every minute grows (about 10 MB a minute
-over 12 in-process 60 K-row minutes here, after warming up to 1.4 GB). Once a step ends with the worker's
+Memory: the worker's automatic garbage collections are off, and it collects in its idle time and at a run's end
+when the run before it was not followed by a collection (pipelines/idle_gc.py): working off a backlog of 60 K-row
+minutes it held 1.8-2.1 GiB where, collecting only when idle, it rose to 3.0 GiB (bench/bench_worker_memory.py).
+A long-running process still grows slowly. Once a step ends with the worker's
 resident memory above `incremental.step_worker_max_rss_mib`, it takes no more steps (its address file goes, so
 new tasks run their steps themselves), lets the running ones finish and starts over as a fresh process
 (`ctr-pipeline worker` re-executes itself), which warms up again.

@@ -145,9 +145,15 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"history_run2.json; with training {span(values(HISTORY_TRAIN, 'layouts.spread.run_seconds'), '.1f')} s "
         f"against {span(values(HISTORY_TRAIN, 'layouts.one_day.run_seconds'), '.1f')} s, "
         "history_with_train.json, history_with_train_run2.json)"),
+    "worker_memory*.json: minutes 11-30": lambda: (
+        f"{span(value('worker_memory.json', 'variants.glibc_default.rss_mib')[10:], ',.0f')} MiB over minutes 11-30 "
+        f"when it collected only when idle (worker_memory.json), "
+        f"{span(value('worker_memory_run_end_gc.json', 'variants.glibc_default.rss_mib')[10:], ',.0f')} MiB with a "
+        "collection at every second run's end"),
     "s3_persistence*.json: the recorder against the snapshot": lambda: (
-        f"({value('s3_persistence.json', 'requests'):,} requests, {value('s3_persistence.json', 'live_bytes') / 1e6:.1f} "
-        f"MB live): moto's recorder kept a {value('s3_persistence.json', 'recorder.disk_bytes') / 1e6:.1f} MB log and "
+        f"({value('s3_persistence.json', 'requests'):,} requests, "
+        f"{value('s3_persistence.json', 'live_bytes') / 1e6:.1f} MB live): moto's recorder kept a "
+        f"{value('s3_persistence.json', 'recorder.disk_bytes') / 1e6:.1f} MB log and "
         f"took {span(values(S3_PERSISTENCE, 'recorder.restart_seconds'), '.1f')} s to start again, the stack's "
         f"snapshot {value('s3_persistence.json', 'snapshot.disk_bytes') / 1e6:.1f} MB and "
         f"{span(values(S3_PERSISTENCE, 'snapshot.restart_seconds'), '.2f')} s"),
