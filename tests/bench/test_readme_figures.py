@@ -104,7 +104,13 @@ LOADED = ("serving_run4.json", "serving.json")  # bodies encoded before the run,
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
 S3_PERSISTENCE = ("s3_persistence.json", "s3_persistence_run2.json")
+WORKER_AFTER = ("worker_memory_run_end_gc.json", "worker_memory_run_end_gc_run2.json")
 HISTORY_TRAIN = ("history_with_train.json", "history_with_train_run2.json")
+
+
+def rss_after_minute_10(names: tuple[str, ...]) -> list[float]:
+    """The step worker's RSS after minutes 11-30 of bench-worker-memory's runs `names`, all together."""
+    return [mib for name in names for mib in value(name, "variants.glibc_default.rss_mib")[10:]]
 
 
 def span(numbers: list[float], fmt: str, scale: float = 1.0) -> str:
@@ -148,8 +154,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "worker_memory*.json: minutes 11-30": lambda: (
         f"{span(value('worker_memory.json', 'variants.glibc_default.rss_mib')[10:], ',.0f')} MiB over minutes 11-30 "
         f"when it collected only when idle (worker_memory.json), "
-        f"{span(value('worker_memory_run_end_gc.json', 'variants.glibc_default.rss_mib')[10:], ',.0f')} MiB with a "
-        "collection at every second run's end"),
+        f"{span(rss_after_minute_10(WORKER_AFTER), ',.0f')} MiB with a collection at every second run's end, two runs"),
     "s3_persistence*.json: the recorder against the snapshot": lambda: (
         f"({value('s3_persistence.json', 'requests'):,} requests, "
         f"{value('s3_persistence.json', 'live_bytes') / 1e6:.1f} MB live): moto's recorder kept a "
