@@ -228,6 +228,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--history-minutes", type=int, default=8, help="minutes the daily full model learns")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the result file (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=20.0, help="prediction requests per second")
+    parser.add_argument("--rss-every-s", type=float, default=30.0,
+                        help="seconds between samples of the step worker's resident memory during the load")
     parser.add_argument("--instances", type=int, default=8, help="instances per request")
     parser.add_argument("--root", default="var/bench-freshness")
     parser.add_argument("--no-step-worker", action="store_true",
@@ -316,17 +318,20 @@ def main(argv: list[str] | None = None) -> int:
         sample = layout.raw_minute_dir(history[-1]) / "part-00000.tsv"
         instances = instances_from(sample, args.instances)
         load_started = time.time()
+        sampler = RssSampler(worker.pid if worker is not None else None, load_started, args.rss_every_s)
         body = json.dumps({"instances": instances}).encode()
         load = run_load(f"http://127.0.0.1:{serving_port}/v1/models/ctr:predict", make_body=lambda i: body,
                         rate_per_s=args.rate, duration_s=args.minutes * 60, concurrency=8)
         load_ended = time.time()
+        sampler.stop()
         (logs / "load.json").write_text(json.dumps(load.to_json(include_records=True)))
         connect.stop()
         result = summarize(config, layout, load, load_started, load_ended, written, args)
         result["daily_run_s"] = round(daily_s, 1)
         result["step_worker"] = worker is not None
         if worker is not None:  # its memory once warm and at the end: what a day of minutes would grow from
-            result["step_worker_rss_mib"] = {"started": worker_rss[0], "end": rss_mib(worker.pid)}
+            result["step_worker_rss_mib"] = {"started": worker_rss[0], "end": rss_mib(worker.pid),
+                                             "every_s": args.rss_every_s, "samples": sampler.samples}
     finally:
         processes.stop()
     result = {**provenance(result["command"]), **result}
@@ -335,6 +340,31 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_minute", "minute_spark_in_run_s")}, indent=2))
     print(f"[bench-freshness] wrote {args.out} in {time.time() - started:.0f} s")
     return 0
+
+
+class RssSampler:
+    """The step worker's resident memory every `every_s` seconds of the load, as [seconds since the load
+    started, MiB]: whether it levels off under the scheduler's pacing or keeps growing."""
+
+    def __init__(self, pid: int | None, started: float, every_s: float) -> None:
+        self.samples: list[list[float]] = []
+        self._stopped = threading.Event()
+        self._thread = None
+        if pid is not None:
+            self._thread = threading.Thread(target=self._run, args=(pid, started, every_s), daemon=True,
+                                            name="worker-rss")
+            self._thread.start()
+
+    def _run(self, pid: int, started: float, every_s: float) -> None:
+        while not self._stopped.wait(every_s):
+            mib = rss_mib(pid)
+            if mib is not None:
+                self.samples.append([round(time.time() - started, 1), round(mib, 1)])
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def dag_unpaused(db: Path, dag_id: str) -> bool:

@@ -3,11 +3,14 @@ beside, and the minute's Spark seconds as the scheduler ran them, from the step 
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 
 import pytest
 
 from bench.bench_freshness import (
+    RssSampler,
     airflow_step_seconds,
     argument_parser,
     cold_and_rest_p50,
@@ -110,3 +113,23 @@ def test_the_command_names_the_options_that_differ_from_their_defaults():
                                          "--no-step-worker"])
     assert command_of(args) == ("make bench-freshness BENCH_FRESHNESS_ARGS='--minutes 4 --rows-per-minute 5000 "
                                 "--out /tmp/f.json --no-step-worker'")
+
+
+def test_the_worker_memory_sampler_records_a_live_process_until_stopped_and_nothing_without_one():
+    started = time.time()
+    sampler = RssSampler(os.getpid(), started, 0.05)
+    deadline = time.monotonic() + 10
+    while len(sampler.samples) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sampler.stop()
+    taken = len(sampler.samples)
+    assert taken >= 3
+    seconds = [at for at, _ in sampler.samples]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+    assert all(mib > 10 for _, mib in sampler.samples)  # this interpreter's own resident memory
+    time.sleep(0.2)
+    assert len(sampler.samples) == taken  # nothing after stop()
+    none = RssSampler(None, started, 0.05)
+    time.sleep(0.15)
+    none.stop()
+    assert none.samples == []
