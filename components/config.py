@@ -247,6 +247,10 @@ class TrainConfig:
     sequence_feature: str = "C1"
     # Hidden widths of the attention MLP of DIN and DIEN.
     attention_units: tuple[int, ...] = (80, 40)
+    # DIN: the deep network also reads the target item's vector times the interest vector, element by element
+    # (as the DIN and DIEN authors' code does beside the interest), so how well the item matches the history is
+    # an input the MLP need not learn to multiply out.
+    interest_product: bool = True
     # DIEN's interest extractor: "gru" (keras GRU) or "sru" (simple recurrent unit).
     interest_cell: Literal["gru", "sru"] = "gru"
 

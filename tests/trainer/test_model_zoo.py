@@ -118,6 +118,28 @@ def test_din_attends_to_the_target_in_the_history(sequences, tmp_path):
     assert_round_trip(model, eval_features, tmp_path)
 
 
+@pytest.mark.unit
+def test_din_reads_the_target_times_the_interest_and_a_model_saved_without_it_loads_as_built(sequences):
+    (_, _), (eval_features, _) = sequences
+    config = dataclasses.replace(SMALL, model="din")
+    assert config.interest_product  # the default
+    with_product = build_model(config, table_sizes(NUM_ITEMS))
+    without = build_model(dataclasses.replace(config, interest_product=False), table_sizes(NUM_ITEMS))
+    width = {name: model.deep_network.weights[0].shape[0] for name, model in (("with", with_product),
+                                                                            ("without", without))}
+    assert width["with"] - width["without"] == config.embedding_dim
+    # A model saved before the option existed has no key for it: it comes back without the product.
+    saved = with_product.get_config()
+    assert saved["interest_product"] is True
+    del saved["interest_product"]
+    restored = DIN.from_config(saved)
+    assert restored.interest_product is False
+    restored.build({name: (None, *values.shape[1:]) for name, values in eval_features.items()})
+    assert restored.deep_network.weights[0].shape[0] == width["without"]
+    with pytest.raises(ValueError, match="interest_product must be True or False"):
+        DIN(list(table_sizes(NUM_ITEMS).values()), interest_product="yes")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("interest_cell", ["gru", "sru"])
 def test_dien_trains_and_round_trips(interest_cell, sequences, tmp_path):

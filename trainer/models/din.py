@@ -5,7 +5,7 @@ their relevance to the target item, so the interest vector changes with the item
     history [B, K] --embedding (the item feature's rows)--> behaviours [B, K, dim] -------------------+
                                                                                                        |
                                         target attention (weighted sum pooling) --> interest [B, dim] <+
-    flatten(embeddings), dense, interest --> deep MLP --> head --> p [B, 1]
+    flatten(embeddings), dense, interest[, target * interest] --> deep MLP --> head --> p [B, 1]
 
 Left out from the paper: the Dice activation (ReLU here) and mini-batch aware regularization.
 """
@@ -37,9 +37,11 @@ class DIN(CTRModel):
     """Inputs: CTRModel's and `sequence_key`: int [B, K] row ids of feature `item_feature`'s table, padding 1
     or negative. Output: click probability, float32 [B, 1].
 
-    The target item is column `item_feature` of "categorical"; the history is read from the same rows."""
+    The target item is column `item_feature` of "categorical"; the history is read from the same rows. With
+    `interest_product` the deep network also reads target * interest, element by element (the authors' code
+    feeds it beside the interest); off by default, so models saved without it load as they were built."""
 
-    CONFIG_KEYS = ("item_feature", "attention_units", "mlp_units", "sequence_key")
+    CONFIG_KEYS = ("item_feature", "attention_units", "mlp_units", "sequence_key", "interest_product")
 
     def __init__(
         self,
@@ -48,11 +50,15 @@ class DIN(CTRModel):
         attention_units: Sequence[int] = (80, 40),
         mlp_units: Sequence[int] = (512, 256, 128),
         sequence_key: str = HISTORY_INPUT,
+        interest_product: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(table_sizes, **kwargs)
         require_integer_list("mlp_units", mlp_units)
         require_item_feature(item_feature, range(self.embedding.num_features))
+        if not isinstance(interest_product, bool):
+            raise ValueError(f"interest_product must be True or False. Received: {interest_product!r}")
+        self.interest_product = interest_product
         self.item_feature = int(item_feature)
         self.attention_units = list(attention_units)
         self.mlp_units = list(mlp_units)
@@ -66,13 +72,16 @@ class DIN(CTRModel):
         target = ops.take(embedded, self.item_feature, axis=1)
         behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)
         interest = self.attention(target, behaviours, mask=valid)
-        features = ops.concatenate([flatten_features(embedded, inputs[DENSE_INPUT]), interest], axis=-1)
+        parts = [flatten_features(embedded, inputs[DENSE_INPUT]), interest]
+        if self.interest_product:
+            parts.append(ops.multiply(target, ops.cast(interest, target.dtype)))
+        features = ops.concatenate(parts, axis=-1)
         return self.head(self.deep_network(features, training=training))
 
     def build_layers(self, input_shape: dict[str, tuple[int | None, ...]]) -> None:
         length = input_shape[self.sequence_key][-1]
         self.attention.build((None, self.embedding_dim), (None, length, self.embedding_dim))
-        width = (self.num_fields + 1) * self.embedding_dim + input_shape[DENSE_INPUT][-1]
+        width = (self.num_fields + 1 + self.interest_product) * self.embedding_dim + input_shape[DENSE_INPUT][-1]
         self.deep_network.build((None, width))
         self.head.build((None, self.mlp_units[-1]))
 
@@ -81,7 +90,8 @@ def build_din(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInpu
               spec_options: Mapping[str, Any] | None = None) -> DIN:
     model = DIN(table_sizes, item_feature=sequence_feature_index(config, inputs),
                 sequence_key=inputs.sequence or HISTORY_INPUT, attention_units=config.attention_units,
-                mlp_units=config.mlp_units, **model_arguments(config, inputs, spec_options, attended=True), name="din")
+                mlp_units=config.mlp_units, interest_product=config.interest_product,
+                **model_arguments(config, inputs, spec_options, attended=True), name="din")
     model.build(inputs.shapes if inputs.sequence else
                 {**inputs.shapes, HISTORY_INPUT: (None, config.sequence_length)})
     return model
