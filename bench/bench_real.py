@@ -506,7 +506,7 @@ def main() -> int:
     output = {
         "command": command,
         "date": time.strftime("%Y-%m-%d"), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "test_fraction": TEST_FRACTION, "defaults_only": True, "datasets": results,
+        "test_fraction": TEST_FRACTION, "defaults_only": not args.overrides, "datasets": results,
         "seconds": time.monotonic() - started,
     }
     if "movielens" in results and "lift_auc" in results["movielens"]:

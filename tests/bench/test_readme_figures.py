@@ -145,6 +145,13 @@ FIGURES: dict[str, Callable[[], str]] = {
     "real.json: DIN and DCNv2 without histories": lambda: (
         f"DIN over the liked items scored {movielens('auc_din_history'):.4f}, DCNv2 without histories "
         f"{movielens('auc_dcnv2_no_history'):.4f}"),
+    "real_interest_product.json, real_interest_product_off.json": lambda: (
+        f"DIN scored {value('real_interest_product.json', 'datasets.movielens.auc_din_history'):.4f} with it and "
+        f"{value('real_interest_product_off.json', 'datasets.movielens.auc_din_history'):.4f} without, DCNv2 without "
+        f"histories {value('real_interest_product.json', 'datasets.movielens.auc_dcnv2_no_history'):.4f}"),
+    "events_quality_interest_product.json": lambda: (
+        f"(DIN {value('events_quality_interest_product.json', 'auc_din'):.4f},\n"
+        "events_quality_interest_product.json)"),
     "real.json: the Open Bandit logs": lambda: (
         f"On the Open Bandit logs ({obd('test_clicks')} later clicks) {obd('auc'):.4f} against "
         f"{obd('baseline_auc'):.4f}, {obd('auc_over_seeds.min'):.2f}-{obd('auc_over_seeds.max'):.2f} over the "
