@@ -55,17 +55,17 @@ def quiet_runs(key: str) -> list[float]:
             ("tiers_jax.json", "tiers_jax_run2.json", "tiers_fit.json", "tiers_fit_run2.json")]
 
 
-def worker_rss_after_minute(minute: int) -> tuple[float, float]:
-    """The lowest and highest of freshness_run2.json's samples of the step worker's memory from `minute` on."""
-    samples = [mib for at, mib in value("freshness_run2.json", "step_worker_rss_mib.samples") if at >= minute * 60]
+def worker_rss_after_minute(minute: int, name: str = "freshness_run2.json") -> tuple[float, float]:
+    """The lowest and highest of `name`'s samples of the step worker's memory from `minute` on."""
+    samples = [mib for at, mib in value(name, "step_worker_rss_mib.samples") if at >= minute * 60]
     return min(samples), max(samples)
 
 
-def worker_rss_slope() -> float:
-    """MiB a minute: the least-squares line through freshness_run2.json's memory samples from the fifth minute."""
+def worker_rss_slope(name: str = "freshness_run2.json") -> float:
+    """MiB a minute: the least-squares line through `name`'s memory samples from the fifth minute."""
     import numpy as np
 
-    samples = np.array(value("freshness_run2.json", "step_worker_rss_mib.samples"))
+    samples = np.array(value(name, "step_worker_rss_mib.samples"))
     later = samples[samples[:, 0] >= 300]
     return float(np.polyfit(later[:, 0] / 60, later[:, 1], 1)[0])
 
@@ -275,6 +275,13 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{value('freshness_run2.json', 'step_worker_rss_mib.every_s'):.0f} s, "
         f"{worker_rss_after_minute(5)[0]:,.0f}-{worker_rss_after_minute(5)[1]:,.0f} MiB from the fifth minute on, "
         f"rising {worker_rss_slope():.1f} MiB a minute"),
+    "freshness_run3.json": lambda: (
+        f"p50 {value('freshness_run3.json', 'p50_s'):.1f} s, p95 {value('freshness_run3.json', 'p95_s'):.1f} s, "
+        f"max {value('freshness_run3.json', 'max_s'):.1f} s, the cold first minute "
+        f"{value('freshness_run3.json', 'cold_first_minute_s'):.1f} s; the worker "
+        f"{worker_rss_after_minute(5, 'freshness_run3.json')[0]:,.0f}-"
+        f"{worker_rss_after_minute(5, 'freshness_run3.json')[1]:,.0f} MiB, rising "
+        f"{worker_rss_slope('freshness_run3.json'):.1f} MiB a minute"),
     "tiers.json, tiers_run0.json": lambda: (
         # ("zipf_1.05" holds a dot, so not through `value`)
         f"same AUC ({result('tiers.json')['zipf_1.05']['tiered_auc']:.4f} at Zipf 1.05), peak RSS "
