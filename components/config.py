@@ -251,6 +251,13 @@ class TrainConfig:
     # (as the DIN and DIEN authors' code does beside the interest), so how well the item matches the history is
     # an input the MLP need not learn to multiply out.
     interest_product: bool = True
+    # DIN: weight of an auxiliary loss on the behaviour sequences alone, as word2vec trains on sentences: each
+    # behaviour against the mean of the same row's other behaviours (a positive) and against the behaviour at
+    # its place in another row of the batch (a negative). The click label reaches an item's row only where the
+    # item is the target; this teaches the item table, from every row's history, which items one user clicks
+    # together, which is what the attention matches. 1.0 is the DIEN paper's weight for its auxiliary loss;
+    # 0 turns it off (docs/real_data.md, "What one user clicks together").
+    history_aux_weight: float = 1.0
     # DIEN's interest extractor: "gru" (keras GRU) or "sru" (simple recurrent unit).
     interest_cell: Literal["gru", "sru"] = "gru"
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 pytestmark = [
@@ -70,3 +71,47 @@ def test_rare_row_rate_trains_the_rare_rows_under_jit_on_jax():
         print(int((after != before).any(axis=1).sum()))
         """)
     assert printed == ["26"]  # the rare row of every table moved
+
+
+def test_din_history_aux_loss_on_jax():
+    """The co-occurrence loss computes the same value on JAX, and DIN's jitted train step adds it to the loss."""
+    script = textwrap.dedent("""
+        import keras
+        import numpy as np
+
+        from components.config import TrainConfig
+        from components.schema import CATEGORICAL_FEATURES
+        from trainer.models import build_model
+        from trainer.models.din import co_occurrence_loss
+        from trainer.train import compile_model
+
+        assert keras.backend.backend() == "jax"
+        rng = np.random.default_rng(3)
+        behaviours = rng.normal(size=(5, 4, 3)).astype(np.float32)
+        valid = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]], dtype=bool)
+        print(float(co_occurrence_loss(behaviours, valid)))
+        rows = rng.integers(2, 12, (256, 26)).astype("int32")
+        features = {"dense": rng.standard_normal((256, 26)).astype("float32"), "categorical": rows,
+                    "history": rng.integers(2, 12, (256, 5)).astype("int32")}
+        labels = rng.integers(0, 2, 256).astype("float32")
+        for weight in (0.0, 1.0):
+            config = TrainConfig(model="din", mlp_units=(16, 8), attention_units=(8,), sequence_length=5,
+                                 jit_compile=True, history_aux_weight=weight)
+            keras.utils.set_random_seed(0)
+            model = build_model(config, {name: 12 for name in CATEGORICAL_FEATURES})
+            compile_model(model, config)
+            print(model.fit(features, labels, batch_size=256, epochs=1, verbose=0).history["loss"][0])
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    on_jax, without, with_aux = (float(value) for value in done.stdout.split()[-3:])
+    from tests.trainer.test_model_zoo import reference_co_occurrence_loss
+
+    rng = np.random.default_rng(3)
+    behaviours = rng.normal(size=(5, 4, 3)).astype(np.float32)
+    valid = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]], dtype=bool)
+    assert on_jax == pytest.approx(reference_co_occurrence_loss(behaviours, valid), rel=1e-5)
+    # One step from the same weights: the logloss alike, plus about log 4 (two logistic terms at zero
+    # logits: the vectors start small) with the auxiliary loss.
+    assert with_aux - without == pytest.approx(2 * np.log(2), abs=0.1)

@@ -7,7 +7,10 @@ their relevance to the target item, so the interest vector changes with the item
                                         target attention (weighted sum pooling) --> interest [B, dim] <+
     flatten(embeddings), dense, interest[, target * interest] --> deep MLP --> head --> p [B, 1]
 
-Left out from the paper: the Dice activation (ReLU here) and mini-batch aware regularization.
+In training, `history_aux_weight` adds co_occurrence_loss over the behaviours: each one against the mean of
+its row's others, and against the next row's behaviour at the same place, so items one user clicks together
+get vectors that point the same way. Left out from the paper: the Dice activation (ReLU here) and mini-batch
+aware regularization.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ class DIN(CTRModel):
 
     The target item is column `item_feature` of "categorical"; the history is read from the same rows. With
     `interest_product` the deep network also reads target * interest, element by element (the authors' code
-    feeds it beside the interest); off by default, so models saved without it load as they were built."""
+    feeds it beside the interest); off by default, so models saved without it load as they were built.
+    `history_aux_weight`: the weight of co_occurrence_loss in training (0, the default here, leaves it out)."""
 
-    CONFIG_KEYS = ("item_feature", "attention_units", "mlp_units", "sequence_key", "interest_product")
+    CONFIG_KEYS = ("item_feature", "attention_units", "mlp_units", "sequence_key", "interest_product",
+                   "history_aux_weight")
 
     def __init__(
         self,
@@ -51,6 +56,7 @@ class DIN(CTRModel):
         mlp_units: Sequence[int] = (512, 256, 128),
         sequence_key: str = HISTORY_INPUT,
         interest_product: bool = False,
+        history_aux_weight: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(table_sizes, **kwargs)
@@ -59,6 +65,9 @@ class DIN(CTRModel):
         if not isinstance(interest_product, bool):
             raise ValueError(f"interest_product must be True or False. Received: {interest_product!r}")
         self.interest_product = interest_product
+        if not float(history_aux_weight) >= 0.0:
+            raise ValueError(f"history_aux_weight must be a weight >= 0. Received: {history_aux_weight!r}")
+        self.history_aux_weight = float(history_aux_weight)
         self.item_feature = int(item_feature)
         self.attention_units = list(attention_units)
         self.mlp_units = list(mlp_units)
@@ -72,6 +81,8 @@ class DIN(CTRModel):
         target = ops.take(embedded, self.item_feature, axis=1)
         behaviours, valid = behaviour_sequence(self.embedding, inputs, self.item_feature, self.sequence_key)
         interest = self.attention(target, behaviours, mask=valid)
+        if training and self.history_aux_weight:
+            self.add_loss(self.history_aux_weight * co_occurrence_loss(behaviours, valid))
         parts = [flatten_features(embedded, inputs[DENSE_INPUT]), interest]
         if self.interest_product:
             parts.append(ops.multiply(target, ops.cast(interest, target.dtype)))
@@ -86,11 +97,34 @@ class DIN(CTRModel):
         self.head.build((None, self.mlp_units[-1]))
 
 
+def co_occurrence_loss(behaviours: Any, valid: Any) -> Any:
+    """Mean logistic loss of behaviours [B, K, dim] (mask `valid` [B, K]) against their rows' other behaviours.
+
+    Position k of row b is a positive: its vector dotted with the mean of row b's other valid behaviours. The
+    same position of the next row of the batch (rolled by one; another user's click, so mostly unrelated) is a
+    negative against the same mean. A row with fewer than two behaviours adds nothing."""
+    dtype = "float32"
+    behaviours = ops.cast(behaviours, dtype)
+    mask = ops.cast(valid, dtype)
+    kept = ops.multiply(behaviours, ops.expand_dims(mask, -1))
+    count = ops.sum(mask, axis=1, keepdims=True)  # [B, 1]
+    others = ops.divide(ops.subtract(ops.sum(kept, axis=1, keepdims=True), kept),
+                        ops.expand_dims(ops.maximum(ops.subtract(count, 1.0), 1.0), -1))
+    weight = ops.multiply(mask, ops.cast(ops.greater(count, 1.0), dtype))  # [B, K]
+    positive = ops.sum(ops.multiply(kept, others), axis=-1)
+    negative = ops.sum(ops.multiply(ops.roll(kept, 1, axis=0), others), axis=-1)
+    negative_weight = ops.multiply(weight, ops.roll(mask, 1, axis=0))
+    total = ops.add(ops.sum(ops.multiply(ops.softplus(ops.negative(positive)), weight)),
+                    ops.sum(ops.multiply(ops.softplus(negative), negative_weight)))
+    return ops.divide(total, ops.maximum(ops.sum(weight), 1.0))
+
+
 def build_din(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
               spec_options: Mapping[str, Any] | None = None) -> DIN:
     model = DIN(table_sizes, item_feature=sequence_feature_index(config, inputs),
                 sequence_key=inputs.sequence or HISTORY_INPUT, attention_units=config.attention_units,
                 mlp_units=config.mlp_units, interest_product=config.interest_product,
+                history_aux_weight=config.history_aux_weight,
                 **model_arguments(config, inputs, spec_options, attended=True), name="din")
     model.build(inputs.shapes if inputs.sequence else
                 {**inputs.shapes, HISTORY_INPUT: (None, config.sequence_length)})
