@@ -1,6 +1,7 @@
 """Models with a linear part (DeepFM, Wide & Deep) over a tiered table: the store's record holds the row's values
 and its linear weight (trainer/tiered_tables.py, docs/tiers.md "A linear part over a tiered table"). The same
-weights as the table in memory, bit for bit, and the export's model in memory."""
+weights as the table in memory, bit for bit; the export's model in memory; warm starts from a tiered parent;
+a minute's overlay and its delta in the served layout."""
 
 import dataclasses
 import importlib.util
@@ -156,3 +157,66 @@ def test_on_the_jax_backend_a_model_with_a_linear_part_trains_a_tiered_table_to_
                                atol=1e-4)
     np.testing.assert_allclose(runs["tiered"].eval_predictions, runs["memory"].eval_predictions, rtol=0, atol=1e-5)
     assert runs["tiered"].tiered_tables["C1"]["tier_rows_written_back"] > 0
+
+
+@pytest.mark.integration
+def test_a_tiered_deepfm_warm_starts_from_its_store_and_its_minute_delta_carries_the_linear_weights(data, tmp_path):
+    """A first day tiered from scratch (the linear column drawn as zeros), then: a tiered day and a day in memory
+    warm-started from it train to the same weights (the store's records read back by ChainRows, and by the
+    export's model in memory); a minute's overlay holds whole records, and its delta in the served layout (every
+    table in memory) turns the served parent into the served child."""
+    from components.delta import saved_weights, served_weight_arrays, weight_specs
+    from trainer.incremental import train_increment
+    from trainer.tiered_tables import ChainRows, read_overlays
+
+    criteo, spec = load_spec("criteo"), tiered_spec()
+    names, sizes = model_inputs(spec).tables, table_sizes(NUM_VALUES)
+    config = dataclasses.replace(CONFIG, model="deepfm", epochs=1)
+    train_model(config, sizes, data["train"], data["eval"], tmp_path / "day", spec=spec)
+    with RowStore.open(tmp_path / "day" / TABLES_DIR / "C1.rows", writable=False) as store:
+        assert store.fresh == uniform_initializer(DIM + 1, CONFIG.seed + 0, zero_columns=1)
+        values, _, written = store.read_marked(np.arange(store.num_rows))
+    assert written.any() and not written.all()
+    np.testing.assert_array_equal(values[~written, DIM], 0.0)  # never trained: the linear weight as drawn
+    assert np.count_nonzero(values[written, DIM]) > 0
+
+    # Warm starts from the tiered parent: tiered again, and in memory; the same rows in, the same weights out.
+    warm = WarmStart(tmp_path / "day", {})
+    tiered_child = train_model(config, sizes, data["train"], data["eval"], tmp_path / "tiered", warm_start=warm,
+                               spec=spec)
+    memory_child = train_model(config, sizes, data["train"], data["eval"], tmp_path / "memory", warm_start=warm,
+                               spec=criteo)
+    records, _ = store_records(tmp_path / "tiered", "C1")
+    np.testing.assert_array_equal(records[:, :DIM], embedding_rows(memory_child.model, "C1", criteo))
+    np.testing.assert_array_equal(records[:, DIM:], linear_rows(memory_child.model, "C1", criteo))
+    assert tiered_child.history["val_auc"] == memory_child.history["val_auc"]
+
+    # A minute on the tiered day: its overlay holds whole records, read back by the chain and the export.
+    minute_files = write_block_files(random_rows(300, NUM_VALUES, seed=3), tmp_path / "minute", 1, 128)
+    train_increment(tmp_path / "day", minute_files, data["eval"], tmp_path / "m1", new_rows={"C1": [7, 9]},
+                    batch_size=128, epochs=1, seed=11, version="2", spec=spec)
+    overlay = read_overlays(tmp_path / "m1")["C1"]
+    assert overlay["values"].shape[1] == overlay["accumulators"].shape[1] == DIM + 1
+    with ChainRows(tmp_path / "m1", "C1") as chain:
+        chained, _ = chain.read(np.arange(chain.num_rows))
+    np.testing.assert_array_equal(chained[overlay["rows"]], overlay["values"])
+    served_parent = load_in_memory(tmp_path / "day", names)
+    served_child = load_in_memory(tmp_path / "m1", names)
+    np.testing.assert_array_equal(linear_rows(served_child, "C1", criteo), chained[:, DIM:])
+    np.testing.assert_array_equal(embedding_rows(served_child, "C1", criteo), chained[:, :DIM])
+
+    # The delta in the served model's layout (both tables in memory) gives the served child bit for bit.
+    _, parent_weights = saved_weights(tmp_path / "day")
+    specs, weights = saved_weights(tmp_path / "m1")
+    arrays = served_weight_arrays(parent_weights, weights, specs, weight_specs(served_parent), sizes, [],
+                                  {"C1": (overlay["rows"], overlay["values"])})
+    for index, (before, after) in enumerate(zip(served_parent.weights, served_child.weights, strict=True)):
+        applied = np.array(before)
+        rows = arrays[f"rows_{index:03d}"]
+        if applied.ndim == 0:
+            applied = arrays[f"values_{index:03d}"].reshape(()) if len(rows) else applied
+        else:
+            applied[rows] = arrays[f"values_{index:03d}"]
+        np.testing.assert_array_equal(applied, np.asarray(after), err_msg=after.path)
+    linear_table = next(i for i, v in enumerate(served_parent.weights) if v.path.endswith("value_weights/embeddings"))
+    assert len(arrays[f"rows_{linear_table:03d}"]) >= len(overlay["rows"])
