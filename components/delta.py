@@ -36,6 +36,10 @@ KEY_SEPARATOR = "\x1f"
 # In the path of a tiered table's hot slots ("<model>/embedding/tiered_table_3/embeddings"): in a served model,
 # its row cache.
 TIERED_CACHE_MARK = "/tiered_table_"
+# The path's tail of a linear part's per-value weights (trainer/layers/linear_logit.py: DeepFM, Wide & Deep), a
+# concatenated table of width 1 laid out as the embedding's; a tiered table's store keeps each row's weight as
+# the last column of its record.
+LINEAR_PATH_TAIL = ("value_weights", "embeddings")
 
 
 class DeltaError(ValueError):
@@ -92,7 +96,9 @@ def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndar
     The concatenated table's changed rows move from the training layout to the served one (each table's rows
     keep their table-local ids; only the tables' offsets differ); each tiered table contributes the rows
     `tiered_rows[name]` = (table-local row ids, their values) read from its store, the rows the minute's
-    batches read, not a diff of two tables. The hot slots are not served and have no entry.
+    batches read, not a diff of two tables. The hot slots are not served and have no entry. With a linear part
+    (DeepFM, Wide & Deep) those values are records of the row's values then its linear weight: the embedding
+    table takes their first columns, the linear part's table (LINEAR_PATH_TAIL) their last.
 
     A served model that keeps the tiered tables on disk itself (its weights include the row caches, named
     TIERED_CACHE_MARK: trainer.export RowSlots) has the training layout: the concatenated table's rows stay,
@@ -112,9 +118,12 @@ def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndar
     arrays: dict[str, np.ndarray] = {}
     for index, spec in enumerate(served_specs):
         old, new = np.asarray(parent[by_path[spec["path"]]]), np.asarray(current[by_path[spec["path"]]])
-        if tuple(str(spec["path"]).split("/")[-2:]) != EMBEDDING_PATH_TAIL:
+        tail = tuple(str(spec["path"]).split("/")[-2:])
+        if tail not in (EMBEDDING_PATH_TAIL, LINEAR_PATH_TAIL):
             arrays.update(changed_arrays(index, old, new))
             continue
+        width = int(spec["shape"][1]) if len(spec["shape"]) > 1 else 1
+        columns = slice(0, width) if tail == EMBEDDING_PATH_TAIL else slice(-width, None)
         changed = changed_rows(old, new)
         parts_rows, parts_values = [], []
         for name, start in train_offsets.items():
@@ -124,10 +133,9 @@ def served_weight_arrays(parent: Sequence[np.ndarray], current: Sequence[np.ndar
             parts_values.append(new[local + start])
         for name, (local, values) in tiered_rows.items():
             parts_rows.append(np.asarray(local, np.int64) + served_offsets[name])
-            parts_values.append(np.asarray(values, new.dtype).reshape(len(local), -1))
+            parts_values.append(np.asarray(values, new.dtype).reshape(len(local), -1)[:, columns])
         rows = np.concatenate(parts_rows).astype(np.int64) if parts_rows else np.zeros(0, np.int64)
         order = np.argsort(rows, kind="stable")
-        width = int(spec["shape"][1]) if len(spec["shape"]) > 1 else 1
         values = (np.concatenate(parts_values) if parts_values else np.zeros((0, width), new.dtype))
         arrays[rows_name(index)], arrays[values_name(index)] = rows[order], values[order]
     return arrays

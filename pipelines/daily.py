@@ -386,7 +386,8 @@ def _table_report(ctx: RunContext, state, warm_start, samples_manifest: dict,
     if tiered:  # read from the checkpoint's stores, with what their hot tiers did
         from trainer.tiered_tables import checkpoint_tables
 
-        tables = checkpoint_tables(ctx.layout.checkpoint_dir(ctx.interval), tiered, tier_counters)
+        tables = checkpoint_tables(ctx.layout.checkpoint_dir(ctx.interval), tiered, tier_counters,
+                                   embedding_dim=ctx.config.train.embedding_dim)
     with tables as tables:
         report = table_report(ctx.spec, state, kind="daily", version=model_version(ctx), embeddings=embeddings,
                               hashed=hashed, changed=changed, parent=parent, since_day=day_number(ctx.interval.start),

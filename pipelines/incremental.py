@@ -531,7 +531,8 @@ def _table_report(ctx: RunContext, plan: Plan, state, specs, weights, parent_wei
         changed = {**(changed or {}), **{name: overlay["rows"]
                                          for name, overlay in read_overlays(_dir(ctx) / "checkpoint").items()}}
         evaluation = json.loads((_dir(ctx) / EVALUATION_FILE).read_text())
-        tables = checkpoint_tables(_dir(ctx) / "checkpoint", tiered, evaluation.get("tiered_tables"))
+        tables = checkpoint_tables(_dir(ctx) / "checkpoint", tiered, evaluation.get("tiered_tables"),
+                                   embedding_dim=ctx.config.train.embedding_dim)
     with tables as tables:
         report = table_report(ctx.spec, state, kind="minute", version=plan.version, embeddings=embeddings,
                               hashed=hashed, changed=changed, parent=plan.parent,

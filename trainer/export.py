@@ -251,9 +251,13 @@ class RowSlots(tf.Module):
     needs before the request runs (serving/row_cache.py). `slots` rewrites the categorical input's tiered
     columns from row ids to slots, and the items of the list inputs in `lists` (key -> table) that read a
     tiered table, their padding to -1 (as trainer/tiered_training.py does in training); a row not loaded reads
-    slot 0 (the map answers -1 for it: `cached` tells whether a batch's rows are all loaded)."""
+    slot 0 (the map answers -1 for it: `cached` tells whether a batch's rows are all loaded).
 
-    def __init__(self, layer: Any, lists: Mapping[str, int] | None = None) -> None:
+    `linear`: the linear part's CategoricalEmbedding of width 1 (trainer.tiered_training.linear_layer), whose
+    HotTables read the same slots: a row loaded is its store record, the values then the linear weight, written
+    into both caches."""
+
+    def __init__(self, layer: Any, lists: Mapping[str, int] | None = None, linear: Any = None) -> None:
         super().__init__(name="row_slots")
         self.tables = list(layer.tiered_tables)
         self.lists = {key: self.tables.index(table) for key, table in (lists or {}).items()
@@ -262,6 +266,9 @@ class RowSlots(tf.Module):
         self.maps = [tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
                      for _ in self.tables]
         self.caches = [layer.hot_table(table).embeddings.value for table in self.tables]  # the tf.Variables
+        self.linear_caches = ([linear.hot_table(table).embeddings.value for table in self.tables]
+                              if linear is not None else [])
+        self.embedding_dim = layer.embedding_dim  # a loaded record's columns of `caches`; the rest: the linear's
         self.num_columns = layer.num_features
 
     def slots(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -295,11 +302,12 @@ class RowSlots(tf.Module):
         return tf.reduce_all(tf.stack(loaded))
 
 
-def load_slots_signature(layer: Any) -> dict[str, tf.TensorSpec]:
+def load_slots_signature(layer: Any, linear: Any = None) -> dict[str, tf.TensorSpec]:
     """LOAD_ALL_SLOTS_ENDPOINT's argument: per tiered table t, the rows to load (`rows_<t>`), the slots they go
-    into (`slots_<t>`), their values (`values_<t>`, [rows, dim]) and the rows that leave the cache first
-    (`evicted_<t>`); empty for a table with nothing to load."""
-    dim = layer.embedding_dim
+    into (`slots_<t>`), their values (`values_<t>`, [rows, dim], or [rows, dim + 1] with a `linear` part: the
+    store's records) and the rows that leave the cache first (`evicted_<t>`); empty for a table with nothing to
+    load."""
+    dim = layer.embedding_dim + (1 if linear is not None else 0)
     signature = {}
     for table in layer.tiered_tables:
         signature.update({f"slots_{table}": tf.TensorSpec([None], tf.int64, name=f"slots_{table}"),
@@ -320,6 +328,7 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     `LOAD_ALL_SLOTS_ENDPOINT` writes rows into the slots of every tiered table in one call. The tables themselves
     are not in the SavedModel: the export step ships their stores beside it (serving/row_cache.py reads them)."""
     from trainer.tiered_tables import tiered_layer, tiered_lists
+    from trainer.tiered_training import linear_layer
 
     directory = Path(directory)
     target = directory / SAVED_MODEL_DIR
@@ -328,7 +337,8 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     spec = spec or load_spec("criteo")
     preprocessor = RawFeaturePreprocessor(state, spec)
     layer = tiered_layer(model)
-    row_slots = RowSlots(layer, tiered_lists(model, layer)) if layer is not None else None
+    linear = linear_layer(model, layer) if layer is not None else None
+    row_slots = RowSlots(layer, tiered_lists(model, layer), linear) if layer is not None else None
 
     def model_inputs_of(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         return row_slots.slots(inputs) if row_slots is not None else inputs
@@ -399,11 +409,16 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
                 row_slots.maps[index].remove(request[f"evicted_{table}"])
                 row_slots.maps[index].insert(rows, slots)
                 # A gather reads the cache (trainer.layers.embedding_rows.take_rows), so a scatter costs no copies.
-                row_slots.caches[index].scatter_update(tf.IndexedSlices(request[f"values_{table}"], slots))
+                values = request[f"values_{table}"]
+                row_slots.caches[index].scatter_update(tf.IndexedSlices(values[:, :row_slots.embedding_dim], slots))
+                if row_slots.linear_caches:  # each record's last column: the linear part's weight
+                    row_slots.linear_caches[index].scatter_update(
+                        tf.IndexedSlices(values[:, row_slots.embedding_dim:], slots))
                 loaded.append(tf.size(rows))
             return {"loaded": tf.add_n(loaded)}
 
-        archive.add_endpoint(LOAD_ALL_SLOTS_ENDPOINT, load_all_slots, input_signature=[load_slots_signature(layer)])
+        archive.add_endpoint(LOAD_ALL_SLOTS_ENDPOINT, load_all_slots,
+                             input_signature=[load_slots_signature(layer, linear)])
         for precision, endpoint in CACHED_ENDPOINTS.items():
             archive.add_endpoint(endpoint, cached_endpoint(precision), input_signature=packed_input_signature(spec))
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])

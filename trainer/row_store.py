@@ -84,8 +84,10 @@ FORMAT_VERSION = 1
 FRESH_FORMAT_VERSION = 2
 HEADER_BYTES = 4096
 HEADER = struct.Struct("<8sIIQ")  # magic, version, embedding_dim, num_rows
-# Format 2's header: format 1's, then the initializer's seed, minval and maxval, and the initial accumulator.
-FRESH_HEADER = struct.Struct("<8sIIQQddf")
+# Format 2's header: format 1's, then the initializer's seed, minval and maxval, the initial accumulator, and the
+# columns drawn as zeros at the end of each record (a linear part's weight; 0 in stores written before it, whose
+# header page is zeros there).
+FRESH_HEADER = struct.Struct("<8sIIQQddfI")
 RECORD_DTYPE = np.dtype("<f4")
 # The log's descriptor in the header page: its magic and the log's length in records as of the last flush.
 LOG_HEADER_OFFSET = 1024
@@ -349,7 +351,7 @@ class RowStore:
                 store.write(rows, values, accumulators)
 
         header = FRESH_HEADER.pack(MAGIC, FRESH_FORMAT_VERSION, dim, num_rows, initializer.seed, initializer.minval,
-                                   initializer.maxval, initial_accumulator)
+                                   initializer.maxval, initial_accumulator, initializer.zero_columns)
         return cls.made_in_place(path, num_rows, dim, header, fill, fresh=initializer,
                                  fresh_accumulator=float(np.float32(initial_accumulator)))  # as the header holds it
 
@@ -382,8 +384,9 @@ class RowStore:
             _, version, embedding_dim, num_rows = HEADER.unpack(header)
             fresh, fresh_accumulator = None, 0.0
             if version == FRESH_FORMAT_VERSION:
-                *_, seed, minval, maxval, fresh_accumulator = FRESH_HEADER.unpack(os.pread(fd, FRESH_HEADER.size, 0))
-                fresh = UniformRows(embedding_dim, seed, minval, maxval)
+                *_, seed, minval, maxval, fresh_accumulator, zero_columns = FRESH_HEADER.unpack(
+                    os.pread(fd, FRESH_HEADER.size, 0))
+                fresh = UniformRows(embedding_dim, seed, minval, maxval, zero_columns)
             elif version != FORMAT_VERSION:
                 raise ValueError(f"{path} is a row store of format version {version}; this code reads versions "
                                  f"{FORMAT_VERSION} and {FRESH_FORMAT_VERSION}. Rewrite the store with this "
@@ -970,12 +973,16 @@ class UniformRows:
     column) alone: a counter-based hash (splitmix64's mix of seed and position), so any rows are drawn without
     their neighbours, the table is the same whatever chunks ask for it, and a store can draw a row when it is
     first read instead of writing it when it is made (`RowStore.create`). Called as (start, stop) for a range
-    of rows, or `rows(ids)` for any."""
+    of rows, or `rows(ids)` for any.
+
+    `zero_columns`: the last columns of each row are zeros (a linear part's weight, trainer/tiered_tables.py);
+    the others are drawn as the rows of a table of `embedding_dim - zero_columns` columns would be."""
 
     embedding_dim: int
     seed: int
     minval: float = -0.05
     maxval: float = 0.05
+    zero_columns: int = 0
 
     def __call__(self, start: int, stop: int) -> np.ndarray:
         return self.rows(np.arange(start, stop, dtype=np.int64))
@@ -984,11 +991,14 @@ class UniformRows:
         """float32 [len(ids), embedding_dim]: the rows `ids`."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         key = np.uint64(mix64((self.seed * GOLDEN_GAMMA) & UINT64_MASK))
-        positions = ids.astype(np.uint64)[:, None] * np.uint64(self.embedding_dim) + np.arange(
-            self.embedding_dim, dtype=np.uint64)
+        drawn = self.embedding_dim - self.zero_columns
+        positions = ids.astype(np.uint64)[:, None] * np.uint64(drawn) + np.arange(drawn, dtype=np.uint64)
         bits = mix64_array((positions + np.uint64(1)) * np.uint64(GOLDEN_GAMMA) ^ key)
         unit = (bits >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)  # [0, 1), 24 bits: exact
-        return (np.float32(self.minval) + unit * np.float32(self.maxval - self.minval)).astype(np.float32)
+        values = (np.float32(self.minval) + unit * np.float32(self.maxval - self.minval)).astype(np.float32)
+        if self.zero_columns:
+            values = np.concatenate([values, np.zeros((len(ids), self.zero_columns), np.float32)], axis=1)
+        return values
 
 
 def mix64(value: int) -> int:
@@ -1011,9 +1021,12 @@ def mix64_array(values: np.ndarray) -> np.ndarray:
 
 
 def uniform_initializer(embedding_dim: int, seed: int, minval: float = -0.05,
-                        maxval: float = 0.05) -> UniformRows:
-    """Rows uniform in [minval, maxval), each a function of (seed, row id) alone (UniformRows)."""
-    return UniformRows(int(embedding_dim), int(seed), float(minval), float(maxval))
+                        maxval: float = 0.05, zero_columns: int = 0) -> UniformRows:
+    """Rows uniform in [minval, maxval), each a function of (seed, row id) alone (UniformRows); the last
+    `zero_columns` columns zeros."""
+    if not 0 <= zero_columns < embedding_dim:
+        raise ValueError(f"`zero_columns` must be in [0, embedding_dim={embedding_dim}). Received: {zero_columns}")
+    return UniformRows(int(embedding_dim), int(seed), float(minval), float(maxval), int(zero_columns))
 
 
 def strictly_increasing(rows: np.ndarray) -> bool:

@@ -50,8 +50,10 @@ from trainer.tiered_training import (
     HotTierCallback,
     TieredBatches,
     VariableSlots,
-    accumulator_of,
+    linear_layer,
+    linear_part,
     list_items,
+    variable_slots,
     whole_steps,
 )
 
@@ -90,6 +92,10 @@ class TieredTables:
         self.layer = layer
         self.names = {table: names[table] for table in layer.tiered_tables}
         self.lists = tiered_lists(model, layer)  # list inputs reading a tiered table: remapped too
+        # A linear part (DeepFM, Wide & Deep) reads the same slots: a store's record is then the row's values and
+        # its linear weight, `width` columns (and as many accumulators).
+        self.linear = linear_layer(model, layer)
+        self.width = layer.embedding_dim + (1 if self.linear is not None else 0)
         self.directory = Path(directory)
         self.ahead = ahead
         self.stores: dict[int, RowStore] = {}
@@ -119,8 +125,8 @@ class TieredTables:
         counts = {"rows_kept": 0, "rows_reset": 0, "rows_new": 0}
         for table in self.layer.tiered_tables:
             num_rows = self.layer.table_sizes[table]
-            dim = self.layer.embedding_dim
-            fresh = uniform_initializer(dim, seed + table)
+            dim = self.width
+            fresh = self.initializer(table, seed)
             if parent_checkpoint is None and (parent_rows or {}).get(table) is None:
                 self.stores[table] = RowStore.create(self.path(table), num_rows, dim, fresh,
                                                      initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
@@ -129,9 +135,11 @@ class TieredTables:
                   if parent_checkpoint is not None
                   else ArrayRows(np.asarray(parent_rows[table]))) as parent:  # type: ignore[index]
                 if parent.embedding_dim != dim:
-                    raise ValueError(f"The parent's tiered table {self.names[table]!r} has dimension "
-                                     f"{parent.embedding_dim}, this model {dim}; warm start needs the same "
-                                     "dimension: set train.warm_start=false to train from scratch")
+                    raise ValueError(f"The parent's tiered table {self.names[table]!r} has records of "
+                                     f"{parent.embedding_dim} columns, this model {dim} (its embedding_dim"
+                                     f"{', and a linear weight' if self.linear is not None else ''}); warm start "
+                                     "needs the same model and dimension: set train.warm_start=false to train "
+                                     "from scratch")
                 reset = np.unique(np.asarray(list((reset_rows or {}).get(table, ())), dtype=np.int64))
                 self.stores[table] = warm_store(self.path(table), parent, num_rows, fresh, reset)
                 kept = min(num_rows, parent.num_rows)
@@ -150,8 +158,14 @@ class TieredTables:
         self.new_tiers()
 
     def hot_paths(self) -> set[str]:
-        """The paths of the hot slots' variables (what a warm start leaves to the stores)."""
-        return {self.layer.hot_table(table).embeddings.path for table in self.layer.tiered_tables}
+        """The paths of the hot slots' variables (what a warm start leaves to the stores), the linear part's too."""
+        layers = [self.layer, *([self.linear] if self.linear is not None else [])]
+        return {layer.hot_table(table).embeddings.path for layer in layers for table in self.layer.tiered_tables}
+
+    def initializer(self, table: int, seed: int) -> UniformRows:
+        """Table `table`'s fresh rows: uniform, seeded by `seed` + the table's index; a linear weight (the record's
+        last column, with a linear part) zeros, as LinearLogit's weights start."""
+        return uniform_initializer(self.width, seed + table, zero_columns=self.width - self.layer.embedding_dim)
 
     def new_tiers(self) -> None:
         self.tiers = {table: HotTier(store, self.layer.tiered_tables[table]) for table, store in self.stores.items()}
@@ -169,9 +183,7 @@ class TieredTables:
             optimizer = self.model.optimizer
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
-            for table in self.layer.tiered_tables:
-                variable = self.layer.hot_table(table).embeddings
-                self.slots[table] = VariableSlots(variable, accumulator_of(optimizer, variable))
+            self.slots = variable_slots(self.model, self.layer, optimizer)
         return self.slots
 
     def stream(self, dataset: Any, training: bool,
@@ -212,7 +224,7 @@ class TieredTables:
             if table not in self.stores or not len(rows):
                 continue
             rows = np.unique(np.asarray(rows, dtype=np.int64))
-            values = uniform_initializer(self.layer.embedding_dim, seed + table).rows(rows)
+            values = self.initializer(table, seed).rows(rows)
             _, accumulators = self.stores[table].read(rows)
             self.stores[table].write(rows, values, accumulators)
             self.touched_parts[table].append(rows)  # changed here, so a delta carries them
@@ -640,18 +652,22 @@ class ArrayRows:
 
 @contextmanager
 def checkpoint_tables(checkpoint_dir: Path, tiered: Mapping[str, int],
-                      counters: Mapping[str, Mapping[str, int]] | None = None) -> Iterator[dict[str, dict[str, Any]]]:
+                      counters: Mapping[str, Mapping[str, int]] | None = None,
+                      embedding_dim: int | None = None) -> Iterator[dict[str, dict[str, Any]]]:
     """What the table report (components/table_report.py) takes of a checkpoint's tiered tables (name -> hot
-    rows), while the block runs: a reader of each table's rows, its hot rows, its bytes of values, and the
-    training's counters. A minute's tables are read from the chain's live stores when those hold this
-    checkpoint's tables (the minute that wrote it left them so: `live_stores_of`), else from its chain
-    (ChainRows, opened once), whose overlays, a day of minutes' rows by evening, it would merge in memory."""
+    rows), while the block runs: a reader of each table's rows (their first `embedding_dim` columns: a model
+    with a linear part keeps each row's linear weight after them; None: every column), its hot rows, its bytes
+    of values (the records', linear weights included), and the training's counters. A minute's tables are read
+    from the chain's live stores when those hold this checkpoint's tables (the minute that wrote it left them so:
+    `live_stores_of`), else from its chain (ChainRows, opened once), whose overlays, a day of minutes' rows by
+    evening, it would merge in memory."""
     live = live_stores_of(checkpoint_dir, list(tiered))
     tables: dict[str, RowStore | ChainRows] = {
         name: (RowStore.open(live / store_name(name), writable=False) if live is not None
                else ChainRows(checkpoint_dir, name)) for name in tiered}
     try:
-        yield {name: {"rows": lambda rows, table=table: table.read(rows)[0], "hot_rows": tiered[name],
+        yield {name: {"rows": lambda rows, table=table: table.read(rows)[0][:, :embedding_dim],
+                      "hot_rows": tiered[name],
                       "bytes": table.num_rows * table.embedding_dim * 4,
                       "counters": dict((counters or {}).get(name, {}))} for name, table in tables.items()}
     finally:
@@ -676,7 +692,13 @@ def in_memory_model(model: keras.Model, checkpoint_dir: Path, table_names: Seque
     plain = rebuilt(model, {})
     new_layer = plain.embedding
     plain_table = new_layer.embeddings.path if new_layer.num_rows else None
-    copy_weights(model, plain, {plain_table: merged_table(layer, new_layer, checkpoint_dir, table_names)})
+    given = {plain_table: merged_table(layer, new_layer, checkpoint_dir, table_names,
+                                       columns=slice(0, layer.embedding_dim))}
+    linear, plain_linear = linear_layer(model, layer), linear_part(plain)
+    if linear is not None and plain_linear is not None:  # the linear weights: each record's last column
+        given[plain_linear.embeddings.path] = merged_table(linear, plain_linear, checkpoint_dir, table_names,
+                                                           columns=slice(layer.embedding_dim, None))
+    copy_weights(model, plain, given)
     return plain
 
 
@@ -719,9 +741,10 @@ def copy_weights(source: keras.Model, target: keras.Model, given: Mapping[str | 
 
 
 def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, checkpoint_dir: Path,
-                 names: Sequence[str]) -> np.ndarray:
+                 names: Sequence[str], columns: slice = slice(None)) -> np.ndarray:
     """The concatenated table of `plain` (no tiered tables): `tiered`'s in-memory rows, and each tiered table's
-    rows from its store."""
+    rows from its store, their `columns` (a record's first embedding_dim columns for the embedding, its last for
+    a linear part's weights)."""
     values = np.zeros(tuple(plain.embeddings.shape), dtype=np.float32)
     old = np.asarray(tiered.embeddings) if tiered.num_rows else None
     for table in plain.tabled_features:
@@ -733,10 +756,10 @@ def merged_table(tiered: CategoricalEmbedding, plain: CategoricalEmbedding, chec
             with RowStore.open(base, writable=False) as store:
                 for chunk in range(0, size, CREATE_CHUNK_ROWS):
                     rows = np.arange(chunk, min(size, chunk + CREATE_CHUNK_ROWS))
-                    values[start + rows] = store.read(rows)[0]
+                    values[start + rows] = store.read(rows)[0][:, columns]
             for overlay in overlays:
                 rows, fields = read_overlay(overlay)
-                values[start + rows] = fields["values"]
+                values[start + rows] = fields["values"][:, columns]
         elif old is not None:
             first = int(tiered.offsets[table])
             values[start:start + size] = old[first:first + size]

@@ -43,6 +43,7 @@ from trainer.arguments import require_integer
 from trainer.hot_tier import HotTier, PreparedPlan
 from trainer.layers.categorical_embedding import CategoricalEmbedding
 from trainer.layers.embedding_rows import take_rows
+from trainer.layers.linear_logit import LinearLogit
 from trainer.model_inputs import PADDING_ROW
 from trainer.row_store import RowStore
 
@@ -68,22 +69,84 @@ def accumulator_of(optimizer: keras.optimizers.Optimizer, variable: keras.Variab
 class VariableSlots:
     """Slots of a HotTable's variable and of its accumulator (trainer.hot_tier.SlotAccess), row by row: on
     TensorFlow a gather and a scatter of the slots named, never the whole variable; a plan's write-backs are
-    one gather per variable and its loads one scatter per variable."""
+    one gather per variable and its loads one scatter per variable.
 
-    def __init__(self, embeddings: keras.Variable, accumulator: keras.Variable | None) -> None:
+    With `linear` (the HotTable variable of the same table in a linear part's CategoricalEmbedding of width 1,
+    `linear_layer`) and its accumulator, a slot is one record of `width` columns: the row's values, then its
+    linear weight; reads join the two variables' slots on the column, writes split them there."""
+
+    def __init__(self, embeddings: keras.Variable, accumulator: keras.Variable | None,
+                 linear: keras.Variable | None = None, linear_accumulator: keras.Variable | None = None) -> None:
         self.embeddings = embeddings
         self.accumulator = accumulator
+        self.linear = linear
+        self.linear_accumulator = linear_accumulator
+        self.columns = int(embeddings.shape[1])  # where the linear weight starts in a record
+        self.width = self.columns + (int(linear.shape[1]) if linear is not None else 0)
 
     def read(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.accumulator is None:
+        if self.accumulator is None or (self.linear is not None and self.linear_accumulator is None):
             raise ValueError(f"Writing slots of {self.embeddings.path} back needs their accumulator, and the model "
                              "has no optimizer: compile the model before running batches through its hot tier")
-        return read_rows(self.embeddings, slots), read_rows(self.accumulator, slots)
+        values, accumulators = read_rows(self.embeddings, slots), read_rows(self.accumulator, slots)
+        if self.linear is None:
+            return values, accumulators
+        return (np.concatenate([values, read_rows(self.linear, slots)], axis=1),
+                np.concatenate([accumulators, read_rows(self.linear_accumulator, slots)], axis=1))
 
     def write(self, slots: np.ndarray, values: np.ndarray, accumulators: np.ndarray) -> None:
-        write_rows(self.embeddings, slots, values)
+        if values.shape[1] != self.width:
+            raise ValueError(f"The slots of {self.embeddings.path} hold records of {self.width} columns (the row's "
+                             f"{self.columns} values{', then its linear weight' if self.linear is not None else ''})"
+                             f"; the store's rows have {values.shape[1]}. A model with a linear part (DeepFM, Wide & "
+                             "Deep) needs the stores its tiered tables were made with (trainer/tiered_tables.py)")
+        write_rows(self.embeddings, slots, values[:, :self.columns])
+        if self.linear is not None:
+            write_rows(self.linear, slots, values[:, self.columns:])
         if self.accumulator is not None:
-            write_rows(self.accumulator, slots, accumulators)
+            write_rows(self.accumulator, slots, accumulators[:, :self.columns])
+        if self.linear_accumulator is not None:
+            write_rows(self.linear_accumulator, slots, accumulators[:, self.columns:])
+
+
+def linear_layer(model: keras.Model | None, layer: CategoricalEmbedding) -> CategoricalEmbedding | None:
+    """The CategoricalEmbedding of width 1 of `model`'s linear part (LinearLogit: DeepFM, Wide & Deep) when it
+    tiers tables, else None. It reads the same input columns as `layer` with the same tiered tables, so once a
+    stream has rewritten them to slot ids, slot s holds the same row in both layers' HotTables: a tiered table's
+    store keeps the row's values and its linear weight as one record (`VariableSlots`)."""
+    value_weights = linear_part(model)
+    if value_weights is None or not value_weights.tiered_tables:
+        return None
+    if value_weights.tiered_tables != layer.tiered_tables or value_weights.feature_tables != layer.feature_tables:
+        raise ValueError(f"The linear part {value_weights.name!r} tiers tables {value_weights.tiered_tables} read by "
+                         f"columns {value_weights.feature_tables}, the embedding {layer.tiered_tables} read by "
+                         f"{layer.feature_tables}: their hot tiers must be the same to share slot ids")
+    return value_weights
+
+
+def linear_part(model: keras.Model | None) -> CategoricalEmbedding | None:
+    """The per-value weights (a CategoricalEmbedding of width 1) of `model`'s LinearLogit, tiered or not; None
+    for a model without a linear part."""
+    for sublayer in getattr(model, "layers", None) or ():
+        if isinstance(sublayer, LinearLogit):
+            return sublayer.value_weights
+    return None
+
+
+def variable_slots(model: keras.Model | None, layer: CategoricalEmbedding,
+                   optimizer: keras.optimizers.Optimizer | None) -> dict[int, VariableSlots]:
+    """Per tiered table of `layer`, the slot access of its hot variables and their accumulators in `optimizer`
+    (none without one): `layer`'s HotTable, and the linear part's of the same table where `model` has one."""
+    linear = linear_layer(model, layer)
+    slots = {}
+    for table in layer.tiered_tables:
+        variables = [layer.hot_table(table).embeddings]
+        if linear is not None:
+            variables.append(linear.hot_table(table).embeddings)
+        pairs = [(variable, accumulator_of(optimizer, variable) if optimizer is not None else None)
+                 for variable in variables]
+        slots[table] = VariableSlots(*pairs[0], *(pairs[1] if linear is not None else ()))
+    return slots
 
 
 def read_rows(variable: keras.Variable, rows: np.ndarray) -> np.ndarray:
@@ -331,10 +394,7 @@ class HotTierCallback(keras.callbacks.Callback):
             optimizer = getattr(self.model, "optimizer", None)
             if optimizer is not None and not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
-            for table in self.batches.tiers:
-                variable = self.batches.layer.hot_table(table).embeddings
-                accumulator = accumulator_of(optimizer, variable) if optimizer is not None else None
-                self.slots[table] = VariableSlots(variable, accumulator)
+            self.slots = variable_slots(self.model, self.batches.layer, optimizer)
         return self.slots
 
     def synced_slots(self) -> dict[int, VariableSlots]:

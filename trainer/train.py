@@ -440,6 +440,7 @@ def warm_start_model(model: keras.Model, warm_start: WarmStart, tiered: Any, see
     it in memory, from its rows there), the reset rows drawn afresh. A tiered parent whose tables do not match
     is read into memory first."""
     from trainer.tiered_tables import tiered_layer
+    from trainer.tiered_training import linear_part
 
     previous = load_checkpoint(warm_start.checkpoint_dir)
     parent_tiered = tiered_layer(previous)
@@ -452,10 +453,13 @@ def warm_start_model(model: keras.Model, warm_start: WarmStart, tiered: Any, see
     if parent_tiered is None or set(parent_tiered.tiered_tables) != set(tiered.layer.tiered_tables):
         if parent_tiered is not None:
             previous = load_in_memory(warm_start.checkpoint_dir, table_names)
-        layer, parent_tables = previous.embedding, None
-        values = np.asarray(layer.embeddings)
-        parent_rows = {table: values[int(layer.offsets[table]):int(layer.offsets[table]) + layer.table_sizes[table]]
-                       for table in tiered.layer.tiered_tables}
+        parent_tables = None
+        # A model with a linear part keeps each row's linear weight after its values (TieredTables.width).
+        linear = linear_part(previous) if tiered.linear is not None else None
+        layers = [previous.embedding, *([linear] if linear is not None else [])]
+        parent_rows = {table: np.concatenate([np.asarray(layer.embeddings)[
+            int(layer.offsets[table]):int(layer.offsets[table]) + layer.table_sizes[table]] for layer in layers],
+            axis=1) for table in tiered.layer.tiered_tables}
     counts = tiered.create(seed, parent_tables, warm_start.reset_rows, parent_rows)
     summary = warm_start_weights(model, previous, warm_start.reset_rows, skip=tiered.hot_paths())
     return {key: summary.get(key, 0) + counts.get(key, 0) for key in {**summary, **counts}}

@@ -121,8 +121,10 @@ def _taobao_tiered(directory: Path) -> Path:
 # joined over loopback (train.processes=2), the table sharded across them; "/jax-d4": one process with four
 # forced CPU devices (train.devices=4), the table sharded across them. "criteo_tiered/jax-d4": the tiered tables'
 # hot tiers on the JAX step, on four forced CPU devices, their hot slots sharded like the table.
+# "criteo_tiered_deepfm": the same tiered spec trained with DeepFM, whose linear part reads the tiered tables too.
 @pytest.mark.parametrize("preset", [*sorted(SAMPLES), "criteo_buckets", "criteo_tiered", "taobao_tiered",
-                                    "criteo_tiered/jax-d4", "taobao/jax", "avazu/jax-2", "criteo/jax-d4"])
+                                    "criteo_tiered_deepfm", "criteo_tiered/jax-d4", "taobao/jax", "avazu/jax-2",
+                                    "criteo/jax-d4"])
 def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkeypatch, preset):
     preset, _, backend = preset.partition("/")
     backend, _, scale = backend.partition("-")
@@ -134,7 +136,7 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
         pytest.skip(f"the real {layout_name} sample is read from {sample}, which is absent (../shared is not "
                     "beside the checkout)")
     variants = {"criteo_buckets": _criteo_with_buckets, "criteo_tiered": _criteo_tiered,
-                "taobao_tiered": _taobao_tiered}
+                "taobao_tiered": _taobao_tiered, "criteo_tiered_deepfm": _criteo_tiered}
     spec_name = str(variants[preset](tmp_path)) if preset in variants else preset
     overrides = {"paths.data_root": str(tmp_path), "features.spec": spec_name, "features.min_count": 2,
                  "features.block_rows": 16, "features.num_shards": 1, "train.epochs": 1, "train.batch_size": 16,
@@ -145,6 +147,8 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
         overrides.update({"train.processes": processes, "train.shard_table_rows": 0})
     if preset == "taobao_tiered":  # the attention model: its behaviour sequence reads the tiered table
         overrides["train.model"] = "din"
+    if preset == "criteo_tiered_deepfm":  # the linear part's per-value weights live in the tiered stores too
+        overrides["train.model"] = "deepfm"
     if devices:  # the JAX child process inherits the flag; this process's TensorFlow is already started
         overrides.update({"train.devices": devices, "train.shard_table_rows": 0})
         monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}")
@@ -202,7 +206,8 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
             assert list(hot.values()) == [[6] * 4] * 2 and flags["shard_rows"]["hot_optimizer"] == hot
     state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
     assert set(state["table_sizes"]) == set(spec.tables())  # one vocabulary per table of the spec
-    if preset == "criteo_tiered":  # trained through hot tiers of 24 rows; exported and served whole
+    if preset.startswith("criteo_tiered"):  # trained through hot tiers of 24 rows; exported and served whole
+        linear = preset == "criteo_tiered_deepfm"  # each record: the row's 4 values, then its linear weight
         assert checkpoint["tiered_tables"] == {"C3": 24, "C4": 24}
         assert {"tables/C3.rows", "tables/C4.rows"} <= set(checkpoint["files"])
         assert min(state["table_sizes"]["C3"], state["table_sizes"]["C4"]) > 24
@@ -212,7 +217,17 @@ def test_a_preset_sample_runs_from_ingest_to_served_predictions(tmp_path, monkey
             entry = tables[name]
             assert entry["storage"] == "tiered" and entry["hot_rows"] == 24
             assert 0 < entry["hit_rate"] < 1 and entry["rows_loaded"] > 0 and entry["store_bytes_read"] > 0
-            assert entry["l2_norm"]["max"] > 0 and entry["bytes"] == state["table_sizes"][name] * 4 * 4
+            assert entry["l2_norm"]["max"] > 0 and entry["bytes"] == state["table_sizes"][name] * (4 + linear) * 4
+        if linear:  # the served stores hold the trained linear weights, and the report's norms leave them out
+            from trainer.row_store import RowStore
+
+            export = ctx.layout.export_dir(ctx.interval)
+            for name in ("C3", "C4"):
+                with RowStore.open(export / "tables" / f"{name}.rows", writable=False) as store:
+                    values, _ = store.read(np.arange(store.num_rows))
+                assert values.shape[1] == 5 and np.count_nonzero(values[:, 4]) > 0
+                norms = np.linalg.norm(values[:, :4].astype(np.float64), axis=1)
+                assert tables[name]["l2_norm"]["max"] <= norms.max() + 1e-6
         assert tables["C5"]["storage"] == "memory"
     if preset == "taobao_tiered":  # the sequence's items were read through the hot tier, then served
         assert checkpoint["tiered_tables"] == {"adgroup_id": 48}

@@ -276,7 +276,8 @@ def test_a_warm_start_from_a_tiered_parent_copies_its_store_and_draws_the_reset_
 
 def test_a_spec_that_tiers_a_table_refuses_what_the_hot_tier_cannot_do(data, tmp_path):
     spec = tiered_spec()
-    for change, message in ((dict(model="deepfm"), "linear part"),
+    for change, message in ((dict(multi_hash_features=("C1",), multi_hash_buckets=64),
+                             r"no train.multi_hash_features among the tiered tables \['C1'\]"),
                             (dict(average_epochs=True, early_stopping_patience=1), "average_epochs"),
                             (dict(backend="jax", processes=2), r"one process \(train.processes=1")):
         with pytest.raises(ValueError, match=message):

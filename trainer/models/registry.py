@@ -69,19 +69,13 @@ def build_model(config: TrainConfig, table_sizes: Mapping[str, int], spec: Featu
     return model
 
 
-# Models whose linear part reads every categorical value through a second CategoricalEmbedding (LinearLogit):
-# its columns would need the hot tier's slot ids of a second tier, which is not built.
-LINEAR_PART_MODELS = ("deepfm", "wide_deep")
-
-
 def _check_tiered(config: TrainConfig, spec: FeatureSpec) -> None:
-    """What a spec with tiered tables needs of the training, on either backend: a model without a linear part,
-    and one process. (Micro-batches work: the micro-batches of one optimizer step are planned as one batch.)"""
+    """What a spec with tiered tables needs of the training, on either backend: no multi-hash compression of a
+    tiered table, and one process. (Micro-batches work: the micro-batches of one optimizer step are planned as
+    one batch. Models with a linear part work: a tiered table's store keeps each row's linear weight beside its
+    values, trainer/tiered_tables.py.)"""
     tiered = [name for name, table in spec.tables().items() if table.tiered]
     problems = []
-    if config.model in LINEAR_PART_MODELS:
-        problems.append(f"a model without a linear part (train.model={config.model} reads every value twice); "
-                        "dcnv2, dlrm, din and dien work")
     if config.multi_hash_features and set(config.multi_hash_features) & set(tiered):
         problems.append(f"no train.multi_hash_features among the tiered tables {tiered}")
     if config.processes > 1:
