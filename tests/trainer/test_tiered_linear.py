@@ -12,7 +12,7 @@ import pytest
 from components.config import TrainConfig
 from components.feature_spec import load_spec
 from tests.trainer.synthetic import random_rows, table_sizes, write_block_files
-from tests.trainer.test_tiered_train_model import HOT_ROWS, NUM_VALUES, tiered_spec
+from tests.trainer.test_tiered_train_model import HOT_ROWS, NUM_VALUES, assert_same_weights_in_memory, tiered_spec
 from trainer.model_inputs import model_inputs
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
 from trainer.row_store import RowStore, uniform_initializer
@@ -106,10 +106,7 @@ def test_a_model_with_a_linear_part_trains_a_tiered_table_to_the_weights_in_memo
     np.testing.assert_array_equal(values[:, :DIM], embedding_rows(memory.model, "C1", criteo))
     np.testing.assert_array_equal(values[:, DIM:], linear_rows(memory.model, "C1", criteo))
     assert np.count_nonzero(values[:, DIM]) > 100  # the linear weights were trained, not left at zero
-    served = load_in_memory(tmp_path / "tiered", model_inputs(tiered).tables)
-    for got, expected in zip(served.weights, memory.model.weights, strict=True):
-        assert got.path == expected.path
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+    assert_same_weights_in_memory(tmp_path / "tiered", tiered, memory.model)
     assert result.history["loss"] == memory.history["loss"]
     assert result.history["val_auc"] == memory.history["val_auc"]
     np.testing.assert_allclose(result.eval_predictions, memory.eval_predictions, rtol=0, atol=1e-6)

@@ -57,6 +57,16 @@ def store_rows(checkpoint, name: str) -> np.ndarray:
         return store.read(np.arange(store.num_rows))[0]
 
 
+def assert_same_weights_in_memory(checkpoint, spec, model):
+    """The checkpoint's model read into memory (its tiered tables from their stores) has `model`'s weights, bit for
+    bit and in the same order; returns it."""
+    served = load_in_memory(checkpoint, model_inputs(spec).tables)
+    for got, expected in zip(served.weights, model.weights, strict=True):
+        assert got.path == expected.path
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+    return served
+
+
 @pytest.fixture(scope="module")
 def parent(data, tmp_path_factory):
     """A first day trained in memory: what both runs below warm-start from, so they start from the same rows."""
@@ -82,11 +92,8 @@ def test_a_tiered_table_trains_to_the_weights_of_the_same_table_in_memory(data, 
 
     # The table on disk, every other weight and the held-out metrics equal the in-memory run's, bit for bit.
     np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(memory.model, "C1", criteo))
-    served = load_in_memory(tmp_path / "tiered", model_inputs(tiered).tables)
+    served = assert_same_weights_in_memory(tmp_path / "tiered", tiered, memory.model)
     assert not served.embedding.tiered_tables
-    for got, expected in zip(served.weights, memory.model.weights, strict=True):
-        assert got.path == expected.path
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
     assert result.history["val_auc"] == memory.history["val_auc"]
     assert result.history["loss"] == memory.history["loss"]
     np.testing.assert_array_equal(result.eval_labels, memory.eval_labels)
@@ -124,10 +131,7 @@ def test_on_the_jax_backend_a_tiered_table_trains_to_the_weights_of_the_same_tab
     assert result.speed_flags["backend"] == "jax"
     assert read_manifest(tmp_path / "tiered", kind="checkpoint")["tensorflow_imported"] is False
     np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(memory.model, "C1", criteo))
-    served = load_in_memory(tmp_path / "tiered", model_inputs(tiered).tables)
-    for got, expected in zip(served.weights, memory.model.weights, strict=True):
-        assert got.path == expected.path
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+    assert_same_weights_in_memory(tmp_path / "tiered", tiered, memory.model)
     assert result.history["val_auc"] == memory.history["val_auc"]
     assert result.history["loss"] == memory.history["loss"]
     np.testing.assert_allclose(result.eval_predictions, memory.eval_predictions, rtol=0, atol=1e-6)
@@ -152,9 +156,7 @@ def test_with_micro_batches_a_tiered_table_trains_to_the_weights_of_the_same_tab
                          warm_start=warm, spec=tiered)
     assert result.speed_flags["micro_batches"] == 2 and result.num_train_examples == memory.num_train_examples == 3072
     np.testing.assert_array_equal(store_rows(tmp_path / "tiered", "C1"), table_rows(memory.model, "C1", criteo))
-    served = load_in_memory(tmp_path / "tiered", model_inputs(tiered).tables)
-    for got, expected in zip(served.weights, memory.model.weights, strict=True):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=got.path)
+    assert_same_weights_in_memory(tmp_path / "tiered", tiered, memory.model)
     assert result.history["val_auc"] == memory.history["val_auc"]
     counters = result.tiered_tables["C1"]
     assert counters["tier_rows_loaded"] > HOT_ROWS and counters["tier_rows_written_back"] > 0  # rows went out
