@@ -12,7 +12,13 @@ import pytest
 from components.config import TrainConfig
 from components.feature_spec import load_spec
 from tests.trainer.synthetic import random_rows, table_sizes, write_block_files
-from tests.trainer.test_tiered_train_model import HOT_ROWS, NUM_VALUES, assert_same_weights_in_memory, tiered_spec
+from tests.trainer.test_tiered_train_model import (
+    HOT_ROWS,
+    NUM_VALUES,
+    assert_delta_gives_child,
+    assert_same_weights_in_memory,
+    tiered_spec,
+)
 from trainer.model_inputs import model_inputs
 from trainer.optimizers import INITIAL_ACCUMULATOR_VALUE
 from trainer.row_store import RowStore, uniform_initializer
@@ -207,13 +213,6 @@ def test_a_tiered_deepfm_warm_starts_from_its_store_and_its_minute_delta_carries
     specs, weights = saved_weights(tmp_path / "m1")
     arrays = served_weight_arrays(parent_weights, weights, specs, weight_specs(served_parent), sizes, [],
                                   {"C1": (overlay["rows"], overlay["values"])})
-    for index, (before, after) in enumerate(zip(served_parent.weights, served_child.weights, strict=True)):
-        applied = np.array(before)
-        rows = arrays[f"rows_{index:03d}"]
-        if applied.ndim == 0:
-            applied = arrays[f"values_{index:03d}"].reshape(()) if len(rows) else applied
-        else:
-            applied[rows] = arrays[f"values_{index:03d}"]
-        np.testing.assert_array_equal(applied, np.asarray(after), err_msg=after.path)
+    assert_delta_gives_child(arrays, served_parent, served_child)
     linear_table = next(i for i, v in enumerate(served_parent.weights) if v.path.endswith("value_weights/embeddings"))
     assert len(arrays[f"rows_{linear_table:03d}"]) >= len(overlay["rows"])

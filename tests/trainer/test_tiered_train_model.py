@@ -67,6 +67,19 @@ def assert_same_weights_in_memory(checkpoint, spec, model):
     return served
 
 
+def assert_delta_gives_child(arrays, served_parent, served_child) -> None:
+    """A delta's arrays (components.delta.served_weight_arrays), applied to the served parent's weights, give the
+    served child's bit for bit."""
+    for index, (before, after) in enumerate(zip(served_parent.weights, served_child.weights, strict=True)):
+        applied = np.array(before)
+        rows = arrays[f"rows_{index:03d}"]
+        if applied.ndim == 0:
+            applied = arrays[f"values_{index:03d}"].reshape(()) if len(rows) else applied
+        else:
+            applied[rows] = arrays[f"values_{index:03d}"]
+        np.testing.assert_array_equal(applied, np.asarray(after), err_msg=after.path)
+
+
 @pytest.fixture(scope="module")
 def parent(data, tmp_path_factory):
     """A first day trained in memory: what both runs below warm-start from, so they start from the same rows."""
@@ -337,14 +350,7 @@ def test_a_minute_on_a_tiered_parent_keeps_only_the_rows_it_read_and_its_delta_i
     assert parent_specs == specs
     arrays = served_weight_arrays(parent_weights, weights, specs, weight_specs(served_parent), sizes, [],
                                   {"C1": (touched, overlay["values"])})
-    for index, (before, after) in enumerate(zip(served_parent.weights, served_child.weights, strict=True)):
-        applied = np.array(before)
-        rows = arrays[f"rows_{index:03d}"]
-        if applied.ndim == 0:
-            applied = arrays[f"values_{index:03d}"].reshape(()) if len(rows) else applied
-        else:
-            applied[rows] = arrays[f"values_{index:03d}"]
-        np.testing.assert_array_equal(applied, np.asarray(after), err_msg=after.path)
+    assert_delta_gives_child(arrays, served_parent, served_child)
     table = next(i for i, v in enumerate(served_parent.weights) if v.path.endswith("embedding/embeddings"))
     assert len(arrays[f"rows_{table:03d}"]) < served_parent.weights[table].shape[0]
 
