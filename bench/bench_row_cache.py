@@ -19,6 +19,19 @@ request, over the same candidate batches in the same order, the two models alter
   loading rows that earlier batches' loads evicted.
 p50 / p99 per phase, the ratio of each p99 to the in-memory one, rows loaded per request. Run at least twice
 (`--runs`), the figures of each run kept.
+
+Then served, under open-loop load (`served`): the same exports, each in its own model server (serving.server on
+one core, the load generator on the other, as bench-serving runs them), requests of 100 candidates sent on a
+fixed schedule, latency from each one's scheduled send time, skipped requests counted as unanswered
+(bench/loadgen.py). The rate is half the highest rate the in-memory server holds at p99 <= 10 ms in an open-loop
+scan (half the lowest rate tried when none held), the definition of bench-serving's loaded phase. Each server
+gets `--loaded-requests` distinct requests, then the same requests again:
+- `memory`: `first` and `again`, the in-memory model (after the scan);
+- `tiered`: `cold`, a server just started, whose row cache holds nothing but what its warm-up read, so each
+  request loads the rows no earlier request read; `warm`, the same requests again, every row cached;
+- `evicting`: the small-cache export, `cold` and `warm` as above, both loading rows that others evicted.
+Rows loaded per request and the hit rate come from the server's /metrics (`ctr_row_cache_loads_total`,
+`ctr_row_cache_hits_total`), read before and after each pass.
 """
 
 from __future__ import annotations
@@ -104,9 +117,16 @@ def timed(model, batches: list[list[dict]]) -> list[float]:
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    models = build(work, args.rows, args.small_cache)
+    result = in_process(models, args)
+    if not args.in_process_only:
+        result["served"] = served(work, models, args)
+    return result
+
+
+def in_process(models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     from serving.model import LoadedModel
 
-    models = build(work, args.rows, args.small_cache)
     instances = candidates(args.requests * BATCH, seed=11)
     batches = [instances[i:i + BATCH] for i in range(0, len(instances), BATCH)]
     memory = LoadedModel.load(models["memory"])
@@ -146,12 +166,111 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def row_cache_totals(port: int) -> dict[str, float]:
+    """The served model's row cache counters, summed over its tiered tables, from /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
+    totals = {"loads": 0.0, "hits": 0.0}
+    for family in text_string_to_metric_families(text):
+        for name in totals:
+            if family.name == f"ctr_row_cache_{name}":
+                totals[name] += sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+    return totals
+
+
+def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], instances: list[dict],
+                 requests: int, rate: float | None, scan_seconds: float) -> dict[str, Any]:
+    """One server of `export`; `passes` of the same `requests` requests at `rate` (None: half the highest rate an
+    open-loop scan held first), the row cache's counters read around each pass."""
+    from bench.bench_serving import (
+        CLIENT_CORE,
+        FIRST_VERSION,
+        MODEL_NAME,
+        free_port,
+        loaded,
+        open_loop,
+        start_server,
+        stop_server,
+        wait_healthy,
+    )
+    from components.model_store import LocalModelStore
+
+    home = work / f"server-{label}"
+    home.mkdir()
+    LocalModelStore(home / "store").publish(MODEL_NAME, FIRST_VERSION, export)
+    port = free_port()
+    server = start_server(home, home / "store", port, free_port())
+    out: dict[str, Any] = {}
+    try:
+        wait_healthy(port, server, home / "server.log")
+        if (os.cpu_count() or 1) > 1:
+            os.sched_setaffinity(0, {CLIENT_CORE})
+        url = f"http://127.0.0.1:{port}/v1/models/{MODEL_NAME}:predict"
+        if rate is None:
+            start_rate = 20.0
+            scan = open_loop(url, instances, start_rate, scan_seconds)
+            out["scan"] = scan
+            rate = 0.5 * (scan["max_rate_per_s_at_p99_10ms"] or scan["steps"][0]["rate_per_s"])
+            time.sleep(2.0)  # the scan's last step went past saturation: its backlog drains first
+        for name in passes:
+            before = row_cache_totals(port)
+            result = loaded(url, instances, rate, requests)
+            after = row_cache_totals(port)
+            loads, hits = after["loads"] - before["loads"], after["hits"] - before["hits"]
+            result["rows_loaded_per_request"] = loads / requests
+            result["hit_rate"] = hits / (hits + loads) if hits + loads else None
+            out[name] = result
+            print(f"  {label} {name}: {rate:.1f} req/s, p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms, "
+                  f"unanswered {result['unanswered']}, rows loaded a request {result['rows_loaded_per_request']:.1f}",
+                  flush=True)
+    finally:
+        stop_server(server)
+    out["rate_per_s"] = rate
+    return out
+
+
+def served(work: Path, models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The exports under open-loop load, each in its own server (the module's docstring)."""
+    import gc
+
+    instances = candidates(args.loaded_requests * BATCH + BATCH, seed=13)
+    cores = os.sched_getaffinity(0)
+    # As in bench-serving: this process's own collections would stop the client's threads mid-request.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        memory = serve_passes(work, models["memory"], "memory", ("first", "again"), instances,
+                              args.loaded_requests, None, args.step_seconds)
+        rate = memory["rate_per_s"]
+        tiered = serve_passes(work, models["tiered"], "tiered", ("cold", "warm"), instances, args.loaded_requests,
+                              rate, args.step_seconds)
+        evicting = serve_passes(work, models["evicting"], "evicting", ("cold", "warm"), instances,
+                                args.loaded_requests, rate, args.step_seconds)
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        os.sched_setaffinity(0, cores)
+    out = {"rate_per_s": rate, "requests_per_pass": args.loaded_requests, "memory": memory, "tiered": tiered,
+           "evicting": evicting}
+    out["p99_ratio_to_memory"] = {
+        f"{label}_{name}": out[label][name]["p99_ms"] / memory[against]["p99_ms"]
+        for label in ("tiered", "evicting") for name, against in (("cold", "first"), ("warm", "again"))}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000, help="generated rows whose values are admitted")
     parser.add_argument("--requests", type=int, default=300, help="requests of 100 candidates a phase")
     parser.add_argument("--small-cache", type=int, default=2_000, help="rows of the evicting phase's caches")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--loaded-requests", type=int, default=3000,
+                        help="requests of 100 candidates a pass under load (each distinct; every pass sends the same)")
+    parser.add_argument("--step-seconds", type=float, default=5.0, help="length of each open-loop scan step")
+    parser.add_argument("--in-process-only", action="store_true", help="skip the servers under load")
     parser.add_argument("--out", default="bench/results/row_cache.json")
     args = parser.parse_args()
     runs = []
@@ -163,18 +282,24 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
         print(json.dumps({k: runs[-1][k] for k in ("memory", "cold", "warm", "evicting")}, indent=1), flush=True)
     ratios = {phase: [r[phase]["p99_ratio_to_memory"] for r in runs] for phase in ("cold", "warm", "evicting")}
+    served_ratios = {phase: [r["served"]["p99_ratio_to_memory"][phase] for r in runs]
+                     for phase in (runs[0].get("served") or {}).get("p99_ratio_to_memory", {})}
     command = "make bench-row-cache" + (f" BENCH_ROW_CACHE_ARGS='{os.environ['BENCH_ROW_CACHE_ARGS']}'"
                                         if os.environ.get("BENCH_ROW_CACHE_ARGS") else "")
     result = {
         **provenance(command),
         "benchmark": "row_cache",
         "settings": {"rows": args.rows, "requests": args.requests, "batch": BATCH, "small_cache": args.small_cache,
-                     "runs": args.runs, "measured": "in process, one request at a time (LoadedModel.predict)"},
+                     "runs": args.runs, "measured": "in process, one request at a time (LoadedModel.predict)",
+                     "loaded_requests": None if args.in_process_only else args.loaded_requests,
+                     "served": None if args.in_process_only else
+                     "a server per export, open-loop at half the in-memory server's highest rate at p99 <= 10 ms"},
         "p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in ratios.items()},
+        "served_p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in served_ratios.items()} or None,
         "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["p99_ratio_to_memory"]))
+    print(json.dumps({"in_process": result["p99_ratio_to_memory"], "served": result["served_p99_ratio_to_memory"]}))
     return 0
 
 

@@ -53,7 +53,7 @@ from serving.errors import (
     serving_error_handler,
     unexpected_error_handler,
 )
-from serving.metrics import CONTENT_TYPE, ModelInfo, ServerMetrics, describe_model
+from serving.metrics import CONTENT_TYPE, ModelInfo, RowCacheCounts, ServerMetrics, describe_model
 from serving.model import SIGNATURE_NAME, LoadedModel
 from serving.service import ModelSource, PredictionService, classes, merge_context
 
@@ -170,7 +170,9 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
 
     async def metrics_text(request: Request) -> Response:
         model = source.current()
-        text = metrics.render(None if model is None else model_info(model))
+        tiered = None if model is None else model.tiered
+        row_cache = None if tiered is None else RowCacheCounts(tiered.counters(), tiered.load_calls)
+        text = metrics.render(None if model is None else model_info(model), row_cache)
         return Response(text, headers={"content-type": CONTENT_TYPE})
 
     verbs = {PREDICT_ENDPOINT: predict, CLASSIFY_ENDPOINT: classify, REGRESS_ENDPOINT: regress}

@@ -15,6 +15,22 @@
                                               each of which stops every request in flight (`GcPauses`; only
                                               where the process installs it, as serving.server does)
 
+A model with tiered tables (`storage: tiered`) reads their rows through its row cache (serving.row_cache); per
+table, from when its full version was loaded (its deltas keep the cache, a new full version starts at zero,
+which Prometheus' `rate` reads as a counter reset):
+
+    ctr_row_cache_hits_total{table}           counter: distinct rows a request read that were cached when it came
+    ctr_row_cache_loads_total{table}          counter: rows loaded into the cache from the table's store (a row
+                                              evicted and read again is loaded again)
+    ctr_row_cache_rows{table}                 gauge: rows in the cache now
+    ctr_row_cache_capacity_rows{table}        gauge: the cache's size in rows
+    ctr_row_cache_delta_rows{table}           gauge: rows the version's deltas changed, kept beside the store
+    ctr_row_cache_load_calls_total            counter: graph calls that wrote rows into the caches (one per
+                                              request that missed a row, for all its tables, and one per delta
+                                              that changed cached rows)
+
+The hit rate of a table over a window is rate(hits) / (rate(hits) + rate(loads)).
+
 Counters live in one `ServerMetrics` per app; the model gauges are computed at scrape time from the model
 serving then (`ModelInfo`), so they cannot go stale. The values are kept here and handed to prometheus_client
 as metric families at each scrape (a custom collector): the GC pauses are recorded inside the collector's
@@ -95,6 +111,15 @@ def data_end_timestamp(version: str, data_end: Any) -> float | None:
     return (end if end.tzinfo else end.replace(tzinfo=UTC)).timestamp()
 
 
+@dataclass(frozen=True)
+class RowCacheCounts:
+    """A served model's row cache counters: per tiered table, `TieredRows.counters()`'s ("cache_rows", "cached",
+    "rows_hit", "rows_loaded", "delta_rows"), and the graph calls that loaded rows."""
+
+    tables: Mapping[str, Mapping[str, int]]
+    load_calls: int
+
+
 class ServerMetrics:
     """Request counters and latency histograms of `timed_endpoints`, safe to update from any thread.
 
@@ -126,13 +151,14 @@ class ServerMetrics:
         with self._lock:
             self._predictions += num_instances
 
-    def render(self, model: ModelInfo | None) -> str:
-        """The exposition text: the counters as they stand now and the gauges of `model` (None: none loaded)."""
+    def render(self, model: ModelInfo | None, row_cache: RowCacheCounts | None = None) -> str:
+        """The exposition text: the counters as they stand now and the gauges of `model` (None: none loaded);
+        `row_cache`: the served model's row cache counters, where it has tiered tables."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(lambda: self.families(model)))
+        registry.register(_Families(lambda: self.families(model, row_cache)))
         return generate_latest(registry).decode()
 
-    def families(self, model: ModelInfo | None) -> list[Metric]:
+    def families(self, model: ModelInfo | None, row_cache: RowCacheCounts | None = None) -> list[Metric]:
         with self._lock:
             requests = CounterMetricFamily("ctr_requests", "Responses by endpoint and HTTP status code.",
                                            labels=["endpoint", "code"])
@@ -144,6 +170,8 @@ class ServerMetrics:
                 self._durations[endpoint].add_to(durations, [endpoint])
             predictions = CounterMetricFamily("ctr_predictions", "Instances predicted.", value=self._predictions)
         out = [requests, durations, predictions, *_model_families(model)]
+        if row_cache is not None:
+            out += _row_cache_families(row_cache)
         if self.gc_pauses is not None:
             out.append(self.gc_pauses.family())
         return out
@@ -253,3 +281,22 @@ def _model_families(model: ModelInfo | None) -> list[Metric]:
         info.add_metric([model.version, "" if model.parent is None else str(model.parent),
                          "" if model.chain_root is None else str(model.chain_root)], 1)
     return [loaded, version, freshness, info]
+
+
+def _row_cache_families(counts: RowCacheCounts) -> list[Metric]:
+    families = {
+        key: kind(f"ctr_row_cache_{name}", text, labels=["table"])
+        for key, (kind, name, text) in {
+            "rows_hit": (CounterMetricFamily, "hits", "Distinct rows a request read that were cached when it came."),
+            "rows_loaded": (CounterMetricFamily, "loads", "Rows loaded into the row cache from the table's store."),
+            "cached": (GaugeMetricFamily, "rows", "Rows in the row cache now."),
+            "cache_rows": (GaugeMetricFamily, "capacity_rows", "The row cache's size in rows."),
+            "delta_rows": (GaugeMetricFamily, "delta_rows",
+                           "Rows the version's deltas changed, kept beside the store."),
+        }.items()}
+    for table in sorted(counts.tables):
+        for key, family in families.items():
+            family.add_metric([table], counts.tables[table][key])
+    calls = CounterMetricFamily("ctr_row_cache_load_calls", "Graph calls that wrote rows into the row caches.",
+                                value=counts.load_calls)
+    return [*families.values(), calls]

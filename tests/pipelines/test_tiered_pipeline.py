@@ -164,6 +164,18 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         assert counters[name]["cache_rows"] == CACHE_ROWS and counters[name]["cached"] <= CACHE_ROWS
         assert counters[name]["rows_loaded"] > CACHE_ROWS  # rows were evicted and loaded again
         assert counters[name]["delta_rows"] > 0  # the two minutes' rows, kept beside the store
+    # /metrics shows the same counters, per table.
+    from starlette.testclient import TestClient
+
+    from components.config import ServingConfig
+    from serving.app import create_app
+
+    text = TestClient(create_app(watcher, ServingConfig(model_name="ctr"))).get("/metrics").text
+    for name in TIERED:
+        for metric, key in (("hits_total", "rows_hit"), ("loads_total", "rows_loaded"), ("rows", "cached"),
+                            ("capacity_rows", "cache_rows"), ("delta_rows", "delta_rows")):
+            assert f'ctr_row_cache_{metric}{{table="{name}"}} {float(counters[name][key])}\n' in text
+    assert f"ctr_row_cache_load_calls_total {float(served.tiered.load_calls)}\n" in text
     # ... on disk under the watcher's cache, a sparse store per table, gone with the model.
     scratch = served.tiered.scratch
     assert scratch is not None and scratch.parent == tmp_path / "cache" / "delta-rows"

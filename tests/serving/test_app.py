@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from components.config import ServingConfig
 from serving import metrics as metrics_module
 from serving.app import create_app
-from serving.metrics import SLOW_GC_S, GcPauses, ServerMetrics, describe_model
+from serving.metrics import SLOW_GC_S, GcPauses, RowCacheCounts, ServerMetrics, describe_model
 from serving.model import LoadedModel
 from tests.serving.fixture_model import MODEL_NAME, NEW_VERSION, OLD_VERSION, FixedSource
 
@@ -532,6 +532,28 @@ def test_metrics_without_a_model_say_not_loaded_and_count_the_503s() -> None:
     assert sample(samples, "ctr_requests_total", endpoint="health", code="503") == 1
 
 
+def test_metrics_of_a_row_cache_name_each_tiered_table_and_a_model_without_one_has_none(
+        client: TestClient) -> None:
+    counts = RowCacheCounts(tables={
+        "C3": {"cache_rows": 4096, "cached": 1500, "rows_hit": 9000, "rows_loaded": 1700, "delta_rows": 12},
+        "C12": {"cache_rows": 512, "cached": 512, "rows_hit": 30, "rows_loaded": 2048, "delta_rows": 0},
+    }, load_calls=41)
+
+    samples = parse_metrics(ServerMetrics(timed_endpoints=[]).render(None, counts))
+
+    assert sample(samples, "ctr_row_cache_hits_total", table="C3") == 9000
+    assert sample(samples, "ctr_row_cache_loads_total", table="C3") == 1700
+    assert sample(samples, "ctr_row_cache_rows", table="C3") == 1500
+    assert sample(samples, "ctr_row_cache_capacity_rows", table="C3") == 4096
+    assert sample(samples, "ctr_row_cache_delta_rows", table="C3") == 12
+    assert sample(samples, "ctr_row_cache_loads_total", table="C12") == 2048  # more than it holds: evictions
+    assert sample(samples, "ctr_row_cache_rows", table="C12") == 512
+    assert sample(samples, "ctr_row_cache_load_calls_total") == 41
+    assert len([key for key in samples if key[0].startswith("ctr_row_cache_")]) == 2 * 5 + 1
+    # The fixture model has every table in memory: no row cache series at all.
+    assert not [key for key in scrape(client) if key[0].startswith("ctr_row_cache_")]
+
+
 def test_metrics_label_values_are_escaped() -> None:
     info = describe_model('7"\\x', {"parent": "a\nb"}, now=0.0)
 
@@ -561,6 +583,7 @@ class _BrokenModel:
     version = "5"
     manifest: dict[str, Any] = {}
     loaded_at = datetime(2026, 1, 1, tzinfo=UTC)
+    tiered = None  # every table in memory
 
     def predict_native(self, body: bytes, max_instances: int) -> None:
         return None  # no packed endpoint: requests go the general way
