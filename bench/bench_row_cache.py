@@ -180,6 +180,57 @@ def row_cache_totals(port: int) -> dict[str, float]:
     return totals
 
 
+def loaded_by_tenths(url: str, instances: list[dict], rate: float, requests: int) -> dict[str, Any]:
+    """bench-serving's loaded phase (`requests` requests of 100 candidates at `rate`, latency from the scheduled
+    send time, skipped and failed ones unanswered), with p50 / p99 also over each tenth of the requests in the
+    order they were due: how a cold cache's latency falls as it fills."""
+    from bench.bench_serving import hundred_bodies
+    from bench.loadgen import run_load
+
+    result = run_load(url, make_body=hundred_bodies(instances), rate_per_s=rate, duration_s=requests / rate + 1.0,
+                      max_requests=requests, concurrency=16, timeout_s=10.0)
+    answered = [r for r in sorted(result.records, key=lambda r: r.scheduled_at_s) if r.status == 200]
+    tenth = max(1, len(answered) // 10)
+    tenths = [[r.latency_s * 1e3 for r in answered[i:i + tenth]] for i in range(0, tenth * 10, tenth)]
+    return {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
+            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
+            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered,
+            "tenths": [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99))}
+                       for t in tenths if t]}
+
+
+def plot_tenths(runs: list[dict[str, Any]], path: Path) -> None:
+    """p99 of each tenth of a pass's requests, per export and pass, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    passes = (("memory", "first", "in memory, first pass", "tab:gray"),
+              ("memory", "again", "in memory, again", "black"),
+              ("tiered", "cold", "tiered, cold cache", "tab:red"),
+              ("tiered", "warm", "tiered, warm cache", "tab:blue"),
+              ("evicting", "cold", "tiered, small cache", "tab:orange"))
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    for index, run in enumerate(runs):
+        served = run["served"]
+        for label, name, text, colour in passes:
+            values = [t["p99_ms"] for t in served[label][name]["tenths"]]
+            axis.plot(range(1, len(values) + 1), values, color=colour, marker="o", markersize=3,
+                      linestyle="-" if index == 0 else "--", label=text if index == 0 else None)
+    rate = runs[0]["served"]["rate_per_s"]
+    per_tenth = runs[0]["served"]["requests_per_pass"] // 10
+    axis.set_xlabel(f"tenth of the pass ({per_tenth} requests each, in the order due)")
+    axis.set_ylabel("p99 latency from the scheduled send (ms)")
+    axis.set_title(f"100-candidate requests at {rate:.0f}/s, open loop (solid: run 1, dashed: later runs)")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], instances: list[dict],
                  requests: int, rate: float | None, scan_seconds: float) -> dict[str, Any]:
     """One server of `export`; `passes` of the same `requests` requests at `rate` (None: half the highest rate an
@@ -189,7 +240,6 @@ def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], 
         FIRST_VERSION,
         MODEL_NAME,
         free_port,
-        loaded,
         open_loop,
         start_server,
         stop_server,
@@ -216,7 +266,7 @@ def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], 
             time.sleep(2.0)  # the scan's last step went past saturation: its backlog drains first
         for name in passes:
             before = row_cache_totals(port)
-            result = loaded(url, instances, rate, requests)
+            result = loaded_by_tenths(url, instances, rate, requests)
             after = row_cache_totals(port)
             loads, hits = after["loads"] - before["loads"], after["hits"] - before["hits"]
             result["rows_loaded_per_request"] = loads / requests
@@ -299,6 +349,8 @@ def main() -> int:
         "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if not args.in_process_only:
+        plot_tenths(runs, Path(args.out).with_suffix(".png"))
     print(json.dumps({"in_process": result["p99_ratio_to_memory"], "served": result["served_p99_ratio_to_memory"]}))
     return 0
 

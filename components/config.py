@@ -257,6 +257,8 @@ class TrainConfig:
     # item is the target; this teaches the item table, from every row's history, which items one user clicks
     # together, which is what the attention matches. 1.0 is the DIEN paper's weight for its auxiliary loss;
     # 0 turns it off (docs/real_data.md, "What one user clicks together").
+    # DIEN: weight of the paper's own auxiliary loss: each interest state of the extractor against the behaviour
+    # that came next (a positive) and against the one at the same place in another row of the batch (a negative).
     history_aux_weight: float = 1.0
     # DIEN's interest extractor: "gru" (keras GRU) or "sru" (simple recurrent unit).
     interest_cell: Literal["gru", "sru"] = "gru"

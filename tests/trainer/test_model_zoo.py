@@ -140,6 +140,78 @@ def test_din_reads_the_target_times_the_interest_and_a_model_saved_without_it_lo
         DIN(list(table_sizes(NUM_ITEMS).values()), interest_product="yes")
 
 
+def reference_next_behaviour_loss(interests: np.ndarray, behaviours: np.ndarray, valid: np.ndarray) -> float:
+    """next_behaviour_loss written out step by step."""
+    total, steps = 0.0, 0
+    rows, length = valid.shape
+    for b in range(rows):
+        previous = (b - 1) % rows  # the row rolled into place b
+        for t in range(length - 1):
+            if not (valid[b, t] and valid[b, t + 1]):
+                continue
+            total += np.log1p(np.exp(-interests[b, t] @ behaviours[b, t + 1]))
+            steps += 1
+            if valid[previous, t + 1]:
+                total += np.log1p(np.exp(interests[b, t] @ behaviours[previous, t + 1]))
+    return total / max(steps, 1)
+
+
+@pytest.mark.unit
+def test_the_next_behaviour_loss_matches_its_definition():
+    from trainer.models.dien import next_behaviour_loss
+
+    rng = np.random.default_rng(4)
+    interests = rng.normal(size=(5, 4, 3)).astype(np.float32)
+    behaviours = rng.normal(size=(5, 4, 3)).astype(np.float32)
+    valid = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]], dtype=bool)
+    got = float(keras.ops.convert_to_numpy(next_behaviour_loss(interests, behaviours, valid)))
+    assert got == pytest.approx(reference_next_behaviour_loss(interests, behaviours, valid), rel=1e-5)
+    # Padding's vectors never count: changing them changes nothing.
+    padded = np.where(valid[..., None], behaviours, 100.0).astype(np.float32)
+    padded_states = np.where(valid[..., None], interests, -100.0).astype(np.float32)
+    assert float(keras.ops.convert_to_numpy(next_behaviour_loss(padded_states, padded, valid))) == \
+        pytest.approx(got, rel=1e-6)
+    # A state that points at the behaviour that follows it scores lower than one that points away.
+    aligned = np.roll(behaviours, -1, axis=1) * 3.0
+    assert float(keras.ops.convert_to_numpy(next_behaviour_loss(aligned, behaviours, valid))) < \
+        float(keras.ops.convert_to_numpy(next_behaviour_loss(-aligned, behaviours, valid)))
+    # No row with two behaviours in a row: nothing to learn, and no division by zero.
+    assert float(keras.ops.convert_to_numpy(next_behaviour_loss(interests, behaviours, np.eye(5, 4, dtype=bool)))) \
+        == 0.0
+
+
+@pytest.mark.unit
+def test_dien_saves_its_aux_weight_and_a_dien_saved_without_it_loads_without_it():
+    config = dataclasses.replace(SMALL, model="dien")
+    model = build_model(config, table_sizes(NUM_ITEMS))
+    saved = model.get_config()
+    assert saved["history_aux_weight"] == 1.0  # train.history_aux_weight's default
+    del saved["history_aux_weight"]
+    assert DIEN.from_config(saved).history_aux_weight == 0.0
+    with pytest.raises(ValueError, match="history_aux_weight must be a weight >= 0"):
+        DIEN(list(table_sizes(NUM_ITEMS).values()), history_aux_weight=-0.5)
+
+
+@pytest.mark.integration
+def test_dien_adds_its_aux_loss_in_training_only():
+    rows = 64
+    batch = {"dense": random_rows(rows, NUM_ITEMS, seed=6).dense,
+             "categorical": np.full((rows, len(CATEGORICAL_FEATURES)), NUM_RESERVED_ROWS, dtype=np.int64),
+             HISTORY_INPUT: np.random.default_rng(6).integers(NUM_RESERVED_ROWS, NUM_RESERVED_ROWS + NUM_ITEMS,
+                                                             (rows, SEQUENCE_LENGTH)).astype(np.int64)}
+    on = build_model(dataclasses.replace(SMALL, model="dien"), table_sizes(NUM_ITEMS))
+    off = build_model(dataclasses.replace(SMALL, model="dien", history_aux_weight=0.0), table_sizes(NUM_ITEMS))
+    off.set_weights(on.get_weights())
+    on(batch, training=True)
+    off(batch, training=True)
+    assert len(on.losses) == 1 and not off.losses
+    # About log 4 at the start: two logistic losses of small scores per step.
+    assert 1.0 < float(keras.ops.convert_to_numpy(on.losses[0])) < 2.0
+    on(batch, training=False)
+    assert not on.losses
+    np.testing.assert_array_equal(np.asarray(on(batch, training=False)), np.asarray(off(batch, training=False)))
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("interest_cell", ["gru", "sru"])
 def test_dien_trains_and_round_trips(interest_cell, sequences, tmp_path):
