@@ -24,9 +24,10 @@ Then served, under open-loop load (`served`): the same exports, each in its own 
 one core, the load generator on the other, as bench-serving runs them), requests of 100 candidates sent on a
 fixed schedule, latency from each one's scheduled send time, skipped requests counted as unanswered
 (bench/loadgen.py). The rate is half the highest rate the in-memory server holds at p99 <= 10 ms in an open-loop
-scan (half the lowest rate tried when none held), the definition of bench-serving's loaded phase. Each server
+scan (half the lowest rate tried when none held), the definition of bench-serving's loaded phase, or `--rate`
+(one noisy step low in the scan halves the rate, and a pass at 10 requests/s takes five minutes). Each server
 gets `--loaded-requests` distinct requests, then the same requests again:
-- `memory`: `first` and `again`, the in-memory model (after the scan);
+- `memory`: `first` and `again`, the in-memory model (after the scan, where there is one);
 - `tiered`: `cold`, a server just started, whose row cache holds nothing but what its warm-up read, so each
   request loads the rows no earlier request read; `warm`, the same requests again, every row cached;
 - `evicting`: the small-cache export, `cold` and `warm` as above, both loading rows that others evicted.
@@ -293,7 +294,7 @@ def served(work: Path, models: dict[str, Any], args: argparse.Namespace) -> dict
     gc.disable()
     try:
         memory = serve_passes(work, models["memory"], "memory", ("first", "again"), instances,
-                              args.loaded_requests, None, args.step_seconds)
+                              args.loaded_requests, args.rate, args.step_seconds)
         rate = memory["rate_per_s"]
         tiered = serve_passes(work, models["tiered"], "tiered", ("cold", "warm"), instances, args.loaded_requests,
                               rate, args.step_seconds)
@@ -320,6 +321,9 @@ def main() -> int:
     parser.add_argument("--loaded-requests", type=int, default=3000,
                         help="requests of 100 candidates a pass under load (each distinct; every pass sends the same)")
     parser.add_argument("--step-seconds", type=float, default=5.0, help="length of each open-loop scan step")
+    parser.add_argument("--rate", type=float, help="requests a second under load (default: half the highest rate "
+                        "the in-memory server holds at p99 <= 10 ms in a scan, which on a noisy machine can land "
+                        "on a rate a tenth of the one a quieter minute gives)")
     parser.add_argument("--in-process-only", action="store_true", help="skip the servers under load")
     parser.add_argument("--out", default="bench/results/row_cache.json")
     args = parser.parse_args()
@@ -343,7 +347,8 @@ def main() -> int:
                      "runs": args.runs, "measured": "in process, one request at a time (LoadedModel.predict)",
                      "loaded_requests": None if args.in_process_only else args.loaded_requests,
                      "served": None if args.in_process_only else
-                     "a server per export, open-loop at half the in-memory server's highest rate at p99 <= 10 ms"},
+                     (f"a server per export, open-loop at {args.rate} requests/s" if args.rate else
+                      "a server per export, open-loop at half the in-memory server's highest rate at p99 <= 10 ms")},
         "p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in ratios.items()},
         "served_p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in served_ratios.items()} or None,
         "runs": runs,
