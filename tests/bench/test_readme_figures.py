@@ -247,6 +247,17 @@ FIGURES: dict[str, Callable[[], str]] = {
         + "x,\nwith a cache smaller than the rows read "
         + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.evicting"))
         + "x (row_cache.json)"),
+    "row_cache_served.json": lambda: (
+        f"under open-loop load at {value('row_cache_served.json', 'runs.0.served.rate_per_s'):.0f} requests/s (2 "
+        f"runs of\n{value('row_cache_served.json', 'settings.loaded_requests'):,} requests a pass): p99 "
+        + "-".join(f"{v:.2f}" for v in value("row_cache_served.json", "served_p99_ratio_to_memory.tiered_warm"))
+        + "x in memory's with every row cached, "
+        + "-".join(f"{v:.2f}" for v in value("row_cache_served.json", "served_p99_ratio_to_memory.tiered_cold"))
+        + "x\nfor a server just started, whose cache does not warm within the "
+        f"{value('row_cache_served.json', 'settings.loaded_requests'):,} requests, "
+        + span(value("row_cache_served.json", "served_p99_ratio_to_memory.evicting_cold")
+               + value("row_cache_served.json", "served_p99_ratio_to_memory.evicting_warm"), ".2f")
+        + "x evicting (row_cache_served.json"),
     "tiers_jax.json, tiers_jax_run2.json, tiers_fit.json, tiers_fit_run2.json": lambda: (
         f"On a quiet machine (the in-memory side at {min(quiet_runs('memory_ex_per_s')):,.0f}-"
         f"{max(quiet_runs('memory_ex_per_s')):,.0f} ex/s) the library runs gave {min(quiet_runs('speed_ratio')):.3f}-"
