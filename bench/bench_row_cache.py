@@ -33,6 +33,11 @@ gets `--loaded-requests` distinct requests, then the same requests again:
 - `evicting`: the small-cache export, `cold` and `warm` as above, both loading rows that others evicted.
 Rows loaded per request and the hit rate come from the server's /metrics (`ctr_row_cache_loads_total`,
 `ctr_row_cache_hits_total`), read before and after each pass.
+
+The tiered exports carry the rows to preload, as the pipeline's do: the values the state's rows counted most, up
+to each cache's size, which a model loads when it warms up (serving.row_cache TieredRows.preload). With the cache
+of every row that is the whole table, so `cold` is a server that loaded it; `--no-preload` leaves them out (a
+cache that holds only what requests loaded, as row_cache_served.json measured).
 """
 
 from __future__ import annotations
@@ -67,15 +72,36 @@ def tiered_spec(state, base) -> Any:
     return spec_from_dict(data), largest
 
 
-def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
-    """The in-memory export, and two tiered exports of the same weights (cache of every row, and a small one)."""
+def value_counts(rows: int, names: list[str], state) -> dict[str, Any]:
+    """The vocabularies of `names` with each value's count in the generated rows the feature state was built
+    from (bench-serving's state counts every value 5): what a daily run's feature state counts."""
+    import dataclasses
+    from collections import Counter
+    from datetime import UTC, datetime
+
+    from components.config import GenerateConfig
+    from components.synthetic import generate_minute
+
+    table = generate_minute(GenerateConfig(rows_per_minute=rows, seed=3), 0, datetime(2026, 1, 1, tzinfo=UTC)).table
+    out = {}
+    for name in names:
+        counts = Counter(value for value in table.column(name).to_pylist() if value)
+        vocabulary = state.vocabularies[name]
+        out[name] = dataclasses.replace(vocabulary, counts=tuple(counts[value] for value in vocabulary.values))
+    return out
+
+
+def build(work: Path, rows: int, small_cache: int, preload: bool = True) -> dict[str, Any]:
+    """The in-memory export, and two tiered exports of the same weights (cache of every row, and a small one),
+    each with the rows to preload as the pipeline's export writes them (`preload`: the values counted most in
+    the state's rows, up to the cache's size)."""
     import keras
 
     from components.feature_spec import load_spec
     from trainer.model_inputs import model_inputs
     from trainer.models import build_model
     from trainer.row_store import RowStore
-    from trainer.tiered_tables import rebuilt, store_name
+    from trainer.tiered_tables import preload_name, preload_rows, rebuilt, store_name
     from trainer.warm_start import warm_start_weights
 
     keras.utils.set_random_seed(7)
@@ -88,6 +114,7 @@ def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
     out = {"memory": export_full(memory_model, state, base, work / "memory", "202601010000"),
            "tiered_tables": {name: int(state.table_sizes()[name]) for name in largest}}
     values = np.asarray(layer.embeddings)
+    counted = value_counts(rows, largest, state)
     for label, cache in (("tiered", None), ("evicting", small_cache)):
         directory = work / label
         (directory / "tables").mkdir(parents=True)
@@ -100,6 +127,9 @@ def build(work: Path, rows: int, small_cache: int) -> dict[str, Any]:
                                  initial_accumulator=0.1).close()
             cache_rows[index] = cache or size
             tiered[name] = {"table": index, "file": f"tables/{store_name(name)}", "cache_rows": cache_rows[index]}
+            if preload:
+                tiered[name]["preload"] = f"tables/{preload_name(name)}"
+                np.save(directory / tiered[name]["preload"], preload_rows([counted[name]], cache_rows[index]))
         model = rebuilt(memory_model, cache_rows)
         # Every weight but the tiered tables' (in the stores above) and their caches (filled on demand).
         warm_start_weights(model, memory_model, skip={model.embedding.hot_table(t).embeddings.path
@@ -118,7 +148,7 @@ def timed(model, batches: list[list[dict]]) -> list[float]:
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    models = build(work, args.rows, args.small_cache)
+    models = build(work, args.rows, args.small_cache, preload=not args.no_preload)
     result = in_process(models, args)
     if not args.in_process_only:
         result["served"] = served(work, models, args)
@@ -325,6 +355,8 @@ def main() -> int:
                         "the in-memory server holds at p99 <= 10 ms in a scan, which on a noisy machine can land "
                         "on a rate a tenth of the one a quieter minute gives)")
     parser.add_argument("--in-process-only", action="store_true", help="skip the servers under load")
+    parser.add_argument("--no-preload", action="store_true",
+                        help="exports without the rows to preload (row_cache_served.json was measured so)")
     parser.add_argument("--out", default="bench/results/row_cache.json")
     args = parser.parse_args()
     runs = []
@@ -346,6 +378,7 @@ def main() -> int:
         "settings": {"rows": args.rows, "requests": args.requests, "batch": BATCH, "small_cache": args.small_cache,
                      "runs": args.runs, "measured": "in process, one request at a time (LoadedModel.predict)",
                      "loaded_requests": None if args.in_process_only else args.loaded_requests,
+                     "preload": not args.no_preload,
                      "served": None if args.in_process_only else
                      (f"a server per export, open-loop at {args.rate} requests/s" if args.rate else
                       "a server per export, open-loop at half the in-memory server's highest rate at p99 <= 10 ms")},

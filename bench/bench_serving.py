@@ -165,7 +165,7 @@ def export_full(model, state: FeatureState, spec, directory: Path, version: str,
     from trainer.export import export_serving_model, weight_specs
 
     files = export_serving_model(model, state, directory, spec)
-    files += [entry["file"] for entry in (tiered or {}).values()]
+    files += [file for entry in (tiered or {}).values() for file in (entry["file"], entry.get("preload")) if file]
     write_manifest(directory, kind="full_model", version=version, files=files, spec_hash=spec.hash(),
                    extra={"parent": None, "chain_root": version, "weight_specs": weight_specs(model),
                           "feature_spec": {**spec.as_dict(), "hash": spec.hash()},

@@ -569,15 +569,18 @@ def example_rows(ctx: RunContext, count: int = 5) -> list[dict]:
     return []
 
 
-def served_tiered_model(ctx: RunContext, model, checkpoint: Path, staging: Path) -> tuple:
+def served_tiered_model(ctx: RunContext, model, checkpoint: Path, staging: Path, state) -> tuple:
     """(the model to export, {"tables": what serving reads of each tiered table, "files": the stores put in
     `staging`}); the model as it is and {} without tiered tables. Each table's store is linked (or copied) from
-    the checkpoint into `staging/tables/`, and the model's hot slots resized to the serving row cache."""
+    the checkpoint into `staging/tables/`, and the model's hot slots resized to the serving row cache; beside
+    it, the rows the feature state `state` counted most, up to the cache's size, which serving loads first."""
     import os
     import shutil
 
+    import numpy as np
+
     from trainer.model_inputs import model_inputs
-    from trainer.tiered_tables import TABLES_DIR, store_name, tiered_layer, with_cache_rows
+    from trainer.tiered_tables import TABLES_DIR, preload_name, preload_rows, store_name, tiered_layer, with_cache_rows
 
     layer = tiered_layer(model)
     if layer is None:
@@ -594,8 +597,13 @@ def served_tiered_model(ctx: RunContext, model, checkpoint: Path, staging: Path)
             os.link(checkpoint / name, staging / name)
         except OSError:
             shutil.copyfile(checkpoint / name, staging / name)
-        tables[names[table]] = {"table": table, "file": name, "cache_rows": rows}
-        files.append(name)
+        readers = [f.name for f in (*ctx.spec.categorical, *ctx.spec.multi_categorical)
+                   if ctx.spec.table_of(f.name) == names[table]]
+        preload = f"{TABLES_DIR}/{preload_name(names[table])}"
+        np.save(staging / preload, preload_rows([state.vocabularies[f] for f in readers
+                                                 if f in state.vocabularies], rows))
+        tables[names[table]] = {"table": table, "file": name, "cache_rows": rows, "preload": preload}
+        files += [name, preload]
     return model, {"tables": tables, "files": files}
 
 
@@ -619,7 +627,7 @@ def export(ctx: RunContext) -> dict:
     staging = staging_dir(directory)
     # Tiered tables stay on disk: the model gets a row cache of serving.row_cache_rows rows per table, and the
     # checkpoint's stores go beside it (docs/tiers.md).
-    model, tiered = served_tiered_model(ctx, model, checkpoint, staging)
+    model, tiered = served_tiered_model(ctx, model, checkpoint, staging, state)
     files = [*export_serving_model(model, state, staging, ctx.spec), *tiered.get("files", ())]
     write_manifest(
         staging, kind="full_model", version=version, files=files, spec_hash=ctx.spec.hash(),

@@ -25,6 +25,8 @@ which Prometheus' `rate` reads as a counter reset):
     ctr_row_cache_rows{table}                 gauge: rows in the cache now
     ctr_row_cache_capacity_rows{table}        gauge: the cache's size in rows
     ctr_row_cache_delta_rows{table}           gauge: rows the version's deltas changed, kept beside the store
+    ctr_row_cache_preloaded_rows{table}       gauge: rows loaded before the first request (the ones training
+                                              read most; not in loads_total)
     ctr_row_cache_load_calls_total            counter: graph calls that wrote rows into the caches (one per
                                               request that missed a row, for all its tables, and one per delta
                                               that changed cached rows)
@@ -114,7 +116,7 @@ def data_end_timestamp(version: str, data_end: Any) -> float | None:
 @dataclass(frozen=True)
 class RowCacheCounts:
     """A served model's row cache counters: per tiered table, `TieredRows.counters()`'s ("cache_rows", "cached",
-    "rows_hit", "rows_loaded", "delta_rows"), and the graph calls that loaded rows."""
+    "rows_hit", "rows_loaded", "rows_preloaded", "delta_rows"), and the graph calls that loaded rows."""
 
     tables: Mapping[str, Mapping[str, int]]
     load_calls: int
@@ -293,6 +295,8 @@ def _row_cache_families(counts: RowCacheCounts) -> list[Metric]:
             "cache_rows": (GaugeMetricFamily, "capacity_rows", "The row cache's size in rows."),
             "delta_rows": (GaugeMetricFamily, "delta_rows",
                            "Rows the version's deltas changed, kept beside the store."),
+            "rows_preloaded": (GaugeMetricFamily, "preloaded_rows",
+                               "Rows loaded before the first request, the ones training read most."),
         }.items()}
     for table in sorted(counts.tables):
         for key, family in families.items():

@@ -318,7 +318,11 @@ class LoadedModel:
     def warm_up(self) -> None:
         """Predicts WARM_UP_SIZES instances with no values, by the path requests take: the first call at a new
         batch size builds kernels (oneDNN's, for its shapes) and lazy state, about 25 ms at 100 candidates in a
-        fresh process (docs/serving.md), which the first requests would otherwise wait for."""
+        fresh process (docs/serving.md), which the first requests would otherwise wait for. A model with tiered
+        tables first loads into its row caches the rows its export says training read most
+        (`TieredRows.preload`)."""
+        if self.tiered is not None:
+            self.tiered.preload()
         self.predict([{}])
         for size in WARM_UP_SIZES:
             body = b'{"instances":[' + b",".join([b"{}"] * size) + b"]}"

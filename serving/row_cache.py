@@ -48,6 +48,7 @@ TIERED_ROWS_ENDPOINT = "tiered_rows"
 LOAD_SLOTS_ENDPOINT = "load_slots"
 # Loads a request may need when other requests' loads keep evicting its rows; then it fails.
 MAX_LOADS = 8
+PRELOAD_CHUNK_ROWS = 65_536  # rows of each table a graph call writes while a model preloads its caches
 # A loaded model's directory of delta rows under the scratch directory: this prefix, the process id, a suffix.
 DELTA_ROWS_PREFIX = "delta-rows-"
 
@@ -118,8 +119,9 @@ class ServedTable:
     free: list[int] = field(default_factory=list)
     # The rows deltas changed since the full version: in memory, or on disk (DeltaRows).
     delta: RowOverlay | DeltaRows = field(default_factory=RowOverlay)
-    rows_loaded: int = 0
+    rows_loaded: int = 0  # by requests
     rows_hit: int = 0
+    rows_preloaded: int = 0  # before the first request (TieredRows.preload)
 
     def __post_init__(self) -> None:
         self.free = list(range(self.cache_rows - 1, -1, -1))  # popped from the end: slot 0 first
@@ -208,6 +210,11 @@ class TieredRows:
                         load=None if self.load_all is not None
                         else getattr(root, f"{LOAD_SLOTS_ENDPOINT}_{int(entry['table'])}"))
             for name, entry in tables.items()]
+        # Per table, the rows to load before the first request (the export's `preload`: the rows training
+        # counted most, up to the cache's size); none in exports made before it.
+        self.preload_files = {name: Path(directory) / entry["preload"] for name, entry in tables.items()
+                              if entry.get("preload")}
+        self.preloaded = False
         self.scratch = scratch_for(scratch) if scratch is not None else None
         if self.scratch is not None:
             for table in self.tables:
@@ -291,6 +298,27 @@ class TieredRows:
         raise RuntimeError(f"the rows of a request were evicted by other requests {MAX_LOADS} times in a row; "
                            "serve with a larger serving.row_cache_rows")
 
+    def preload(self, chunk_rows: int = PRELOAD_CHUNK_ROWS) -> int:
+        """Loads each table's preload rows into its cache (once; the model is not serving yet, so no request
+        reads the caches meanwhile), `chunk_rows` rows of each table a graph call. Returns the rows loaded."""
+        with self.lock:
+            if self.preloaded:
+                return 0
+            self.preloaded = True
+            wanted = [np.load(self.preload_files[table.name])[:table.cache_rows].astype(np.int64)
+                      if table.name in self.preload_files else np.zeros(0, np.int64) for table in self.tables]
+            before = sum(table.rows_preloaded for table in self.tables)
+            for start in range(0, max((len(rows) for rows in wanted), default=0), chunk_rows):
+                loads = [table.fill(rows[start:start + chunk_rows]) if len(rows[start:start + chunk_rows]) else None
+                         for table, rows in zip(self.tables, wanted, strict=True)]
+                self.write(loads)
+                for table, load in zip(self.tables, loads, strict=True):
+                    table.commit(load)
+                    if load is not None:  # counted apart from the rows requests loaded
+                        table.rows_loaded -= len(load["rows"])
+                        table.rows_preloaded += len(load["rows"])
+            return sum(table.rows_preloaded for table in self.tables) - before
+
     def apply_delta(self, arrays: Mapping[str, np.ndarray]) -> None:
         """A delta's tiered rows (the caller holds the write lock)."""
         with self.lock:
@@ -299,7 +327,8 @@ class TieredRows:
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {table.name: {"cache_rows": table.cache_rows, "cached": len(table.slots), "rows_hit": table.rows_hit,
-                             "rows_loaded": table.rows_loaded, "delta_rows": len(table.delta)}
+                             "rows_loaded": table.rows_loaded, "rows_preloaded": table.rows_preloaded,
+                             "delta_rows": len(table.delta)}
                 for table in self.tables}
 
 

@@ -40,6 +40,7 @@ from typing import IO, Any
 import keras
 import numpy as np
 
+from components.feature_spec import NUM_RESERVED_ROWS
 from trainer.hot_tier import HotTier
 from trainer.keras_internals import micro_steps
 from trainer.layers.categorical_embedding import CategoricalEmbedding
@@ -59,6 +60,7 @@ from trainer.tiered_training import (
 
 TABLES_DIR = "tables"
 STORE_SUFFIX = ".rows"
+PRELOAD_SUFFIX = ".preload.npy"
 
 
 def tiered_lists(model: keras.Model, layer: CategoricalEmbedding) -> dict[str, int]:
@@ -81,6 +83,28 @@ def tiered_layer(model: keras.Model) -> CategoricalEmbedding | None:
 
 def store_name(table: str) -> str:
     return table + STORE_SUFFIX
+
+
+def preload_name(table: str) -> str:
+    """The served table's rows to load into its row cache before the first request (`preload_rows`)."""
+    return table + PRELOAD_SUFFIX
+
+
+def preload_rows(vocabularies: Iterable[Any], limit: int, reserved: int = NUM_RESERVED_ROWS) -> np.ndarray:
+    """What a served row cache holds before the first request, so that a server just started does not load
+    the rows nearly every request reads (docs/tiers.md, "Under open-loop load"): the `reserved` rows (the shared
+    rare row and the missing row, which every rare value and empty field reads), then the rows that the table's
+    vocabularies (components.feature_state.Vocabulary, one per feature reading the table) counted most, most
+    first (ties: the lower row first); at most `limit` rows in all."""
+    counts: dict[int, int] = {}
+    for vocabulary in vocabularies:
+        for row, count in zip(vocabulary.rows, vocabulary.counts, strict=True):
+            counts[row] = counts.get(row, 0) + int(count)
+    rows = np.fromiter(counts, dtype=np.int64, count=len(counts))
+    totals = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+    order = np.lexsort((rows, -totals))  # by count, most first; then by row
+    return np.concatenate([np.arange(reserved, dtype=np.int64), rows[order][rows[order] >= reserved]]
+                          )[:max(0, int(limit))]
 
 
 class TieredTables:

@@ -126,12 +126,22 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     assert watcher.poll_once() and watcher.version == "202601010012"
     expected = in_memory_predictions(layout, "2026-01-01T00:11", columns, spec_for(chain["config"]))
     served = watcher.current()
-    # The first request finds both tables' caches empty: their rows go in with one load call for both.
+    # Loaded, the model's caches hold the reserved rows and the rows training counted most (the export's preload
+    # rows), as many as each cache holds, before the first request.
+    full = store.manifest("ctr", "202601010010")
+    for table in served.tiered.tables:
+        preload = np.load(served.directory / full["tiered_serving"][table.name]["preload"])
+        assert len(preload) == CACHE_ROWS and len(set(preload.tolist())) == CACHE_ROWS
+        assert preload[:2].tolist() == [0, 1]
+        assert set(table.slots) == set(preload.tolist())  # the warm-up's rows (the missing row) among them
+        assert table.rows_preloaded == CACHE_ROWS and table.rows_loaded == 0
+    # The first request reads some of them and loads the rest, with one load call for both tables.
     before = {name: counts["rows_loaded"] for name, counts in served.tiered.counters().items()}
     calls = served.tiered.load_calls
     served.predict_columns({name: values[:40] for name, values in columns.items()})
     assert served.tiered.load_calls == calls + 1
-    assert all(counts["rows_loaded"] > before[name] for name, counts in served.tiered.counters().items())
+    assert all(counts["rows_loaded"] > before[name] and counts["rows_hit"] > 0
+               for name, counts in served.tiered.counters().items())
     # The export writes the caches through that one endpoint; the per-table loads and the rows endpoint of
     # earlier exports are gone.
     assert hasattr(served.root, "load_all_slots") and not hasattr(served.root, "tiered_rows")
@@ -162,7 +172,8 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     assert set(counters) == set(TIERED)
     for name in TIERED:
         assert counters[name]["cache_rows"] == CACHE_ROWS and counters[name]["cached"] <= CACHE_ROWS
-        assert counters[name]["rows_loaded"] > CACHE_ROWS  # rows were evicted and loaded again
+        # rows were evicted and loaded again (the preloaded rows among the ones evicted)
+        assert counters[name]["rows_loaded"] + counters[name]["rows_preloaded"] > CACHE_ROWS
         assert counters[name]["delta_rows"] > 0  # the two minutes' rows, kept beside the store
     # /metrics shows the same counters, per table.
     from starlette.testclient import TestClient
@@ -173,7 +184,8 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     text = TestClient(create_app(watcher, ServingConfig(model_name="ctr"))).get("/metrics").text
     for name in TIERED:
         for metric, key in (("hits_total", "rows_hit"), ("loads_total", "rows_loaded"), ("rows", "cached"),
-                            ("capacity_rows", "cache_rows"), ("delta_rows", "delta_rows")):
+                            ("capacity_rows", "cache_rows"), ("delta_rows", "delta_rows"),
+                            ("preloaded_rows", "rows_preloaded")):
             assert f'ctr_row_cache_{metric}{{table="{name}"}} {float(counters[name][key])}\n' in text
     assert f"ctr_row_cache_load_calls_total {float(served.tiered.load_calls)}\n" in text
     # ... on disk under the watcher's cache, a sparse store per table, gone with the model.
@@ -184,8 +196,8 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
 
     with pytest.raises(InvalidInput, match=r"distinct rows of tiered table 'C\d', more than its row cache of 64"):
         served.predict_columns(columns)  # 300 rows at once read more rows than the cache holds
-    full = store.manifest("ctr", "202601010010")
     assert set(full["tiered_serving"]) == set(TIERED) and "tables/C1.rows" in full["files"]
+    assert "tables/C1.preload.npy" in full["files"]
     del served, answers, watcher
     gc.collect()
     assert not scratch.exists()
@@ -268,6 +280,7 @@ def test_a_wide_deep_minute_on_tiered_tables_is_served_as_its_checkpoint_through
     np.testing.assert_allclose(np.concatenate(chunks), expected, rtol=0, atol=1e-6)
     counters = served.tiered.counters()
     for name in TIERED:
-        assert counters[name]["rows_loaded"] > CACHE_ROWS and counters[name]["delta_rows"] > 0
+        assert counters[name]["rows_loaded"] + counters[name]["rows_preloaded"] > CACHE_ROWS
+        assert counters[name]["delta_rows"] > 0
     del served, watcher
     gc.collect()

@@ -49,3 +49,19 @@ def test_a_scratch_directory_is_per_model_and_those_of_gone_processes_are_remove
     first, second = scratch_for(tmp_path), scratch_for(tmp_path)
     assert first != second and first.parent == tmp_path and first.name.startswith(f"{DELTA_ROWS_PREFIX}{os.getpid()}-")
     assert not stale.exists() and mine.exists()
+
+
+def test_the_rows_preloaded_are_those_the_table_s_vocabularies_counted_most():
+    from components.feature_state import Vocabulary
+    from trainer.tiered_tables import preload_rows
+
+    # Two features reading one table: a row's count is the sum over both.
+    first = Vocabulary(values=("a", "b", "c", "d"), rows=(2, 3, 4, 5), counts=(5, 40, 7, 7), last_seen=(0,) * 4)
+    second = Vocabulary(values=("x", "y"), rows=(4, 6), counts=(30, 5), last_seen=(0, 0))
+    # The reserved rows first (the shared rare row 0 and the missing row 1); then row 3: 40, row 4: 7 + 30,
+    # row 5: 7; rows 2 and 6 have 5 each, and the lower goes first.
+    assert preload_rows([first, second], 10).tolist() == [0, 1, 3, 4, 5, 2, 6]
+    assert preload_rows([first, second], 4).tolist() == [0, 1, 3, 4]
+    assert preload_rows([first], 0).tolist() == []
+    assert preload_rows([], 5).tolist() == [0, 1] and preload_rows([], 5).dtype == np.int64
+    assert preload_rows([first, second], 3, reserved=0).tolist() == [3, 4, 5]

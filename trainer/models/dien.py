@@ -18,7 +18,9 @@ Measured on small planted data (tests/trainer/test_model_zoo.py: the click proba
 is in the history): DIN learned that signal from 10 K rows in 4 epochs (AUC 0.73 against 0.64 with shuffled
 histories); DIEN, without the auxiliary loss, had not after 6 to 8 epochs of 30 K rows, nor with Adam or a
 bilinear attention score. Its softmax-normalized attention scales each AUGRU step by about 1 / length, so
-the final state starts near zero.
+the final state starts near zero. The auxiliary loss did not change that at this scale: 0.6681 at 4 K rows and
+0.6769 at 10 K with it, 0.6704 and 0.6796 without, and the same to the fourth digit with the histories
+shuffled (GRU, 3 epochs).
 """
 
 from __future__ import annotations
