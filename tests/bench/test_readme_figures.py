@@ -247,6 +247,9 @@ FIGURES: dict[str, Callable[[], str]] = {
         + "x,\nwith a cache smaller than the rows read "
         + "-".join(f"{v:.2f}" for v in value("row_cache.json", "p99_ratio_to_memory.evicting"))
         + "x (row_cache.json)"),
+    "events_quality_dien_aux.json, events_quality_dien_aux_off.json": lambda: (
+        f"on the events day DIEN scored {value('events_quality_dien_aux.json', 'auc_dien'):.4f} with it against "
+        f"{value('events_quality_dien_aux_off.json', 'auc_dien'):.4f} without (events_quality_dien_aux.json"),
     "row_cache_served.json": lambda: (
         f"under open-loop load at {value('row_cache_served.json', 'runs.0.served.rate_per_s'):.0f} requests/s (2 "
         f"runs of\n{value('row_cache_served.json', 'settings.loaded_requests'):,} requests a pass): p99 "
