@@ -14,6 +14,11 @@ cache, so it happens under the replica's write lock (no request reads the cache 
 under the read lock only once every row it reads is cached; if another request's loads evicted one in between,
 it loads again.
 
+Before the first request (`TieredRows.preload`, from the model's warm-up), each cache is filled with the rows
+the export lists as its `preload` (trainer.tiered_tables.preload_rows: the reserved rows, then the rows
+training counted most, up to the cache's size), so that a server just started does not load, request by
+request, the rows nearly every request reads.
+
 Deltas: a minute's delta carries a tiered table's changed rows as `tiered_rows_<table>` / `tiered_values_<table>`
 (components.delta.served_weight_arrays). The store is the full version's file and is never written: the
 rows changed since the full version are read before the store, and written into the slots of the rows already
