@@ -11,9 +11,10 @@ Measured in this process (`LoadedModel.predict` on TF-Serving instances, the req
 one request at a time, so each figure is a request's own cost, not a server's under load), 100 candidates a
 request, over the same candidate batches in the same order, the two models alternating batch by batch:
 - `memory`: the table in memory;
-- `cold`: a freshly loaded tiered model (warmed up as the server warms a model: its endpoints traced, nothing
-  but the missing rows cached), each batch the first to read most of its rows (every row it reads of the three
-  tables that no earlier batch read is loaded from the store: page-cache reads of a file this size);
+- `cold`: a freshly loaded tiered model (warmed up as the server warms a model: its endpoints traced, its caches
+  holding the preload rows below, or with `--no-preload` nothing but the missing rows), each batch the first to
+  read most of its rows (every row it reads of the three tables that no earlier batch read and no preload
+  cached is loaded from the store: page-cache reads of a file this size);
 - `warm`: the same batches again on that model, every row cached;
 - `evicting`: a model whose cache holds `--small-cache` rows, less than the batches read in all, so batches keep
   loading rows that earlier batches' loads evicted.
@@ -211,25 +212,6 @@ def row_cache_totals(port: int) -> dict[str, float]:
     return totals
 
 
-def loaded_by_tenths(url: str, instances: list[dict], rate: float, requests: int) -> dict[str, Any]:
-    """bench-serving's loaded phase (`requests` requests of 100 candidates at `rate`, latency from the scheduled
-    send time, skipped and failed ones unanswered), with p50 / p99 also over each tenth of the requests in the
-    order they were due: how a cold cache's latency falls as it fills."""
-    from bench.bench_serving import hundred_bodies
-    from bench.loadgen import run_load
-
-    result = run_load(url, make_body=hundred_bodies(instances), rate_per_s=rate, duration_s=requests / rate + 1.0,
-                      max_requests=requests, concurrency=16, timeout_s=10.0)
-    answered = [r for r in sorted(result.records, key=lambda r: r.scheduled_at_s) if r.status == 200]
-    tenth = max(1, len(answered) // 10)
-    tenths = [[r.latency_s * 1e3 for r in answered[i:i + tenth]] for i in range(0, tenth * 10, tenth)]
-    return {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
-            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
-            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered,
-            "tenths": [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99))}
-                       for t in tenths if t]}
-
-
 def plot_tenths(runs: list[dict[str, Any]], path: Path) -> None:
     """p99 of each tenth of a pass's requests, per export and pass, one line per run."""
     import matplotlib
@@ -271,6 +253,7 @@ def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], 
         FIRST_VERSION,
         MODEL_NAME,
         free_port,
+        loaded,
         open_loop,
         start_server,
         stop_server,
@@ -297,7 +280,7 @@ def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], 
             time.sleep(2.0)  # the scan's last step went past saturation: its backlog drains first
         for name in passes:
             before = row_cache_totals(port)
-            result = loaded_by_tenths(url, instances, rate, requests)
+            result = loaded(url, instances, rate, requests, by_tenths=True)
             after = row_cache_totals(port)
             loads, hits = after["loads"] - before["loads"], after["hits"] - before["hits"]
             result["rows_loaded_per_request"] = loads / requests

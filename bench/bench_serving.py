@@ -475,16 +475,24 @@ def open_loop(url: str, instances: list[dict], start_rate: float, seconds: float
 
 
 def loaded(url: str, instances: list[dict], rate: float, requests: int, client: str = "http.client",
-           build_ahead: bool = True) -> dict[str, Any]:
+           build_ahead: bool = True, by_tenths: bool = False) -> dict[str, Any]:
     """`requests` requests of 100 candidates at a fixed `rate`, latency from each one's scheduled send time;
     skipped and failed requests counted together as unanswered. `client` and `build_ahead`: bench.loadgen's (with
-    `build_ahead` the bodies are encoded before the run, without it each once its request is due)."""
+    `build_ahead` the bodies are encoded before the run, without it each once its request is due). `by_tenths`:
+    also p50 / p99 over each tenth of the answered requests in the order they were due (`tenths`)."""
     bodies = {"make_body": hundred_bodies(instances)} if build_ahead else {"make_instances": hundreds(instances)}
     result = run_load(url, **bodies, rate_per_s=rate, duration_s=requests / rate + 1.0,
                       max_requests=requests, concurrency=16, timeout_s=10.0, client=client, build_ahead=build_ahead)
-    return {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
-            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
-            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
+    out = {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
+           "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
+           "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
+    if by_tenths:
+        answered = [r for r in sorted(result.records, key=lambda r: r.scheduled_at_s) if r.status == 200]
+        tenth = max(1, len(answered) // 10)
+        tenths = [[r.latency_s * 1e3 for r in answered[i:i + tenth]] for i in range(0, tenth * 10, tenth)]
+        out["tenths"] = [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99))}
+                         for t in tenths if t]
+    return out
 
 
 def swaps(url: str, port: int, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float,

@@ -171,15 +171,19 @@ class ServedTable:
         return {"slots": slots, "rows": missing, "values": self.values(missing),
                 "evicted": np.asarray(evicted, np.int64), "free_taken": np.asarray(len(free))}
 
-    def commit(self, load: dict[str, np.ndarray] | None) -> None:
-        """Takes a `fill` load, written into the model's cache, into the slot map."""
+    def commit(self, load: dict[str, np.ndarray] | None, preloaded: bool = False) -> None:
+        """Takes a `fill` load, written into the model's cache, into the slot map; counted as rows requests
+        loaded, or with `preloaded` as rows loaded before the first request."""
         if load is None:
             return
         for row in load["evicted"].tolist():
             del self.slots[row]
         del self.free[len(self.free) - int(load["free_taken"]):]
         self.slots.update(zip(load["rows"].tolist(), load["slots"].tolist(), strict=True))
-        self.rows_loaded += len(load["rows"])
+        if preloaded:
+            self.rows_preloaded += len(load["rows"])
+        else:
+            self.rows_loaded += len(load["rows"])
 
     def touch(self, rows: np.ndarray) -> None:
         for row in rows.tolist():
@@ -318,10 +322,7 @@ class TieredRows:
                          for table, rows in zip(self.tables, wanted, strict=True)]
                 self.write(loads)
                 for table, load in zip(self.tables, loads, strict=True):
-                    table.commit(load)
-                    if load is not None:  # counted apart from the rows requests loaded
-                        table.rows_loaded -= len(load["rows"])
-                        table.rows_preloaded += len(load["rows"])
+                    table.commit(load, preloaded=True)
             return sum(table.rows_preloaded for table in self.tables) - before
 
     def apply_delta(self, arrays: Mapping[str, np.ndarray]) -> None:

@@ -163,3 +163,18 @@ def require_item_feature(item_feature: Any, table_sizes: Sequence[int]) -> None:
             f"`item_feature` must be the index of the target item's feature in `table_sizes`, in "
             f"[0, {len(table_sizes)}). Received: item_feature={item_feature!r}"
         )
+
+
+def require_aux_weight(weight: Any) -> float:
+    """`history_aux_weight` of DIN and DIEN as a float, refused unless a weight >= 0."""
+    if not float(weight) >= 0.0:
+        raise ValueError(f"history_aux_weight must be a weight >= 0. Received: {weight!r}")
+    return float(weight)
+
+
+def paired_logistic_loss(positive: Any, negative: Any, weight: Any, negative_weight: Any) -> Any:
+    """The auxiliary losses' common form: softplus(-positive) where `weight`, plus softplus(negative) where
+    `negative_weight` (scores and masks of one shape), over the positives counted; 0 with none."""
+    total = ops.add(ops.sum(ops.multiply(ops.softplus(ops.negative(positive)), weight)),
+                    ops.sum(ops.multiply(ops.softplus(negative), negative_weight)))
+    return ops.divide(total, ops.maximum(ops.sum(weight), 1.0))

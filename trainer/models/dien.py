@@ -41,7 +41,9 @@ from trainer.models.base import CTRModel, model_arguments
 from trainer.models.blocks import (
     behaviour_sequence,
     flatten_features,
+    paired_logistic_loss,
     probability_head,
+    require_aux_weight,
     require_item_feature,
     sequence_feature_index,
 )
@@ -75,9 +77,7 @@ class DIEN(CTRModel):
     ) -> None:
         super().__init__(table_sizes, **kwargs)
         require_integer_list("mlp_units", mlp_units)
-        if not float(history_aux_weight) >= 0.0:
-            raise ValueError(f"history_aux_weight must be a weight >= 0. Received: {history_aux_weight!r}")
-        self.history_aux_weight = float(history_aux_weight)
+        self.history_aux_weight = require_aux_weight(history_aux_weight)
         if interest_cell not in INTEREST_CELLS:
             raise ValueError(
                 f"`interest_cell` must be one of {list(INTEREST_CELLS)}. Received: interest_cell={interest_cell!r}"
@@ -136,10 +136,7 @@ def next_behaviour_loss(interests: Any, behaviours: Any, valid: Any) -> Any:
     weight = ops.multiply(mask[:, :-1], mask[:, 1:])  # [B, K - 1]
     positive = ops.sum(ops.multiply(states, following), axis=-1)
     negative = ops.sum(ops.multiply(states, ops.roll(following, 1, axis=0)), axis=-1)
-    negative_weight = ops.multiply(weight, ops.roll(mask[:, 1:], 1, axis=0))
-    total = ops.add(ops.sum(ops.multiply(ops.softplus(ops.negative(positive)), weight)),
-                    ops.sum(ops.multiply(ops.softplus(negative), negative_weight)))
-    return ops.divide(total, ops.maximum(ops.sum(weight), 1.0))
+    return paired_logistic_loss(positive, negative, weight, ops.multiply(weight, ops.roll(mask[:, 1:], 1, axis=0)))
 
 
 def build_dien(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,

@@ -29,7 +29,9 @@ from trainer.models.base import CTRModel, model_arguments
 from trainer.models.blocks import (
     behaviour_sequence,
     flatten_features,
+    paired_logistic_loss,
     probability_head,
+    require_aux_weight,
     require_item_feature,
     sequence_feature_index,
 )
@@ -65,9 +67,7 @@ class DIN(CTRModel):
         if not isinstance(interest_product, bool):
             raise ValueError(f"interest_product must be True or False. Received: {interest_product!r}")
         self.interest_product = interest_product
-        if not float(history_aux_weight) >= 0.0:
-            raise ValueError(f"history_aux_weight must be a weight >= 0. Received: {history_aux_weight!r}")
-        self.history_aux_weight = float(history_aux_weight)
+        self.history_aux_weight = require_aux_weight(history_aux_weight)
         self.item_feature = int(item_feature)
         self.attention_units = list(attention_units)
         self.mlp_units = list(mlp_units)
@@ -113,10 +113,7 @@ def co_occurrence_loss(behaviours: Any, valid: Any) -> Any:
     weight = ops.multiply(mask, ops.cast(ops.greater(count, 1.0), dtype))  # [B, K]
     positive = ops.sum(ops.multiply(kept, others), axis=-1)
     negative = ops.sum(ops.multiply(ops.roll(kept, 1, axis=0), others), axis=-1)
-    negative_weight = ops.multiply(weight, ops.roll(mask, 1, axis=0))
-    total = ops.add(ops.sum(ops.multiply(ops.softplus(ops.negative(positive)), weight)),
-                    ops.sum(ops.multiply(ops.softplus(negative), negative_weight)))
-    return ops.divide(total, ops.maximum(ops.sum(weight), 1.0))
+    return paired_logistic_loss(positive, negative, weight, ops.multiply(weight, ops.roll(mask, 1, axis=0)))
 
 
 def build_din(config: TrainConfig, table_sizes: Sequence[int], inputs: ModelInputs = CRITEO_INPUTS,
