@@ -17,8 +17,11 @@ request, over the same candidate batches in the same order, the two models alter
   cached is loaded from the store: page-cache reads of a file this size);
 - `warm`: the same batches again on that model, every row cached;
 - `evicting`: a model whose cache holds `--small-cache` rows, less than the batches read in all, so batches keep
-  loading rows that earlier batches' loads evicted.
-p50 / p99 per phase, the ratio of each p99 to the in-memory one, rows loaded per request. Run at least twice
+  loading rows that earlier batches' loads evicted;
+- `cold_three_calls`: `cold` again on a second load of the same export, served as exports made before the
+  loaded endpoint are (trainer.export LOADED_ENDPOINTS): a request that loads rows takes three graph calls (the
+  cached endpoint's, the load, the request preprocessed and answered again) instead of two.
+p50 / p99 per phase, the ratio of each p50 and p99 to the in-memory one, rows loaded per request. Run at least twice
 (`--runs`), the figures of each run kept.
 
 Then served, under open-loop load (`served`): the same exports, each in its own model server (serving.server on
@@ -35,15 +38,20 @@ gets `--loaded-requests` distinct requests, then the same requests again:
 Rows loaded per request and the hit rate come from the server's /metrics (`ctr_row_cache_loads_total`,
 `ctr_row_cache_hits_total`), read before and after each pass.
 
-The tiered exports carry the rows to preload, as the pipeline's do: the values the state's rows counted most, up
-to each cache's size, which a model loads when it warms up (serving.row_cache TieredRows.preload). With the cache
-of every row that is the whole table, so `cold` is a server that loaded it; `--no-preload` leaves them out (a
-cache that holds only what requests loaded, as row_cache_served.json measured).
+The pipeline's exports carry rows to preload: the values the state's rows counted most, up to each cache's size,
+which a model loads when it warms up (serving.row_cache TieredRows.preload). The exports above leave them out (a
+cache that holds only what requests loaded); each is exported a second time with them (`tiered_preloaded`,
+`evicting_preloaded`), and served beside the first in the same run: with the cache of every row, preloading is
+the whole table, so that server answers as the in-memory one does (one pass, `cold`); with the small cache it is
+its 2,000 most counted rows a table (`cold` and `warm`). `--no-preload` skips the preloaded servers. Besides rows
+loaded and the hit rate, each pass reports the share of its requests that made a load call (three graph calls
+instead of one: `ctr_row_cache_load_calls_total`), which is what a miss costs, whatever the rows it loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -93,9 +101,9 @@ def value_counts(rows: int, names: list[str], state) -> dict[str, Any]:
 
 
 def build(work: Path, rows: int, small_cache: int, preload: bool = True) -> dict[str, Any]:
-    """The in-memory export, and two tiered exports of the same weights (cache of every row, and a small one),
-    each with the rows to preload as the pipeline's export writes them (`preload`: the values counted most in
-    the state's rows, up to the cache's size)."""
+    """The in-memory export, and two tiered exports of the same weights (cache of every row, and a small one);
+    with `preload`, each tiered export again with the rows to preload as the pipeline's export writes them (the
+    values counted most in the state's rows, up to the cache's size)."""
     import keras
 
     from components.feature_spec import load_spec
@@ -116,7 +124,10 @@ def build(work: Path, rows: int, small_cache: int, preload: bool = True) -> dict
            "tiered_tables": {name: int(state.table_sizes()[name]) for name in largest}}
     values = np.asarray(layer.embeddings)
     counted = value_counts(rows, largest, state)
-    for label, cache in (("tiered", None), ("evicting", small_cache)):
+    exports = [("tiered", None, False), ("evicting", small_cache, False)]
+    if preload:
+        exports += [("tiered_preloaded", None, True), ("evicting_preloaded", small_cache, True)]
+    for label, cache, preloaded in exports:
         directory = work / label
         (directory / "tables").mkdir(parents=True)
         tiered: dict[str, Any] = {}
@@ -128,7 +139,7 @@ def build(work: Path, rows: int, small_cache: int, preload: bool = True) -> dict
                                  initial_accumulator=0.1).close()
             cache_rows[index] = cache or size
             tiered[name] = {"table": index, "file": f"tables/{store_name(name)}", "cache_rows": cache_rows[index]}
-            if preload:
+            if preloaded:
                 tiered[name]["preload"] = f"tables/{preload_name(name)}"
                 np.save(directory / tiered[name]["preload"], preload_rows([counted[name]], cache_rows[index]))
         model = rebuilt(memory_model, cache_rows)
@@ -165,15 +176,23 @@ def in_process(models: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     memory.warm_up()
     tiered = LoadedModel.load(models["tiered"])
     evicting = LoadedModel.load(models["evicting"])
-    assert tiered.tiered is not None and evicting.tiered is not None
-    for model in (tiered, evicting):  # as the server does after a load: its endpoints traced, the missing rows cached
+    # The same export served as exports before the loaded endpoint are: the load, then the request preprocessed
+    # and answered again in a third call (serving.row_cache TieredRows.run).
+    three_calls = LoadedModel.load(models["tiered"])
+    assert tiered.tiered is not None and evicting.tiered is not None and three_calls.packed is not None
+    assert tiered.packed is not None and tiered.packed.loaded_function is not None
+    three_calls = dataclasses.replace(three_calls, packed=dataclasses.replace(three_calls.packed,
+                                                                              loaded_function=None))
+    for model in (tiered, evicting, three_calls):  # as a server does after a load: endpoints traced, rows cached
         model.warm_up()
     # Every answer checked against the in-memory model's first.
     expected = [memory.predict(batch) for batch in batches]
-    latencies: dict[str, list[float]] = {"memory": [], "cold": [], "warm": [], "evicting": []}
-    loaded: dict[str, list[int]] = {"cold": [], "warm": [], "evicting": []}
-    calls: dict[str, list[int]] = {"cold": [], "warm": [], "evicting": []}  # graph calls that loaded rows
-    for phase, model in (("cold", tiered), ("warm", tiered), ("evicting", evicting)):
+    phases = ("cold", "warm", "evicting", "cold_three_calls")
+    latencies: dict[str, list[float]] = {"memory": [], **{phase: [] for phase in phases}}
+    loaded: dict[str, list[int]] = {phase: [] for phase in phases}
+    calls: dict[str, list[int]] = {phase: [] for phase in phases}  # graph calls that loaded rows
+    for phase, model in (("cold", tiered), ("warm", tiered), ("evicting", evicting),
+                         ("cold_three_calls", three_calls)):
         for index, batch in enumerate(batches):  # alternating with the in-memory model, batch by batch
             latencies["memory"] += timed(memory, [batch])
             before = sum(t["rows_loaded"] for t in model.tiered.counters().values())
@@ -187,8 +206,10 @@ def in_process(models: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     memory_p99 = percentiles(latencies["memory"])["p99_ms"]
     result: dict[str, Any] = {phase: {**percentiles(values), "requests": len(values)}
                               for phase, values in latencies.items()}
-    for phase in ("cold", "warm", "evicting"):
+    memory_p50 = percentiles(latencies["memory"])["p50_ms"]
+    for phase in phases:
         result[phase]["p99_ratio_to_memory"] = result[phase]["p99_ms"] / memory_p99
+        result[phase]["p50_ratio_to_memory"] = result[phase]["p50_ms"] / memory_p50
         result[phase]["rows_loaded_per_request"] = float(np.mean(loaded[phase]))
         # Of the requests that loaded rows, the load calls each took (one for all tables, since load_all_slots).
         loading = [c for c, rows in zip(calls[phase], loaded[phase], strict=True) if rows]
@@ -204,7 +225,7 @@ def row_cache_totals(port: int) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
-    totals = {"loads": 0.0, "hits": 0.0}
+    totals = {"loads": 0.0, "hits": 0.0, "load_calls": 0.0}
     for family in text_string_to_metric_families(text):
         for name in totals:
             if family.name == f"ctr_row_cache_{name}":
@@ -213,32 +234,43 @@ def row_cache_totals(port: int) -> dict[str, float]:
 
 
 def plot_tenths(runs: list[dict[str, Any]], path: Path) -> None:
-    """p99 of each tenth of a pass's requests, per export and pass, one line per run."""
+    """p99 of each tenth of a pass's requests, per export and pass, one line per run; the preloaded exports, where
+    the run served them, in a second panel beside the same in-memory and small-cache passes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    passes = (("memory", "first", "in memory, first pass", "tab:gray"),
-              ("memory", "again", "in memory, again", "black"),
-              ("tiered", "cold", "tiered, cold cache", "tab:red"),
-              ("tiered", "warm", "tiered, warm cache", "tab:blue"),
-              ("evicting", "cold", "tiered, small cache", "tab:orange"))
-    figure, axis = plt.subplots(figsize=(8, 4.5))
-    for index, run in enumerate(runs):
-        served = run["served"]
-        for label, name, text, colour in passes:
-            values = [t["p99_ms"] for t in served[label][name]["tenths"]]
-            axis.plot(range(1, len(values) + 1), values, color=colour, marker="o", markersize=3,
-                      linestyle="-" if index == 0 else "--", label=text if index == 0 else None)
+    memory = (("memory", "first", "in memory, first pass", "tab:gray"),
+              ("memory", "again", "in memory, again", "black"))
+    panels = [("rows loaded on demand", (*memory,
+                                         ("tiered", "cold", "tiered, cold cache", "tab:red"),
+                                         ("tiered", "warm", "tiered, warm cache", "tab:blue"),
+                                         ("evicting", "cold", "tiered, small cache", "tab:orange")))]
+    if "evicting_preloaded" in runs[0]["served"]:
+        panels.append(("caches preloaded at load", (
+            *memory,
+            ("tiered_preloaded", "cold", "tiered, whole table preloaded", "tab:purple"),
+            ("evicting", "cold", "small cache, not preloaded", "tab:orange"),
+            ("evicting_preloaded", "cold", "small cache preloaded", "tab:green"),
+            ("evicting_preloaded", "warm", "small cache preloaded, again", "tab:olive"))))
+    figure, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 4.5), sharey=True, squeeze=False)
     rate = runs[0]["served"]["rate_per_s"]
     per_tenth = runs[0]["served"]["requests_per_pass"] // 10
-    axis.set_xlabel(f"tenth of the pass ({per_tenth} requests each, in the order due)")
-    axis.set_ylabel("p99 latency from the scheduled send (ms)")
-    axis.set_title(f"100-candidate requests at {rate:.0f}/s, open loop (solid: run 1, dashed: later runs)")
-    axis.set_ylim(bottom=0)
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    for axis, (title, passes) in zip(axes[0], panels, strict=True):
+        for index, run in enumerate(runs):
+            served = run["served"]
+            for label, name, text, colour in passes:
+                values = [t["p99_ms"] for t in served[label][name]["tenths"]]
+                axis.plot(range(1, len(values) + 1), values, color=colour, marker="o", markersize=3,
+                          linestyle="-" if index == 0 else "--", label=text if index == 0 else None)
+        axis.set_xlabel(f"tenth of the pass ({per_tenth} requests each, in the order due)")
+        axis.set_title(f"{title}: 100 candidates at {rate:.0f}/s, open loop\n(solid: run 1, dashed: later runs)",
+                       fontsize=10)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    axes[0][0].set_ylabel("p99 latency from the scheduled send (ms)")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -285,10 +317,12 @@ def serve_passes(work: Path, export: Path, label: str, passes: tuple[str, ...], 
             loads, hits = after["loads"] - before["loads"], after["hits"] - before["hits"]
             result["rows_loaded_per_request"] = loads / requests
             result["hit_rate"] = hits / (hits + loads) if hits + loads else None
+            # One load call for all tables, so this is the share of requests that loaded rows (three graph calls).
+            result["load_calls_per_request"] = (after["load_calls"] - before["load_calls"]) / requests
             out[name] = result
             print(f"  {label} {name}: {rate:.1f} req/s, p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms, "
-                  f"unanswered {result['unanswered']}, rows loaded a request {result['rows_loaded_per_request']:.1f}",
-                  flush=True)
+                  f"unanswered {result['unanswered']}, rows loaded a request {result['rows_loaded_per_request']:.1f}, "
+                  f"load calls a request {result['load_calls_per_request']:.2f}", flush=True)
     finally:
         stop_server(server)
     out["rate_per_s"] = rate
@@ -313,15 +347,43 @@ def served(work: Path, models: dict[str, Any], args: argparse.Namespace) -> dict
                               rate, args.step_seconds)
         evicting = serve_passes(work, models["evicting"], "evicting", ("cold", "warm"), instances,
                                 args.loaded_requests, rate, args.step_seconds)
+        out = {"rate_per_s": rate, "requests_per_pass": args.loaded_requests, "memory": memory, "tiered": tiered,
+               "evicting": evicting}
+        if "tiered_preloaded" in models:  # the whole table preloaded: one pass, nothing left to load
+            out["tiered_preloaded"] = serve_passes(work, models["tiered_preloaded"], "tiered_preloaded", ("cold",),
+                                                   instances, args.loaded_requests, rate, args.step_seconds)
+            out["evicting_preloaded"] = serve_passes(work, models["evicting_preloaded"], "evicting_preloaded",
+                                                     ("cold", "warm"), instances, args.loaded_requests, rate,
+                                                     args.step_seconds)
     finally:
         gc.enable()
         gc.unfreeze()
         os.sched_setaffinity(0, cores)
-    out = {"rate_per_s": rate, "requests_per_pass": args.loaded_requests, "memory": memory, "tiered": tiered,
-           "evicting": evicting}
+    against = {"cold": "first", "warm": "again"}
     out["p99_ratio_to_memory"] = {
-        f"{label}_{name}": out[label][name]["p99_ms"] / memory[against]["p99_ms"]
-        for label in ("tiered", "evicting") for name, against in (("cold", "first"), ("warm", "again"))}
+        f"{label}_{name}": out[label][name]["p99_ms"] / memory[against[name]]["p99_ms"]
+        for label in ("tiered", "evicting", "tiered_preloaded", "evicting_preloaded") if label in out
+        for name in ("cold", "warm") if name in out[label]}
+    return out
+
+
+def served_ranges(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """Per served export and pass, [lowest, highest] over the runs of its p50, p99, rows loaded, load calls a
+    request and hit rate."""
+    out: dict[str, dict[str, list[float]]] = {}
+    first = runs[0]["served"]
+    for label, passes in first.items():
+        if not isinstance(passes, dict) or label == "p99_ratio_to_memory":
+            continue
+        for name, result in passes.items():
+            if not isinstance(result, dict) or "p99_ms" not in result:
+                continue  # the scan, where the rate was found by one
+            ranges = {}
+            for key in ("p50_ms", "p99_ms", "rows_loaded_per_request", "load_calls_per_request", "hit_rate"):
+                values = [r["served"][label][name].get(key) for r in runs]
+                if all(v is not None for v in values):
+                    ranges[key] = [min(values), max(values)]
+            out[f"{label}_{name}"] = ranges
     return out
 
 
@@ -339,7 +401,8 @@ def main() -> int:
                         "on a rate a tenth of the one a quieter minute gives)")
     parser.add_argument("--in-process-only", action="store_true", help="skip the servers under load")
     parser.add_argument("--no-preload", action="store_true",
-                        help="exports without the rows to preload (row_cache_served.json was measured so)")
+                        help="skip the exports with rows to preload and their servers (row_cache_served.json was "
+                        "measured without them)")
     parser.add_argument("--out", default="bench/results/row_cache.json")
     args = parser.parse_args()
     runs = []
@@ -349,8 +412,12 @@ def main() -> int:
             runs.append(run(work, args))
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        print(json.dumps({k: runs[-1][k] for k in ("memory", "cold", "warm", "evicting")}, indent=1), flush=True)
-    ratios = {phase: [r[phase]["p99_ratio_to_memory"] for r in runs] for phase in ("cold", "warm", "evicting")}
+        print(json.dumps({k: runs[-1][k] for k in ("memory", "cold", "warm", "evicting", "cold_three_calls")},
+                         indent=1), flush=True)
+    ratios = {phase: [r[phase]["p99_ratio_to_memory"] for r in runs]
+              for phase in ("cold", "warm", "evicting", "cold_three_calls")}
+    p50_ratios = {phase: [r[phase]["p50_ratio_to_memory"] for r in runs]
+                  for phase in ("cold", "warm", "evicting", "cold_three_calls")}
     served_ratios = {phase: [r["served"]["p99_ratio_to_memory"][phase] for r in runs]
                      for phase in (runs[0].get("served") or {}).get("p99_ratio_to_memory", {})}
     command = "make bench-row-cache" + (f" BENCH_ROW_CACHE_ARGS='{os.environ['BENCH_ROW_CACHE_ARGS']}'"
@@ -366,7 +433,9 @@ def main() -> int:
                      (f"a server per export, open-loop at {args.rate} requests/s" if args.rate else
                       "a server per export, open-loop at half the in-memory server's highest rate at p99 <= 10 ms")},
         "p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in ratios.items()},
+        "p50_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in p50_ratios.items()},
         "served_p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in served_ratios.items()} or None,
+        "served_passes": served_ranges(runs) if not args.in_process_only else None,
         "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

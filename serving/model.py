@@ -51,7 +51,7 @@ from components.delta import DeltaError
 from components.manifest import ManifestError, read_manifest
 from serving.native_rows import NativeRows
 from serving.row_cache import RowCacheTooSmall, TieredRows
-from serving.tensorflow_internals import preflattened_call
+from serving.tensorflow_internals import direct_call
 
 SIGNATURE_NAME = "serving_default"
 OUTPUT_NAME = "probability"
@@ -103,10 +103,13 @@ class ReplicaGuard:
                 self._condition.notify_all()
 
     @contextmanager
-    def writing(self) -> Iterator[None]:
+    def writing(self, version: str | None = None) -> Iterator[None]:
+        """Alone on the replica; with `version`, StaleModel if the replica no longer holds it."""
         with self._condition:
             while self._writing or self._readers:
                 self._condition.wait()
+            if version is not None and self.version != version:
+                raise StaleModel(f"replica moved from version {version} to {self.version}")
             self._writing = True
         try:
             yield
@@ -513,8 +516,10 @@ class LoadedModel:
         if self.tiered is not None:  # the rows the batch reads loaded into the row cache first
             guard, packed = self.guard, self.packed
             try:
-                probability = self.tiered.run(arguments, lambda: guard.reading(self.version), guard.writing,
-                                              lambda: packed.call(*arguments).numpy(), packed.cached_call)
+                probability = self.tiered.run(arguments, lambda: guard.reading(self.version),
+                                              lambda: guard.writing(self.version),
+                                              lambda: packed.call(*arguments).numpy(), packed.cached_call,
+                                              packed.loaded_call)
             except RowCacheTooSmall as err:  # the request's size: the client's to change (a 400)
                 raise InvalidInput(str(err)) from err
             return self._checked(probability, num_instances)
@@ -531,19 +536,6 @@ class LoadedModel:
         return probability
 
 
-def direct_call(function: Any) -> Callable[..., Any]:
-    """`function` (a ConcreteFunction) as PackedCall.call calls it: its graph's function on the arguments and
-    the captured variables; `function` itself where TensorFlow's internals differ."""
-    call_preflattened = preflattened_call(function)
-    if call_preflattened is None or not hasattr(function, "captured_inputs"):
-        return function
-
-    def call(*arguments: tf.Tensor) -> Any:
-        return call_preflattened([*arguments, *function.captured_inputs])
-
-    return call
-
-
 @dataclass(frozen=True)
 class PackedCall:
     """A packed serving endpoint (trainer.export PACKED_ENDPOINTS): the same model and preprocessing as the
@@ -558,6 +550,9 @@ class PackedCall:
     # A model with tiered tables: the same packed call, answered only when every row it reads is cached, and the
     # rows it reads (trainer.export CACHED_ENDPOINTS; serving/row_cache.py). None in exports before it.
     cached_function: Any = None
+    # With `cached_function`: a load written into the row caches and the model run on the model inputs the cached
+    # function gave, in one call (trainer.export LOADED_ENDPOINTS). None in exports before it.
+    loaded_function: Any = None
 
     @functools.cached_property
     def call(self) -> Callable[..., Any]:
@@ -572,6 +567,11 @@ class PackedCall:
     def cached_call(self) -> Callable[..., Any] | None:
         """`cached_function` called as `call` calls `function`; None without it."""
         return direct_call(self.cached_function) if self.cached_function is not None else None
+
+    @functools.cached_property
+    def loaded_call(self) -> Callable[..., Any] | None:
+        """`loaded_function` called as `call` calls `function` (its two dicts flattened); None without it."""
+        return direct_call(self.loaded_function) if self.loaded_function is not None else None
 
     @classmethod
     def load(cls, root: Any, directory: Path, precision: str, specs: Mapping[str, tf.TensorSpec],
@@ -602,8 +602,10 @@ class PackedCall:
             else:
                 readers.append("")
         cached = getattr(root, layout.get("cached_endpoints", {}).get(answered, ""), None)
+        loaded = getattr(root, layout.get("loaded_endpoints", {}).get(answered, ""), None)
         return cls(function=endpoint.concrete_functions[0], layout=arguments, row_readers=tuple(readers),
-                   precision=answered, cached_function=cached.concrete_functions[0] if cached is not None else None)
+                   precision=answered, cached_function=cached.concrete_functions[0] if cached is not None else None,
+                   loaded_function=loaded.concrete_functions[0] if loaded is not None else None)
 
     def arguments(self, columns: Mapping[str, Any], num_instances: int, specs: Mapping[str, tf.TensorSpec]
                   ) -> list[tf.Tensor]:

@@ -55,6 +55,13 @@ LOAD_ALL_SLOTS_ENDPOINT = "load_all_slots"
 # A model with tiered tables, per precision: the packed call answered in the same graph call when every row it
 # reads is cached ({"probability", "cached", "table_<t>": the row ids}; serving/row_cache.py), else only the rows.
 CACHED_ENDPOINTS = {"float32": "serve_packed_if_cached", "bfloat16": "serve_packed_if_cached_bfloat16"}
+# The model's inputs among a cached endpoint's outputs, each under this prefix and its key: the preprocessed
+# request, for LOADED_ENDPOINTS.
+MODEL_INPUT_PREFIX = "input_"
+# A model with tiered tables, per precision: a load (load_slots_signature) written into the row caches, then the
+# model run on model inputs that a cached endpoint gave (its MODEL_INPUT_PREFIX outputs), in one graph call: a
+# request whose rows were not all cached is answered without preprocessing it again (serving/row_cache.py).
+LOADED_ENDPOINTS = {"float32": "serve_loaded", "bfloat16": "serve_loaded_bfloat16"}
 
 def raw_input_signature(spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
     """The serving signature's inputs, from the feature spec: raw values, one tensor per input.
@@ -317,6 +324,14 @@ def load_slots_signature(layer: Any, linear: Any = None) -> dict[str, tf.TensorS
     return signature
 
 
+def model_inputs_signature(preprocessor: RawFeaturePreprocessor, spec: FeatureSpec) -> dict[str, tf.TensorSpec]:
+    """The model inputs `preprocessor.packed` gives (trainer.model_inputs), as specs: LOADED_ENDPOINTS' second
+    argument."""
+    traced = tf.function(preprocessor.packed).get_concrete_function(*packed_input_signature(spec))
+    return {key: tf.TensorSpec(value.shape, value.dtype, name=f"{MODEL_INPUT_PREFIX}{key}")
+            for key, value in traced.structured_outputs.items()}
+
+
 def export_serving_model(model: keras.Model, state: FeatureState, directory: Path,
                          spec: FeatureSpec | None = None) -> list[str]:
     """Writes directory/saved_model (replacing an older one) and returns the paths of its files relative
@@ -397,9 +412,23 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
 
                     probability = tf.cond(cached, answer,
                                           lambda: tf.zeros([tf.shape(arguments[0])[0]], tf.float32))
-                return {"probability": probability, "cached": cached, **rows}
+                return {"probability": probability, "cached": cached, **rows,
+                        **{f"{MODEL_INPUT_PREFIX}{key}": value for key, value in inputs.items()}}
 
             return serve_if_cached
+
+        def loaded_endpoint(precision: str) -> Callable[..., tf.Tensor]:
+            policies = _policies_of(model, precision)
+
+            def serve_loaded(request: dict[str, tf.Tensor], inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+                # The load's writes come first: TensorFlow orders the ops of one resource (the slot maps, the
+                # caches) as written here, so the model reads the rows just loaded.
+                load_all_slots(request)
+                with _computing_in(policies):
+                    probability = model(row_slots.slots(inputs), training=False)
+                return tf.reshape(tf.cast(probability, tf.float32), [-1])
+
+            return serve_loaded
 
         def load_all_slots(request: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             loaded = []
@@ -421,6 +450,10 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
                              input_signature=[load_slots_signature(layer, linear)])
         for precision, endpoint in CACHED_ENDPOINTS.items():
             archive.add_endpoint(endpoint, cached_endpoint(precision), input_signature=packed_input_signature(spec))
+        inputs_signature = model_inputs_signature(preprocessor, spec)
+        for precision, endpoint in LOADED_ENDPOINTS.items():
+            archive.add_endpoint(endpoint, loaded_endpoint(precision),
+                                 input_signature=[load_slots_signature(layer, linear), inputs_signature])
     archive.add_endpoint(SIGNATURE_NAME, serve, input_signature=[raw_input_signature(spec)])
     archive.add_endpoint(APPLY_DELTA_ENDPOINT, apply_delta, input_signature=[delta_input_signature(model)])
     for precision, endpoint in PACKED_ENDPOINTS.items():
@@ -428,7 +461,8 @@ def export_serving_model(model: keras.Model, state: FeatureState, directory: Pat
     archive.write_out(str(target), verbose=False)
     (directory / PACKED_LAYOUT_FILE).write_text(json.dumps({
         "endpoints": PACKED_ENDPOINTS, "arguments": packed_layout(spec),
-        **({"cached_endpoints": CACHED_ENDPOINTS} if row_slots is not None else {})}, indent=1) + "\n")
+        **({"cached_endpoints": CACHED_ENDPOINTS, "loaded_endpoints": LOADED_ENDPOINTS}
+           if row_slots is not None else {})}, indent=1) + "\n")
     files = [path for path in target.rglob("*") if path.is_file()] + [directory / PACKED_LAYOUT_FILE]
     return sorted(str(path.relative_to(directory)) for path in files)
 

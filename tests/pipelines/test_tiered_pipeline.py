@@ -135,11 +135,13 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         assert preload[:2].tolist() == [0, 1]
         assert set(table.slots) == set(preload.tolist())  # the warm-up's rows (the missing row) among them
         assert table.rows_preloaded == CACHE_ROWS and table.rows_loaded == 0
-    # The first request reads some of them and loads the rest, with one load call for both tables.
+    # The first request reads some of them and loads the rest, with one load call for both tables, which answers
+    # it too (the loaded endpoint, on the inputs the cached endpoint's call preprocessed: two graph calls).
     before = {name: counts["rows_loaded"] for name, counts in served.tiered.counters().items()}
-    calls = served.tiered.load_calls
-    served.predict_columns({name: values[:40] for name, values in columns.items()})
-    assert served.tiered.load_calls == calls + 1
+    calls, loaded_answers = served.tiered.load_calls, served.tiered.loaded_answers
+    first = served.predict_columns({name: values[:40] for name, values in columns.items()})
+    np.testing.assert_allclose(first, expected[:40], rtol=0, atol=1e-6)
+    assert served.tiered.load_calls == calls + 1 and served.tiered.loaded_answers == loaded_answers + 1
     assert all(counts["rows_loaded"] > before[name] and counts["rows_hit"] > 0
                for name, counts in served.tiered.counters().items())
     # The export writes the caches through that one endpoint; the per-table loads and the rows endpoint of
@@ -168,6 +170,17 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
             starts))
     for start, answer in answers:
         np.testing.assert_allclose(answer, expected[start:start + 40], rtol=0, atol=1e-6)
+    # Served as exports before the loaded endpoint are (the same replica and caches, without that endpoint): the
+    # load, then the packed call under the read lock (three calls).
+    import dataclasses
+
+    assert served.packed is not None and served.packed.loaded_function is not None
+    older = dataclasses.replace(served, packed=dataclasses.replace(served.packed, loaded_function=None))
+    loaded_answers, calls = served.tiered.loaded_answers, served.tiered.load_calls
+    chunks = [older.predict_columns({name: values[start:start + 40] for name, values in columns.items()})
+              for start in range(0, len(expected), 40)]
+    np.testing.assert_allclose(np.concatenate(chunks), expected, rtol=0, atol=1e-6)
+    assert served.tiered.loaded_answers == loaded_answers and served.tiered.load_calls > calls
     counters = served.tiered.counters()
     assert set(counters) == set(TIERED)
     for name in TIERED:
@@ -198,7 +211,7 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         served.predict_columns(columns)  # 300 rows at once read more rows than the cache holds
     assert set(full["tiered_serving"]) == set(TIERED) and "tables/C1.rows" in full["files"]
     assert "tables/C1.preload.npy" in full["files"]
-    del served, answers, watcher
+    del served, older, answers, watcher
     gc.collect()
     assert not scratch.exists()
 

@@ -31,3 +31,27 @@ def test_a_concrete_functions_graph_function_takes_flat_inputs_and_its_captures(
 def test_anything_else_gets_none_so_the_caller_uses_the_public_call():
     assert preflattened_call(lambda x: x) is None
     assert preflattened_call(tf.function(lambda x: x)) is None  # not concrete
+
+
+def test_a_direct_call_takes_nested_arguments_in_the_signatures_order():
+    from serving.tensorflow_internals import direct_call
+
+    offset = tf.Variable(100.0)
+
+    vector = tf.TensorSpec([None], tf.float32)
+
+    @tf.function(input_signature=[{"zeta": vector, "alpha": vector}, {"m": vector}])
+    def combine(first, second):
+        return first["zeta"] * 10.0 + first["alpha"] - second["m"] + offset
+
+    concrete = combine.get_concrete_function()
+    call = direct_call(concrete)
+    assert call is not concrete, "the graph function was not found: see preflattened_call"
+    first = {"zeta": tf.constant([1.0, 2.0]), "alpha": tf.constant([3.0, 4.0])}  # not in sorted order
+    second = {"m": tf.constant([0.5, 0.25])}
+    expected = [1.0 * 10 + 3 - 0.5 + 100, 2.0 * 10 + 4 - 0.25 + 100]
+    np.testing.assert_allclose(call(first, second).numpy(), expected)
+    np.testing.assert_allclose(concrete(first, second).numpy(), expected)
+    # Plain tensors pass as they are.
+    plain = direct_call(tf.function(lambda x: x + offset).get_concrete_function(tf.TensorSpec([None], tf.float32)))
+    np.testing.assert_allclose(plain(tf.constant([1.0])).numpy(), [101.0])
