@@ -257,17 +257,27 @@ def plot_tenths(runs: list[dict[str, Any]], path: Path) -> None:
     figure, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 4.5), sharey=True, squeeze=False)
     rate = runs[0]["served"]["rate_per_s"]
     per_tenth = runs[0]["served"]["requests_per_pass"] // 10
+    highest = max(t["p99_ms"] for _, passes in panels for run in runs for label, name, _, _ in passes
+                  for t in run["served"][label][name]["tenths"])
+    # Both panels on one scale; a tenth above twice the in-memory passes' worst is drawn at the top, its value
+    # written beside it, so that one burst of the host does not flatten every other line.
+    top = min(highest, 2 * max(t["p99_ms"] for run in runs for label, name, _, _ in memory
+                               for t in run["served"][label][name]["tenths"])) * 1.05
     for axis, (title, passes) in zip(axes[0], panels, strict=True):
         for index, run in enumerate(runs):
             served = run["served"]
             for label, name, text, colour in passes:
                 values = [t["p99_ms"] for t in served[label][name]["tenths"]]
-                axis.plot(range(1, len(values) + 1), values, color=colour, marker="o", markersize=3,
-                          linestyle="-" if index == 0 else "--", label=text if index == 0 else None)
+                axis.plot(range(1, len(values) + 1), [min(v, top) for v in values], color=colour, marker="o",
+                          markersize=3, linestyle="-" if index == 0 else "--", label=text if index == 0 else None)
+                for tenth, v in enumerate(values, start=1):
+                    if v > top:
+                        axis.annotate(f"{v:.0f} ms", (tenth, top), textcoords="offset points", xytext=(4, -10),
+                                      fontsize=7, color=colour)
         axis.set_xlabel(f"tenth of the pass ({per_tenth} requests each, in the order due)")
         axis.set_title(f"{title}: 100 candidates at {rate:.0f}/s, open loop\n(solid: run 1, dashed: later runs)",
                        fontsize=10)
-        axis.set_ylim(bottom=0)
+        axis.set_ylim(0, top)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     axes[0][0].set_ylabel("p99 latency from the scheduled send (ms)")

@@ -86,6 +86,11 @@ def p50_span(names: tuple[str, ...], phase: str) -> str:
 ONE_LOAD = ("row_cache_one_load.json", "row_cache_one_load_run2.json")
 
 
+def two_calls_served(label: str, name: str, key: str) -> list[float]:
+    """`key` of served pass `name` of export `label`, run by run, in row_cache_two_calls.json."""
+    return [run["served"][label][name][key] for run in result("row_cache_two_calls.json")["runs"]]
+
+
 def train_step_runs(key: str, exponent: str = "1.05", side: str | None = None) -> list:
     """`key` at Zipf `exponent` in the two bench-tiers --train-step runs (of `side`'s run when given)."""
     runs = [result(name)[f"zipf_{exponent}"] for name in ("tiers_train_step.json", "tiers_train_step_run2.json")]
@@ -261,6 +266,20 @@ FIGURES: dict[str, Callable[[], str]] = {
         + span(value("row_cache_served.json", "served_p99_ratio_to_memory.evicting_cold")
                + value("row_cache_served.json", "served_p99_ratio_to_memory.evicting_warm"), ".2f")
         + "x evicting (row_cache_served.json"),
+    "row_cache_two_calls.json": lambda: (
+        "its p50 is " + span(value("row_cache_two_calls.json", "p50_ratio_to_memory.cold"), ".2f")
+        + "x in memory's with an empty cache, against "
+        + span(value("row_cache_two_calls.json", "p50_ratio_to_memory.cold_three_calls"), ".2f")
+        + "x for three calls in the same runs; served under load, a cache preloaded with the whole table answered "
+        "at " + span(value("row_cache_two_calls.json", "served_p99_ratio_to_memory.tiered_preloaded_cold"), ".2f")
+        + "x in memory's p99 with " + ("no row loaded" if max(two_calls_served("tiered_preloaded", "cold",
+                                                                               "rows_loaded_per_request")) == 0
+                                       else "rows loaded") + ", while a "
+        f"{value('row_cache_two_calls.json', 'settings.small_cache'):,}-row cache loaded rows on "
+        + ("every request" if all(calls == 1.0 for label in ("evicting", "evicting_preloaded")
+                                  for name in ("cold", "warm")
+                                  for calls in two_calls_served(label, name, "load_calls_per_request"))
+           else "some requests") + ", preloaded or not (row_cache_two_calls.json"),
     "tiers_jax.json, tiers_jax_run2.json, tiers_fit.json, tiers_fit_run2.json": lambda: (
         f"On a quiet machine (the in-memory side at {min(quiet_runs('memory_ex_per_s')):,.0f}-"
         f"{max(quiet_runs('memory_ex_per_s')):,.0f} ex/s) the library runs gave {min(quiet_runs('speed_ratio')):.3f}-"
