@@ -63,7 +63,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -649,13 +649,14 @@ def cpu_description() -> dict[str, Any]:
     return {"model": model, **{flag: flag in flags for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}}
 
 
-def start_server(work: Path, store_root: Path, port: int, grpc_port: int, precision: str = "float32"
-                 ) -> subprocess.Popen:
+def start_server(work: Path, store_root: Path, port: int, grpc_port: int, precision: str = "float32",
+                 settings: Sequence[str] = ()) -> subprocess.Popen:
+    """`settings`: more `--set` overrides for the server (bench_native_rows.py's `serving.native_rows=false`)."""
     command = [sys.executable, "-m", "serving.server", "--set", f"paths.data_root={work / 'data'}",
                "--set", f"serving.precision={precision}",
                "--set", f"paths.model_store={store_root}", "--set", f"serving.port={port}",
                "--set", f"serving.grpc_port={grpc_port}",
-               "--set", "serving.poll_seconds=0.5"]
+               "--set", "serving.poll_seconds=0.5", *(part for setting in settings for part in ("--set", setting))]
     if shutil.which("taskset"):
         command = ["taskset", "-c", str(SERVER_CORE), *command]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
