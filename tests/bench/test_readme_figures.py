@@ -10,6 +10,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -84,6 +85,21 @@ def p50_span(names: tuple[str, ...], phase: str) -> str:
 
 
 ONE_LOAD = ("row_cache_one_load.json", "row_cache_one_load_run2.json")
+
+
+def long_run_rss() -> list[float]:
+    return value("worker_memory_150.json", "variants.glibc_default.rss_mib")
+
+
+def quarter_hour_mean(index: int) -> float:
+    """The worker's mean RSS over the `index`-th 15 minutes of worker_memory_150.json."""
+    return float(np.mean(long_run_rss()[15 * index:15 * index + 15]))
+
+
+def long_run_slope(start: int, end: int) -> float:
+    """The least-squares rise of the worker's RSS in MiB a minute over minutes start+1..end."""
+    rss = long_run_rss()[start:end]
+    return float(np.polyfit(np.arange(start, start + len(rss)), rss, 1)[0])
 
 
 def two_calls_served(label: str, name: str, key: str) -> list[float]:
@@ -191,6 +207,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(value('worker_memory.json', 'variants.glibc_default.rss_mib')[10:], ',.0f')} MiB over minutes 11-30 "
         f"when it collected only when idle (worker_memory.json), "
         f"{span(rss_after_minute_10(WORKER_AFTER), ',.0f')} MiB with a collection at every second run's end, two runs"),
+    "worker_memory_150.json": lambda: (
+        "over 150 minutes it levels off: 15-minute means of "
+        f"{quarter_hour_mean(0):,.0f} MiB in the first quarter hour, {quarter_hour_mean(3):,.0f} MiB in the "
+        f"fourth, {quarter_hour_mean(9):,.0f} MiB in the last, a least-squares rise of {long_run_slope(5, 75):.1f} "
+        f"MiB a minute over minutes 6-75 and {long_run_slope(75, 150):.1f} over 76-150"),
     "s3_persistence*.json: the recorder against the snapshot": lambda: (
         f"({value('s3_persistence.json', 'requests'):,} requests, "
         f"{value('s3_persistence.json', 'live_bytes') / 1e6:.1f} MB live): moto's recorder kept a "
