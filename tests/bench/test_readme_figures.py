@@ -207,6 +207,13 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(value('worker_memory.json', 'variants.glibc_default.rss_mib')[10:], ',.0f')} MiB over minutes 11-30 "
         f"when it collected only when idle (worker_memory.json), "
         f"{span(rss_after_minute_10(WORKER_AFTER), ',.0f')} MiB with a collection at every second run's end, two runs"),
+    "native_rows.json": lambda: (
+        f"at {value('native_rows.json', 'rate_per_s'):.0f} requests/s: the Python reader's p50 "
+        + span(value("native_rows.json", "python_over_native_range.p50_ms"), ".2f") + "x the native one's, p99 "
+        + span(value("native_rows.json", "python_over_native_range.p99_ms"), ".2f") + "x, the server's own mean time "
+        + span(value("native_rows.json", "python_over_native_range.server_mean_ms"), ".2f") + "x ("
+        + span([r["native"]["server_mean_ms"] for r in result("native_rows.json")["rounds"]], ".2f")
+        + " ms native)"),
     "worker_memory_150.json": lambda: (
         "over 150 minutes it levels off: 15-minute means of "
         f"{quarter_hour_mean(0):,.0f} MiB in the first quarter hour, {quarter_hour_mean(3):,.0f} MiB in the "
