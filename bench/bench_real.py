@@ -15,7 +15,9 @@ components/datasets.py; the index must be reachable), and the three small sample
 reported, not goals). For MovieLens also DIN (train.model=din, which attends over the history feature) and
 DCNv2 on the preset without its history feature. `--seeds N` trains the default run N times, the first with the
 default `train.seed` and the others with the next seeds: the spread of the AUC and the lift over them is the
-training's own noise, which the bootstrap interval (the test rows' noise) does not cover.
+training's own noise, which the bootstrap interval (the test rows' noise) does not cover. With the MovieLens
+variants, DIN and DCNv2 without histories are trained with the same seeds too, and their difference is reported
+seed by seed (`variant_seed_runs`) and over the seeds.
 
     make bench-real                   -> bench/results/real.json
     python bench/bench_real.py --only movielens --keep /tmp/real
@@ -455,12 +457,34 @@ def run_dataset(name: str, source: dict[str, Any], work: Path, variants: bool,
     out["lightgbm_logloss"] = log_loss(test_labels, gbm) if gbm is not None else None
     out["lightgbm"] = how
     if variants and spec.histories:
+        no_history_spec = str(without_histories(spec, work))
         din = served(work / "din", spec_arg, ["--set", "train.model=din"])
-        no_history = served(work / "no_history", str(without_histories(spec, work)), [])
+        no_history = served(work / "no_history", no_history_spec, [])
         for key, run in (("din_history", din), ("dcnv2_no_history", no_history)):
             run.pop("_scores", None)
             out[f"auc_{key}"] = run.get("auc")
             out[key] = run
+        if seeds > 1:
+            # The comparison the goal makes, seed by seed: both variants trained with the same seeds.
+            first_seed = PipelineConfig().train.seed
+            pairs = [{"seed": first_seed, "auc_din_history": din.get("auc"),
+                      "auc_dcnv2_no_history": no_history.get("auc")}]
+            for seed in range(first_seed + 1, first_seed + seeds):
+                seed_set = ["--set", f"train.seed={seed}"]
+                din_seed = served(work / f"din_seed_{seed}", spec_arg, ["--set", "train.model=din", *seed_set])
+                no_history_seed = served(work / f"no_history_seed_{seed}", no_history_spec, seed_set)
+                pairs.append({"seed": seed, "auc_din_history": din_seed.get("auc"),
+                              "auc_dcnv2_no_history": no_history_seed.get("auc")})
+            for pair in pairs:
+                both = pair["auc_din_history"] is not None and pair["auc_dcnv2_no_history"] is not None
+                pair["din_minus_dcnv2_no_history"] = (
+                    pair["auc_din_history"] - pair["auc_dcnv2_no_history"] if both else None)
+            out["variant_seed_runs"] = pairs
+            for key in ("auc_din_history", "auc_dcnv2_no_history", "din_minus_dcnv2_no_history"):
+                values = [pair[key] for pair in pairs if pair[key] is not None]
+                if values:
+                    out[f"{key}_over_seeds"] = {"min": min(values), "mean": float(np.mean(values)),
+                                                "max": max(values), "runs": len(values)}
     out["wall_seconds"] = time.monotonic() - started
     return out
 
@@ -521,6 +545,10 @@ def main() -> int:
         if "lift_auc_over_seeds" in movielens:  # --seeds: the same goal on the mean over the seeds, beside
             output["goals"]["movielens_lift_auc_mean_over_seeds_at_least_0.01"] = (
                 movielens["lift_auc_over_seeds"]["mean"] >= 0.01)
+        if "din_minus_dcnv2_no_history_over_seeds" in movielens:  # --seeds with the variants, beside
+            difference = movielens["din_minus_dcnv2_no_history_over_seeds"]
+            output["goals"]["movielens_din_history_beats_dcnv2_no_history_on_the_mean_over_seeds"] = (
+                difference["mean"] > 0 and difference["runs"] == args.seeds)
     output = {**provenance(command), **output}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(output, indent=2) + "\n")
