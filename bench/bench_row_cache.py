@@ -225,7 +225,7 @@ def row_cache_totals(port: int) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
-    totals = {"loads": 0.0, "hits": 0.0, "load_calls": 0.0}
+    totals = {"loads": 0.0, "hits": 0.0, "load_calls": 0.0, "loaded_answers": 0.0}
     for family in text_string_to_metric_families(text):
         for name in totals:
             if family.name == f"ctr_row_cache_{name}":

@@ -171,7 +171,8 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
     async def metrics_text(request: Request) -> Response:
         model = source.current()
         tiered = None if model is None else model.tiered
-        row_cache = None if tiered is None else RowCacheCounts(tiered.counters(), tiered.load_calls)
+        row_cache = None if tiered is None else RowCacheCounts(tiered.counters(), tiered.load_calls,
+                                                                  tiered.loaded_answers)
         text = metrics.render(None if model is None else model_info(model), row_cache)
         return Response(text, headers={"content-type": CONTENT_TYPE})
 

@@ -30,6 +30,9 @@ which Prometheus' `rate` reads as a counter reset):
     ctr_row_cache_load_calls_total            counter: graph calls that wrote rows into the caches (one per
                                               request that missed a row, for all its tables, and one per delta
                                               that changed cached rows)
+    ctr_row_cache_loaded_answers_total        counter: requests answered by the call that loaded their rows (a
+                                              request that missed a row takes two graph calls where the export
+                                              has the loaded endpoint, three where it has not)
 
 The hit rate of a table over a window is rate(hits) / (rate(hits) + rate(loads)).
 
@@ -116,10 +119,12 @@ def data_end_timestamp(version: str, data_end: Any) -> float | None:
 @dataclass(frozen=True)
 class RowCacheCounts:
     """A served model's row cache counters: per tiered table, `TieredRows.counters()`'s ("cache_rows", "cached",
-    "rows_hit", "rows_loaded", "rows_preloaded", "delta_rows"), and the graph calls that loaded rows."""
+    "rows_hit", "rows_loaded", "rows_preloaded", "delta_rows"), the graph calls that loaded rows, and the requests
+    the loaded endpoint answered in the call that loaded their rows."""
 
     tables: Mapping[str, Mapping[str, int]]
     load_calls: int
+    loaded_answers: int = 0
 
 
 class ServerMetrics:
@@ -303,4 +308,7 @@ def _row_cache_families(counts: RowCacheCounts) -> list[Metric]:
             family.add_metric([table], counts.tables[table][key])
     calls = CounterMetricFamily("ctr_row_cache_load_calls", "Graph calls that wrote rows into the row caches.",
                                 value=counts.load_calls)
-    return [*families.values(), calls]
+    answers = CounterMetricFamily("ctr_row_cache_loaded_answers",
+                                  "Requests answered by the graph call that loaded their rows.",
+                                  value=counts.loaded_answers)
+    return [*families.values(), calls, answers]

@@ -201,6 +201,8 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
                             ("preloaded_rows", "rows_preloaded")):
             assert f'ctr_row_cache_{metric}{{table="{name}"}} {float(counters[name][key])}\n' in text
     assert f"ctr_row_cache_load_calls_total {float(served.tiered.load_calls)}\n" in text
+    assert served.tiered.loaded_answers > 0
+    assert f"ctr_row_cache_loaded_answers_total {float(served.tiered.loaded_answers)}\n" in text
     # ... on disk under the watcher's cache, a sparse store per table, gone with the model.
     scratch = served.tiered.scratch
     assert scratch is not None and scratch.parent == tmp_path / "cache" / "delta-rows"

@@ -539,7 +539,7 @@ def test_metrics_of_a_row_cache_name_each_tiered_table_and_a_model_without_one_h
                "delta_rows": 12},
         "C12": {"cache_rows": 512, "cached": 512, "rows_hit": 30, "rows_loaded": 2048, "rows_preloaded": 0,
                 "delta_rows": 0},
-    }, load_calls=41)
+    }, load_calls=41, loaded_answers=37)
 
     samples = parse_metrics(ServerMetrics(timed_endpoints=[]).render(None, counts))
 
@@ -552,7 +552,8 @@ def test_metrics_of_a_row_cache_name_each_tiered_table_and_a_model_without_one_h
     assert sample(samples, "ctr_row_cache_loads_total", table="C12") == 2048  # more than it holds: evictions
     assert sample(samples, "ctr_row_cache_rows", table="C12") == 512
     assert sample(samples, "ctr_row_cache_load_calls_total") == 41
-    assert len([key for key in samples if key[0].startswith("ctr_row_cache_")]) == 2 * 6 + 1
+    assert sample(samples, "ctr_row_cache_loaded_answers_total") == 37
+    assert len([key for key in samples if key[0].startswith("ctr_row_cache_")]) == 2 * 6 + 2
     # The fixture model has every table in memory: no row cache series at all.
     assert not [key for key in scrape(client) if key[0].startswith("ctr_row_cache_")]
 
