@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-updates bench-row-cache bench-row-cache-calls bench-native-rows bench-s3-persistence bench-worker-memory clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-updates bench-row-cache bench-row-cache-calls bench-native-rows bench-s3-persistence bench-worker-memory clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -107,6 +107,11 @@ bench-updates:
 BENCH_ROW_CACHE_ARGS ?=
 bench-row-cache:
 	@$(WITH_ENV); $(BENCH) bench/bench_row_cache.py $(BENCH_ROW_CACHE_ARGS)
+
+# What a logistic regression told the generated day's planted form reaches at 900,000 rows.
+BENCH_QUALITY_REFERENCE_ARGS ?=
+bench-quality-reference:
+	@$(WITH_ENV); $(BENCH) bench/bench_quality_reference.py $(BENCH_QUALITY_REFERENCE_ARGS)
 
 # One tiered export served with two graph calls a miss and with three, fresh servers each round, passes alternated.
 BENCH_ROW_CACHE_CALLS_ARGS ?=
