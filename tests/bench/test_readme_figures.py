@@ -149,6 +149,11 @@ def rss_after_minute_10(names: tuple[str, ...]) -> list[float]:
     return [mib for name in names for mib in value(name, "variants.glibc_default.rss_mib")[10:]]
 
 
+def variant_seeds(key: str):
+    """`key` of MovieLens in the three-seed run with the DIN and no-history variants (real_variant_seeds.json)."""
+    return value("real_variant_seeds.json", f"datasets.movielens.{key}")
+
+
 def span(numbers: list[float], fmt: str, scale: float = 1.0) -> str:
     return f"{min(numbers) / scale:{fmt}}-{max(numbers) / scale:{fmt}}"
 
@@ -166,6 +171,15 @@ FIGURES: dict[str, Callable[[], str]] = {
     "real.json: DIN and DCNv2 without histories": lambda: (
         f"DIN over the liked items scored {movielens('auc_din_history'):.4f}, DCNv2 without histories "
         f"{movielens('auc_dcnv2_no_history'):.4f}"),
+    "real_variant_seeds.json: DIN against DCNv2 without histories over three seeds": lambda: (
+        f"DIN over the liked items scored {variant_seeds('auc_din_history_over_seeds.min'):.4f}-"
+        f"{variant_seeds('auc_din_history_over_seeds.max'):.4f} against "
+        f"{variant_seeds('auc_dcnv2_no_history_over_seeds.min'):.4f}-"
+        f"{variant_seeds('auc_dcnv2_no_history_over_seeds.max'):.4f} for DCNv2 without histories, ahead on every "
+        f"seed by {variant_seeds('din_minus_dcnv2_no_history_over_seeds.min'):+.4f} to "
+        f"{variant_seeds('din_minus_dcnv2_no_history_over_seeds.max'):+.4f} (mean "
+        f"{variant_seeds('din_minus_dcnv2_no_history_over_seeds.mean'):+.4f}), and the default model "
+        f"{variant_seeds('auc_over_seeds.min'):.4f}-{variant_seeds('auc_over_seeds.max'):.4f}"),
     "real_interest_product.json, real_interest_product_off.json": lambda: (
         f"DIN scored {value('real_interest_product.json', 'datasets.movielens.auc_din_history'):.4f} with it and "
         f"{value('real_interest_product_off.json', 'datasets.movielens.auc_din_history'):.4f} without, DCNv2 without "
