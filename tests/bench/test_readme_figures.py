@@ -171,6 +171,10 @@ FIGURES: dict[str, Callable[[], str]] = {
     "real.json: DIN and DCNv2 without histories": lambda: (
         f"DIN over the liked items scored {movielens('auc_din_history'):.4f}, DCNv2 without histories "
         f"{movielens('auc_dcnv2_no_history'):.4f}"),
+    "quality_reference.json": lambda: (
+        f"told the generator's form {value('quality_reference.json', 'structured_lr.gap_to_planted'):.4f} at "
+        f"{value('quality_reference.json', 'rows'):,} rows, and "
+        f"{value('quality_reference.json', 'structured_lr_head.gap_to_planted'):.4f} when also told"),
     "real_variant_seeds.json: DIN against DCNv2 without histories over three seeds": lambda: (
         f"DIN over the liked items scored {variant_seeds('auc_din_history_over_seeds.min'):.4f}-"
         f"{variant_seeds('auc_din_history_over_seeds.max'):.4f} against "
