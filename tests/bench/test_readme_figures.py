@@ -171,6 +171,12 @@ FIGURES: dict[str, Callable[[], str]] = {
     "real.json: DIN and DCNv2 without histories": lambda: (
         f"DIN over the liked items scored {movielens('auc_din_history'):.4f}, DCNv2 without histories "
         f"{movielens('auc_dcnv2_no_history'):.4f}"),
+    "row_cache_calls.json": lambda: (
+        f"server's mean time in the server "
+        f"{span(value('row_cache_calls.json', 'three_over_two_range.tiered.server_mean_ms'), '.2f')}x the "
+        f"two-call one's with an empty cache, "
+        f"{span(value('row_cache_calls.json', 'three_over_two_range.evicting.server_mean_ms'), '.2f')}x with a "
+        "2,000-row cache (row_cache_calls.json)"),
     "quality_reference.json": lambda: (
         f"told the generator's form {value('quality_reference.json', 'structured_lr.gap_to_planted'):.4f} at "
         f"{value('quality_reference.json', 'rows'):,} rows, and "
