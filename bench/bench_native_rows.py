@@ -22,7 +22,6 @@ Keys: `rate_per_s`, `rounds` (per round, per server: `p50_ms`, `p99_ms`, `server
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -32,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_serving import (
-    CLIENT_CORE,
     FIRST_VERSION,
     MODEL_NAME,
     build_models,
     candidates,
     free_port,
     loaded,
+    measuring_client,
     open_loop,
     start_server,
     stop_server,
@@ -83,7 +82,6 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     models = build_models(work, args.state_rows, swap_rounds=0)
     instances = candidates(5_000, seed=11)
     servers, ports = {}, {}
-    cores = os.sched_getaffinity(0)
     try:
         for name, settings in SERVERS.items():
             home = work / name
@@ -93,13 +91,7 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             servers[name] = start_server(home, home / "store", ports[name], free_port(), settings=settings)
         for name, server in servers.items():
             wait_healthy(ports[name], server, work / name / "server.log")
-        if (os.cpu_count() or 1) > 1:
-            os.sched_setaffinity(0, {CLIENT_CORE})
-        # As bench-serving: this process's own collections would stop the client's threads mid-request.
-        gc.collect()
-        gc.freeze()
-        gc.disable()
-        try:
+        with measuring_client():
             scan = None
             rate = args.rate
             if rate is None:
@@ -117,11 +109,7 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                           f"p99 {results[name]['p99_ms']:.2f} ms, in the server {results[name]['server_mean_ms']:.2f}"
                           f" ms, unanswered {results[name]['unanswered']}", flush=True)
                 rounds.append({"order": order, **results})
-        finally:
-            gc.enable()
-            gc.unfreeze()
     finally:
-        os.sched_setaffinity(0, cores)
         for server in servers.values():
             stop_server(server)
     ratios = [{key: round_["python"][key] / round_["native"][key] for key in ("p50_ms", "p99_ms", "server_mean_ms")}

@@ -31,7 +31,6 @@ Keys: `rate_per_s`, `rounds` (per round, per export, per way: `p50_ms`, `p99_ms`
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -44,12 +43,12 @@ from typing import Any
 from bench.bench_native_rows import predict_duration
 from bench.bench_row_cache import BATCH, build, row_cache_totals
 from bench.bench_serving import (
-    CLIENT_CORE,
     FIRST_VERSION,
     MODEL_NAME,
     candidates,
     free_port,
     loaded,
+    measuring_client,
     open_loop,
     start_server,
     stop_server,
@@ -133,14 +132,7 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                      "three_calls": three_call_export(models[export], work / "exports" / f"{export}_three_calls")}
             for export in args.exports}
     instances = candidates(args.loaded_requests * BATCH + BATCH, seed=13)
-    cores = os.sched_getaffinity(0)
-    if (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {CLIENT_CORE})
-    # As bench-serving: this process's own collections would stop the client's threads mid-request.
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
+    with measuring_client():
         scan = None
         rate = args.rate
         if rate is None:
@@ -174,10 +166,6 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                                        f"{results}")
                 round_[export] = results
             rounds.append(round_)
-    finally:
-        gc.enable()
-        gc.unfreeze()
-        os.sched_setaffinity(0, cores)
     keys = ("p50_ms", "p99_ms", "server_mean_ms")
     ratios = [{export: {key: r[export]["three_calls"][key] / r[export]["two_calls"][key] for key in keys}
                for export in args.exports} for r in rounds]

@@ -292,6 +292,25 @@ def closed_loop(url: str, bodies: dict[int, list[bytes]], repeats: int, client: 
 
 
 @contextmanager
+def measuring_client() -> Iterator[None]:
+    """This process as a load generator while it measures: on the client core (where the host has two or more),
+    its heap frozen and its collector off, as bench-serving's own loaded phases run (a collection of a heap that
+    imported TensorFlow stops the client's threads mid-request); all of it undone after."""
+    cores = os.sched_getaffinity(0)
+    if (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {CLIENT_CORE})
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        os.sched_setaffinity(0, cores)
+
+
+@contextmanager
 def poster(url: str, client: str) -> Iterator[Callable[[bytes], int]]:
     """A function POSTing a JSON body to `url` on one keep-alive connection of `client` and returning the
     status once the response is read whole."""
