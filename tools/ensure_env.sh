@@ -75,6 +75,13 @@ if ! command -v "$python_bin" >/dev/null 2>&1; then
 fi
 
 mkdir -p "$cache"
+# One build at a time per environment: two clones (CI beside a benchmark's worktree) starting at once would
+# otherwise both build into the same directory, the second removing what the first installs.
+exec 9>"$cache/.venv-py311-$lock_hash.lock"
+if ! flock -n 9; then
+  log "another process is building or updating $venv: waiting for it"
+  flock 9
+fi
 uv_bin=$(command -v uv || true)
 if [ -z "$uv_bin" ]; then
   if [ ! -x "$cache/uv/bin/uv" ]; then
