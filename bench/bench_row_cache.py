@@ -38,6 +38,11 @@ gets `--loaded-requests` distinct requests, then the same requests again:
 Rows loaded per request and the hit rate come from the server's /metrics (`ctr_row_cache_loads_total`,
 `ctr_row_cache_hits_total`), read before and after each pass.
 
+Eviction (`eviction`, in this process, no timing): the row cache evicts by a segmented LRU (serving.row_cache,
+"Eviction"); the small-cache exports, with and without preload, run the served passes' requests twice under it
+and again with every row on probation (a plain LRU, the policy before), and the rows each loads a request are
+compared (`eviction_rows_loaded_ratio`).
+
 The pipeline's exports carry rows to preload: the values the state's rows counted most, up to each cache's size,
 which a model loads when it warms up (serving.row_cache TieredRows.preload). The exports above leave them out (a
 cache that holds only what requests loaded); each is exported a second time with them (`tiered_preloaded`,
@@ -162,6 +167,7 @@ def timed(model, batches: list[list[dict]]) -> list[float]:
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     models = build(work, args.rows, args.small_cache, preload=not args.no_preload)
     result = in_process(models, args)
+    result["eviction"] = eviction(models, args)
     if not args.in_process_only:
         result["served"] = served(work, models, args)
     return result
@@ -217,6 +223,43 @@ def in_process(models: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     result["cache"] = {"tiered": tiered.tiered.counters(), "evicting": evicting.tiered.counters()}
     result["tiered_tables"] = models["tiered_tables"]
     return result
+
+
+def eviction(models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Rows loaded per request by the small-cache exports under the row cache's segmented LRU (the default) and
+    under a plain LRU (the same caches with no protected segment, `protected_rows` 0), in this process, over the
+    requests the served passes send (`--loaded-requests` of them, twice: `cold` then `warm`). The counts do not
+    depend on timing, so the two policies are compared on the very same requests in one run."""
+    from serving.model import LoadedModel
+
+    instances = candidates(args.loaded_requests * BATCH + BATCH, seed=13)
+    out: dict[str, Any] = {"requests_per_pass": args.loaded_requests}
+    labels = [label for label in ("evicting", "evicting_preloaded") if label in models]
+    for policy in ("segmented", "lru"):
+        for label in labels:
+            model = LoadedModel.load(models[label])
+            assert model.tiered is not None
+            if policy == "lru":
+                for table in model.tiered.tables:
+                    table.protected_rows = 0
+            model.warm_up()
+            for name in ("cold", "warm"):
+                before = sum(t["rows_loaded"] for t in model.tiered.counters().values())
+                calls = model.tiered.load_calls
+                for index in range(args.loaded_requests):
+                    offset = (index * BATCH) % (len(instances) - BATCH)  # bench_serving.hundreds' windows
+                    model.predict(instances[offset:offset + BATCH])
+                loaded = sum(t["rows_loaded"] for t in model.tiered.counters().values()) - before
+                out[f"{label}_{name}_{policy}"] = {
+                    "rows_loaded_per_request": loaded / args.loaded_requests,
+                    "load_calls_per_request": (model.tiered.load_calls - calls) / args.loaded_requests}
+            print(f"  eviction, {policy}, {label}: rows loaded a request "
+                  f"{out[f'{label}_cold_{policy}']['rows_loaded_per_request']:.1f} (cold), "
+                  f"{out[f'{label}_warm_{policy}']['rows_loaded_per_request']:.1f} (warm)", flush=True)
+    out["rows_loaded_ratio_segmented_to_lru"] = {
+        f"{label}_{name}": out[f"{label}_{name}_segmented"]["rows_loaded_per_request"]
+        / out[f"{label}_{name}_lru"]["rows_loaded_per_request"] for label in labels for name in ("cold", "warm")}
+    return out
 
 
 def row_cache_totals(port: int) -> dict[str, float]:
@@ -446,6 +489,9 @@ def main() -> int:
         "p50_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in p50_ratios.items()},
         "served_p99_ratio_to_memory": {phase: [min(v), max(v)] for phase, v in served_ratios.items()} or None,
         "served_passes": served_ranges(runs) if not args.in_process_only else None,
+        # Rows loaded a request, segmented LRU over plain LRU, per run (the same in every run: no timing in it).
+        "eviction_rows_loaded_ratio": {key: [r["eviction"]["rows_loaded_ratio_segmented_to_lru"][key] for r in runs]
+                                       for key in runs[0]["eviction"]["rows_loaded_ratio_segmented_to_lru"]},
         "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -27,6 +27,8 @@ which Prometheus' `rate` reads as a counter reset):
     ctr_row_cache_delta_rows{table}           gauge: rows the version's deltas changed, kept beside the store
     ctr_row_cache_preloaded_rows{table}       gauge: rows loaded before the first request (the ones training
                                               read most; not in loads_total)
+    ctr_row_cache_protected_rows{table}       gauge: rows in the cache's protected segment (read by more than
+                                              one request, or preloaded; serving.row_cache "Eviction")
     ctr_row_cache_load_calls_total            counter: graph calls that wrote rows into the caches (one per
                                               request that missed a row, for all its tables, and one per delta
                                               that changed cached rows)
@@ -119,8 +121,8 @@ def data_end_timestamp(version: str, data_end: Any) -> float | None:
 @dataclass(frozen=True)
 class RowCacheCounts:
     """A served model's row cache counters: per tiered table, `TieredRows.counters()`'s ("cache_rows", "cached",
-    "rows_hit", "rows_loaded", "rows_preloaded", "delta_rows"), the graph calls that loaded rows, and the requests
-    the loaded endpoint answered in the call that loaded their rows."""
+    "rows_hit", "rows_loaded", "rows_preloaded", "delta_rows", "protected"), the graph calls that loaded rows, and
+    the requests the loaded endpoint answered in the call that loaded their rows."""
 
     tables: Mapping[str, Mapping[str, int]]
     load_calls: int
@@ -302,6 +304,8 @@ def _row_cache_families(counts: RowCacheCounts) -> list[Metric]:
                            "Rows the version's deltas changed, kept beside the store."),
             "rows_preloaded": (GaugeMetricFamily, "preloaded_rows",
                                "Rows loaded before the first request, the ones training read most."),
+            "protected": (GaugeMetricFamily, "protected_rows",
+                          "Rows in the row cache's protected segment: read by more than one request, or preloaded."),
         }.items()}
     for table in sorted(counts.tables):
         for key, family in families.items():

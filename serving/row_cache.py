@@ -22,6 +22,14 @@ the export lists as its `preload` (trainer.tiered_tables.preload_rows: the reser
 training counted most, up to the cache's size), so that a server just started does not load, request by
 request, the rows nearly every request reads.
 
+Eviction is a segmented LRU (SLRU; the main region of Caffeine's W-TinyLFU): a row loaded by a request enters a
+probation segment; read again by a later request, it moves to a protected segment of at most PROTECTED_SHARE of
+the cache, whose least recently used row, when it is full, goes back to probation's most recent end. A load
+evicts probation's least recently used rows first, and protected ones only when probation holds too few that
+the request does not read. Rows a single request read once pass through probation without pushing out the rows
+every request reads; the preload's most counted rows start in the protected segment (in a plain LRU cache
+smaller than the rows requests read, they were gone within the first pass of bench-row-cache's requests).
+
 Deltas: a minute's delta carries a tiered table's changed rows as `tiered_rows_<table>` / `tiered_values_<table>`
 (components.delta.served_weight_arrays). The store is the full version's file and is never written: the
 rows changed since the full version are read before the store, and written into the slots of the rows already
@@ -60,6 +68,9 @@ MODEL_INPUT_PREFIX = "input_"
 # Loads a request may need when other requests' loads keep evicting its rows; then it fails.
 MAX_LOADS = 8
 PRELOAD_CHUNK_ROWS = 65_536  # rows of each table a graph call writes while a model preloads its caches
+# The protected segment's share of a row cache (SLRU): rows read by more than one request, and the preload's most
+# counted rows. Caffeine's main region keeps the same share.
+PROTECTED_SHARE = 0.8
 # A loaded model's directory of delta rows under the scratch directory: this prefix, the process id, a suffix.
 DELTA_ROWS_PREFIX = "delta-rows-"
 
@@ -119,14 +130,18 @@ def scratch_for(scratch: Path) -> Path:
 
 @dataclass
 class ServedTable:
-    """One tiered table of a served model: its store, its delta rows, and which row sits in which slot."""
+    """One tiered table of a served model: its store, its delta rows, and which row sits in which slot.
+
+    The slot map is a segmented LRU (the module's "Eviction"): `slots` is the probation segment and `protected`
+    the protected one, each row -> slot, least recently used first; a row is in one of them or not cached."""
 
     name: str
     index: int  # the table's index in the model (its `table_<index>` output of the rows endpoint)
     store: RowStore
     cache_rows: int
     load: Any  # the load_slots endpoint of this table, in exports without LOAD_ALL_SLOTS_ENDPOINT; else None
-    slots: OrderedDict[int, int] = field(default_factory=OrderedDict)  # row -> slot, least recently used first
+    slots: OrderedDict[int, int] = field(default_factory=OrderedDict)  # probation: row -> slot, least recent first
+    protected: OrderedDict[int, int] = field(default_factory=OrderedDict)  # row -> slot, least recent first
     free: list[int] = field(default_factory=list)
     # The rows deltas changed since the full version: in memory, or on disk (DeltaRows).
     delta: RowOverlay | DeltaRows = field(default_factory=RowOverlay)
@@ -136,6 +151,19 @@ class ServedTable:
 
     def __post_init__(self) -> None:
         self.free = list(range(self.cache_rows - 1, -1, -1))  # popped from the end: slot 0 first
+        self.protected_rows = int(self.cache_rows * PROTECTED_SHARE)
+
+    def __contains__(self, row: int) -> bool:
+        return row in self.slots or row in self.protected
+
+    def slot_of(self, row: int) -> int | None:
+        """The slot of cached `row`, else None."""
+        slot = self.protected.get(row)
+        return self.slots.get(row) if slot is None else slot
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.slots) + len(self.protected)
 
     def values(self, rows: np.ndarray) -> np.ndarray:
         """The rows' values as of the version served: the delta rows where a delta changed them, else the
@@ -145,7 +173,7 @@ class ServedTable:
         return values
 
     def missing(self, rows: np.ndarray) -> np.ndarray:
-        return np.asarray([row for row in rows.tolist() if row not in self.slots], dtype=np.int64)
+        return np.asarray([row for row in rows.tolist() if row not in self], dtype=np.int64)
 
     def check_fits(self, rows: np.ndarray) -> None:
         if len(rows) > self.cache_rows:
@@ -155,9 +183,9 @@ class ServedTable:
 
     def fill(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
         """The load of the rows not cached (`slots`, `rows`, `values`, `evicted`: free slots first, then those of
-        the least recently used rows the request does not read); None when all are cached. The slot map is not
-        changed: the caller (who holds the write lock) writes the load into the model's cache, then `commit`s it,
-        so a load that fails leaves the map as the cache is."""
+        the least recently used rows the request does not read, probation's before protected ones); None when
+        all are cached. The slot map is not changed: the caller (who holds the write lock) writes the load into
+        the model's cache, then `commit`s it, so a load that fails leaves the map as the cache is."""
         self.check_fits(rows)
         missing = self.missing(rows)
         if not len(missing):
@@ -165,25 +193,30 @@ class ServedTable:
         needed = set(rows.tolist())
         free = self.free[max(0, len(self.free) - len(missing)):]
         evicted: list[int] = []
-        if len(free) < len(missing):
-            for row in self.slots:
+        wanted = len(missing) - len(free)
+        for segment in (self.slots, self.protected):
+            if len(evicted) == wanted:
+                break
+            for row in segment:
                 if row not in needed:
                     evicted.append(row)
-                    if len(free) + len(evicted) == len(missing):
+                    if len(evicted) == wanted:
                         break
-        slots = np.asarray(free + [self.slots[row] for row in evicted], dtype=np.int64)
+        slots = np.asarray(free + [self.slot_of(row) for row in evicted], dtype=np.int64)
         order = np.argsort(missing)
         missing, slots = missing[order], slots[order]
         return {"slots": slots, "rows": missing, "values": self.values(missing),
                 "evicted": np.asarray(evicted, np.int64), "free_taken": np.asarray(len(free))}
 
     def commit(self, load: dict[str, np.ndarray] | None, preloaded: bool = False) -> None:
-        """Takes a `fill` load, written into the model's cache, into the slot map; counted as rows requests
-        loaded, or with `preloaded` as rows loaded before the first request."""
+        """Takes a `fill` load, written into the model's cache, into the slot map (its rows on probation's most
+        recent end); counted as rows requests loaded, or with `preloaded` as rows loaded before the first
+        request."""
         if load is None:
             return
         for row in load["evicted"].tolist():
-            del self.slots[row]
+            if self.slots.pop(row, None) is None:
+                del self.protected[row]
         del self.free[len(self.free) - int(load["free_taken"]):]
         self.slots.update(zip(load["rows"].tolist(), load["slots"].tolist(), strict=True))
         if preloaded:
@@ -191,8 +224,35 @@ class ServedTable:
         else:
             self.rows_loaded += len(load["rows"])
 
-    def touch(self, rows: np.ndarray) -> None:
+    def touch(self, rows: np.ndarray, loaded: np.ndarray | None = None) -> None:
+        """A request read `rows` (all cached), of which it loaded `loaded`: those stay on probation's most recent
+        end; the others, read again, move to the protected segment's most recent end (its least recent row back
+        to probation when it is full)."""
+        fresh = set() if loaded is None else set(np.asarray(loaded).tolist())
         for row in rows.tolist():
+            if row in fresh:
+                self.slots.move_to_end(row)
+            elif row in self.protected:
+                self.protected.move_to_end(row)
+            else:
+                self.protect(row)
+
+    def protect(self, row: int) -> None:
+        """Moves cached `row` from probation to the protected segment's most recent end, demoting the protected
+        segment's least recent row to probation's most recent end when it is full."""
+        self.protected[row] = self.slots.pop(row)
+        if len(self.protected) > self.protected_rows:
+            demoted, slot = self.protected.popitem(last=False)
+            self.slots[demoted] = slot
+
+    def rank_preloaded(self, rows: np.ndarray) -> None:
+        """Orders the preloaded `rows` (cached, the most counted first) by their counts: the first
+        `protected_rows` in the protected segment, the rest on probation, each segment's most counted at its
+        most recent end."""
+        rows = [row for row in rows.tolist() if row in self.slots]
+        for row in reversed(rows[:self.protected_rows]):
+            self.protected[row] = self.slots.pop(row)
+        for row in reversed(rows[self.protected_rows:]):
             self.slots.move_to_end(row)
 
     def apply_delta(self, rows: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray] | None:
@@ -200,7 +260,7 @@ class ServedTable:
         them into the slots of the ones cached (None when none is), for the caller (who holds the write lock)."""
         rows, values = np.asarray(rows, np.int64), np.asarray(values, np.float32)
         self.delta.update(rows, values=values)
-        cached = [(row, self.slots[row], i) for i, row in enumerate(rows.tolist()) if row in self.slots]
+        cached = [(row, self.slot_of(row), i) for i, row in enumerate(rows.tolist()) if row in self]
         if not cached:
             return None
         return {"slots": np.asarray([slot for _, slot, _ in cached], np.int64),
@@ -312,27 +372,30 @@ class TieredRows:
                     for table, rows, load in zip(self.tables, needed, loads, strict=True):
                         table.commit(load)
                         table.rows_hit += len(rows) - (len(load["rows"]) if load is not None else 0)
-                        table.touch(rows)
+                        table.touch(rows, loaded=None if load is None else load["rows"])
                 return probability
         else:
             needed = self.rows(arguments)
+        loaded: list[list[np.ndarray]] = [[] for _ in self.tables]  # rows this request loaded, per table
         for attempt in range(MAX_LOADS):
             context = reading()
             with context:
                 with self.lock:
                     missing = [len(table.missing(rows)) for table, rows in zip(self.tables, needed, strict=True)]
-                    for table, rows, count in zip(self.tables, needed, missing, strict=True):
+                    for table, rows, count, ours in zip(self.tables, needed, missing, loaded, strict=True):
                         if attempt == 0:  # rows found cached when the request came
                             table.rows_hit += len(rows) - count
                         if not any(missing):
-                            table.touch(rows)
+                            table.touch(rows, loaded=np.concatenate(ours) if ours else None)
                 if not any(missing):
                     return call()
             with writing(), self.lock:
                 loads = [table.fill(rows) for table, rows in zip(self.tables, needed, strict=True)]
                 self.write(loads)
-                for table, load in zip(self.tables, loads, strict=True):
+                for table, load, ours in zip(self.tables, loads, loaded, strict=True):
                     table.commit(load)
+                    if load is not None:
+                        ours.append(load["rows"])
         raise RuntimeError(f"the rows of a request were evicted by other requests {MAX_LOADS} times in a row; "
                            "serve with a larger serving.row_cache_rows")
 
@@ -352,6 +415,8 @@ class TieredRows:
                 self.write(loads)
                 for table, load in zip(self.tables, loads, strict=True):
                     table.commit(load, preloaded=True)
+            for table, rows in zip(self.tables, wanted, strict=True):
+                table.rank_preloaded(rows)
             return sum(table.rows_preloaded for table in self.tables) - before
 
     def apply_delta(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -361,9 +426,9 @@ class TieredRows:
                         if tiered_rows_name(table.name) in arrays else None for table in self.tables])
 
     def counters(self) -> dict[str, dict[str, int]]:
-        return {table.name: {"cache_rows": table.cache_rows, "cached": len(table.slots), "rows_hit": table.rows_hit,
+        return {table.name: {"cache_rows": table.cache_rows, "cached": table.num_cached, "rows_hit": table.rows_hit,
                              "rows_loaded": table.rows_loaded, "rows_preloaded": table.rows_preloaded,
-                             "delta_rows": len(table.delta)}
+                             "delta_rows": len(table.delta), "protected": len(table.protected)}
                 for table in self.tables}
 
 

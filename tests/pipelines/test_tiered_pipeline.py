@@ -133,7 +133,9 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         preload = np.load(served.directory / full["tiered_serving"][table.name]["preload"])
         assert len(preload) == CACHE_ROWS and len(set(preload.tolist())) == CACHE_ROWS
         assert preload[:2].tolist() == [0, 1]
-        assert set(table.slots) == set(preload.tolist())  # the warm-up's rows (the missing row) among them
+        # the warm-up's rows (the missing row) among them; the most counted in the protected segment
+        assert set(table.slots) | set(table.protected) == set(preload.tolist())
+        assert set(table.protected) == set(preload[:table.protected_rows].tolist())
         assert table.rows_preloaded == CACHE_ROWS and table.rows_loaded == 0
     # The first request reads some of them and loads the rest, with one load call for both tables, which answers
     # it too (the loaded endpoint, on the inputs the cached endpoint's call preprocessed: two graph calls).
@@ -198,7 +200,7 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     for name in TIERED:
         for metric, key in (("hits_total", "rows_hit"), ("loads_total", "rows_loaded"), ("rows", "cached"),
                             ("capacity_rows", "cache_rows"), ("delta_rows", "delta_rows"),
-                            ("preloaded_rows", "rows_preloaded")):
+                            ("preloaded_rows", "rows_preloaded"), ("protected_rows", "protected")):
             assert f'ctr_row_cache_{metric}{{table="{name}"}} {float(counters[name][key])}\n' in text
     assert f"ctr_row_cache_load_calls_total {float(served.tiered.load_calls)}\n" in text
     assert served.tiered.loaded_answers > 0

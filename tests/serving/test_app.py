@@ -536,9 +536,9 @@ def test_metrics_of_a_row_cache_name_each_tiered_table_and_a_model_without_one_h
         client: TestClient) -> None:
     counts = RowCacheCounts(tables={
         "C3": {"cache_rows": 4096, "cached": 1500, "rows_hit": 9000, "rows_loaded": 1700, "rows_preloaded": 1000,
-               "delta_rows": 12},
+               "delta_rows": 12, "protected": 900},
         "C12": {"cache_rows": 512, "cached": 512, "rows_hit": 30, "rows_loaded": 2048, "rows_preloaded": 0,
-                "delta_rows": 0},
+                "delta_rows": 0, "protected": 400},
     }, load_calls=41, loaded_answers=37)
 
     samples = parse_metrics(ServerMetrics(timed_endpoints=[]).render(None, counts))
@@ -549,11 +549,12 @@ def test_metrics_of_a_row_cache_name_each_tiered_table_and_a_model_without_one_h
     assert sample(samples, "ctr_row_cache_capacity_rows", table="C3") == 4096
     assert sample(samples, "ctr_row_cache_delta_rows", table="C3") == 12
     assert sample(samples, "ctr_row_cache_preloaded_rows", table="C3") == 1000
+    assert sample(samples, "ctr_row_cache_protected_rows", table="C3") == 900
     assert sample(samples, "ctr_row_cache_loads_total", table="C12") == 2048  # more than it holds: evictions
     assert sample(samples, "ctr_row_cache_rows", table="C12") == 512
     assert sample(samples, "ctr_row_cache_load_calls_total") == 41
     assert sample(samples, "ctr_row_cache_loaded_answers_total") == 37
-    assert len([key for key in samples if key[0].startswith("ctr_row_cache_")]) == 2 * 6 + 2
+    assert len([key for key in samples if key[0].startswith("ctr_row_cache_")]) == 2 * 7 + 2
     # The fixture model has every table in memory: no row cache series at all.
     assert not [key for key in scrape(client) if key[0].startswith("ctr_row_cache_")]
 
