@@ -286,8 +286,12 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"columns {value('events_quality_defaults.json', 'auc_criteo_columns'):.4f}; DIN is "
         f"{value('events_quality_defaults.json', 'best_gap_to_learnable'):.4f} under the learnable ceiling"),
     "events_quality_ceiling.json": lambda: (
-        f"{value('events_quality_ceiling.json', 'learnable_auc'):.4f} (`learnable_auc` in "
-        "`events_quality_ceiling.json`)"),
+        f"DCNv2 {value('events_quality_ceiling.json', 'auc_dcnv2'):.4f}, DIN "
+        f"{value('events_quality_ceiling.json', 'auc_din'):.4f}, Criteo-like columns "
+        f"{value('events_quality_ceiling.json', 'auc_criteo_columns'):.4f}, the ceiling "
+        f"{value('events_quality_ceiling.json', 'learnable_auc'):.4f} again; DIN "
+        f"{value('events_quality_ceiling.json', 'best_gap_to_learnable'):.4f} under it and "
+        f"{value('events_quality_ceiling.json', 'best_gap_to_planted'):.4f} under the planted model"),
     "quality_900k.json": lambda: (
         f"costs {value('quality_900k.json', 'auc_gap'):.4f} on their own generated day (DCNv2 "
         f"{value('quality_900k.json', 'auc'):.4f} against its planted model's "
