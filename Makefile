@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-updates bench-row-cache bench-row-cache-calls bench-native-rows bench-s3-persistence bench-worker-memory clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-tier-step bench-updates bench-row-cache bench-row-cache-calls bench-native-rows bench-s3-persistence bench-worker-memory clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -87,6 +87,11 @@ bench-tiers:
 BENCH_TIER_POLICY_ARGS ?=
 bench-tier-policy:
 	@$(WITH_ENV); $(BENCH) bench/bench_tier_policy.py $(BENCH_TIER_POLICY_ARGS)
+
+# Where a tiered table's step time goes: the in-memory step, the tiered layer fed slot ids, the hot tier (~3 min).
+BENCH_TIER_STEP_ARGS ?=
+bench-tier-step:
+	@$(WITH_ENV); $(BENCH) bench/bench_tier_step.py $(BENCH_TIER_STEP_ARGS)
 
 # The local S3 endpoint across a restart: moto's recorder against the stack's snapshot of the buckets.
 BENCH_S3_PERSISTENCE_ARGS ?=
