@@ -127,6 +127,25 @@ def policy() -> dict:
     return result("tier_policy.json")["zipf_1.05"]
 
 
+def rng2(name: str, key: str, digits: int) -> str:
+    """The range, "lo-hi" at `digits` decimals, over every entry of a {label: [per run]} mapping `key`."""
+    found = [x for runs in value(name, key).values() for x in runs]
+    return f"{min(found):.{digits}f}-{max(found):.{digits}f}"
+
+
+def segmented_eviction(key: str) -> float:
+    """Rows loaded a request in row_cache_segmented.json's eviction comparison (the same in both runs)."""
+    found = {run["eviction"][key]["rows_loaded_per_request"] for run in result("row_cache_segmented.json")["runs"]}
+    assert len(found) == 1, f"row_cache_segmented.json's runs differ in {key}: {found}"
+    return found.pop()
+
+
+def pair_range(path: str) -> str:
+    """The range, "lo-hi" at two decimals, of a [min, max] entry over tier_step.json and tier_step_run2.json."""
+    found = [x for name in ("tier_step.json", "tier_step_run2.json") for x in value(name, path)]
+    return f"{min(found):.2f}-{max(found):.2f}"
+
+
 def movielens(key: str):
     return value("real.json", f"datasets.movielens.{key}")
 
@@ -443,6 +462,15 @@ FIGURES: dict[str, Callable[[], str]] = {
         if round(value('multi_hash.json', 'embedding_memory_saved_ratio'), 3) == 0.853
         and value('multi_hash_run2.json', 'auc_difference') == value('multi_hash.json', 'auc_difference')
         else "multi_hash.json no longer holds 0.853 saved, or its second run differs"),
+    "row_cache_segmented.json": lambda: (
+        f"a 2,000-row cache loads {rng2('row_cache_segmented.json', 'eviction_rows_loaded_ratio', 3)}x the rows a "
+        f"plain LRU does, {segmented_eviction('evicting_preloaded_cold_segmented'):.1f} rows a request preloaded "
+        f"against {segmented_eviction('evicting_preloaded_cold_lru'):.1f}"),
+    "tier_step.json": lambda: (
+        f"the tiered layer fed slot ids {pair_range('ranges.slots.p50_over_memory')}x the in-memory step's p50, "
+        f"through the hot tier {pair_range('ranges.tiered.p50_over_memory')}x, with "
+        f"{pair_range('ranges.tiered.prepare_cpu_ms_per_step')} ms of the producer's CPU a batch planning and "
+        f"reading and {pair_range('ranges.tiered.apply_ms_per_step')} ms applying the plan"),
     "tier_policy.json": lambda: (
         f"in one pass {round(100 * policy()['first_touch_misses'] / policy()['lru_misses'])} % of LRU's misses are "
         f"rows read for the first time, which every policy misses, and LFU saves "
