@@ -395,8 +395,9 @@ class ServingConfig:
     # rest to it; without a C compiler the server logs so and takes the Python way. false: always the Python way.
     native_rows: bool = True
     # A model with tiered tables (storage: tiered) is served with the tables on disk: each served table's rows a
-    # request reads are loaded into a row cache of this many rows (least recently used out), the rest stay in the
-    # table's store beside the model (serving/row_cache.py). 0: the hot_rows the spec gives the table.
+    # request reads are loaded into a row cache of this many rows (a segmented LRU: rows read once out before rows
+    # read again), the rest stay in the table's store beside the model (serving/row_cache.py). 0: the hot_rows the
+    # spec gives the table.
     row_cache_rows: int = 0
 
 
