@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_serving import candidates, export_full, feature_state, percentiles
+from bench.bench_serving import candidates, export_full, feature_state, hundreds, percentiles
 from bench.provenance import provenance
 from components.config import TrainConfig
 from components.feature_spec import spec_from_dict
@@ -232,7 +232,7 @@ def eviction(models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     depend on timing, so the two policies are compared on the very same requests in one run."""
     from serving.model import LoadedModel
 
-    instances = candidates(args.loaded_requests * BATCH + BATCH, seed=13)
+    request = hundreds(candidates(args.loaded_requests * BATCH + BATCH, seed=13))  # the served passes' requests
     out: dict[str, Any] = {"requests_per_pass": args.loaded_requests}
     labels = [label for label in ("evicting", "evicting_preloaded") if label in models]
     for policy in ("segmented", "lru"):
@@ -247,8 +247,7 @@ def eviction(models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
                 before = sum(t["rows_loaded"] for t in model.tiered.counters().values())
                 calls = model.tiered.load_calls
                 for index in range(args.loaded_requests):
-                    offset = (index * BATCH) % (len(instances) - BATCH)  # bench_serving.hundreds' windows
-                    model.predict(instances[offset:offset + BATCH])
+                    model.predict(request(index))
                 loaded = sum(t["rows_loaded"] for t in model.tiered.counters().values()) - before
                 out[f"{label}_{name}_{policy}"] = {
                     "rows_loaded_per_request": loaded / args.loaded_requests,

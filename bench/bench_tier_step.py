@@ -20,8 +20,9 @@ in-memory tables), or the hot tier's own work, planning and reading the next bat
 
 Per variant and round (`--steps` steps of 1,024 rows; the first step of each fit left out): step time p50 and
 mean by a callback around each step (the plan applied inside it, as bench-tiers counts), the process's CPU time
-per step and that of the training thread and TensorFlow's compute threads (/proc/self/task), and, tiered, the
-producer's CPU time in `prepare` (its thread's clock) and the time applying plans per step. The first round
+per step and that of the training thread and TensorFlow's compute threads (psutil's per-thread times, the
+names from /proc/self/task), and, tiered, the producer's CPU time in `prepare` (its thread's clock) and the time
+applying plans per step. The first round
 warms every variant up (the hot tier fills, functions are traced) and is reported apart (`warm_up`); the figures
 are the ranges over the other rounds, and each variant's p50 over `memory`'s in the same round.
 """
@@ -55,32 +56,31 @@ from bench.provenance import provenance
 
 RESULT = Path(__file__).resolve().parent / "results" / "tier_step.json"
 VARIANTS = ("memory", "slots", "one_variable", "tiered", "tiered_io_1")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def thread_ticks() -> dict[int, tuple[str, int]]:
-    """Per thread of this process: its name (comm) and CPU time in clock ticks (utime + stime)."""
+def thread_times() -> dict[int, tuple[str, float]]:
+    """Per thread of this process: its name (comm) and CPU seconds (user + system, psutil)."""
+    import psutil
+
     out = {}
-    for tid in os.listdir("/proc/self/task"):
+    for thread in psutil.Process().threads():
         try:
-            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            name = Path(f"/proc/self/task/{thread.id}/comm").read_text().strip()
         except OSError:  # the thread ended meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))
+        out[thread.id] = (name, thread.user_time + thread.system_time)
     return out
 
 
-def thread_seconds(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, float]:
-    """CPU seconds between two `thread_ticks`, as the training thread's, TensorFlow's compute threads' and the
+def thread_seconds(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds between two `thread_times`, as the training thread's, TensorFlow's compute threads' and the
     rest's (a thread that ended between the two is not counted)."""
     main = threading.main_thread().native_id
     out = {"training_thread": 0.0, "tf_compute": 0.0, "other": 0.0}
-    for tid, (name, ticks) in after.items():
-        seconds = (ticks - before.get(tid, (name, 0))[1]) / CLOCK_TICKS
+    for tid, (name, seconds) in after.items():
+        spent = seconds - before.get(tid, (name, 0.0))[1]
         group = "training_thread" if tid == main else "tf_compute" if name.startswith("tf_Compute") else "other"
-        out[group] += seconds
+        out[group] += spent
     return out
 
 
@@ -170,7 +170,7 @@ def main() -> int:
 
     def fit(variant: str, start: int) -> dict[str, Any]:
         timer = StepTimer()
-        cpu, threads = time.process_time(), thread_ticks()
+        cpu, threads = time.process_time(), thread_times()
         applied = prepared = None
         if variant.startswith("tiered"):
             store.io_threads = 1 if variant == "tiered_io_1" else default_io_threads
@@ -184,7 +184,7 @@ def main() -> int:
             models[variant].fit(source(start, slots=variant != "memory"), steps_per_epoch=args.steps, epochs=1,
                                 callbacks=[timer], verbose=0)
         cpu = time.process_time() - cpu
-        by_thread = thread_seconds(threads, thread_ticks())
+        by_thread = thread_seconds(threads, thread_times())
         steps = np.asarray(timer.times[1:]) * 1e3
         out = {"step_p50_ms": float(np.median(steps)), "step_mean_ms": float(steps.mean()),
                "cpu_ms_per_step": cpu * 1e3 / args.steps,
