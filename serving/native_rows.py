@@ -19,13 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shlex
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from components import native_build
+
 if TYPE_CHECKING:
     import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "rows.c"
-CACHE_ENV = "CTR_NATIVE_CACHE"
+CACHE_ENV = native_build.CACHE_ENV
 COMPILE_FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
 FLOAT, STRING = 0, 1
 NOT_HANDLED, TOO_MANY = -1, -2  # rows.c's CTR_ROWS_NOT_HANDLED and CTR_ROWS_TOO_MANY
@@ -47,32 +43,14 @@ BYTES_PER_ROW_GUESS = 64
 
 
 def library_path(source: Path = SOURCE) -> Path:
-    """Where the library built from `source` lives: named by the source's hash, the flags and the machine."""
-    digest = hashlib.sha256(source.read_bytes() + " ".join(COMPILE_FLAGS).encode()).hexdigest()[:16]
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ctr-pipeline" / "native")
-    return root / f"rows-{digest}-{platform.machine()}.so"
+    """Where the library built from `source` lives (components.native_build)."""
+    return native_build.library_path(source, COMPILE_FLAGS)
 
 
 def build(source: Path = SOURCE) -> Path:
-    """Compiles `source` if its library is not built yet; returns the library's path. Written to a temporary
-    name and renamed, so a process never loads a half-written library. RuntimeError (with the compiler's
-    output) when it does not compile."""
-    target = library_path(source)
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    compiler = shlex.split(os.environ.get("CC") or "cc")
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        command = [*compiler, *COMPILE_FLAGS, str(source), "-o", str(built)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise RuntimeError(f"{shlex.join(command)} did not run: {err}") from None
-        if done.returncode != 0:
-            raise RuntimeError(f"{shlex.join(command)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-        os.replace(built, target)
-    return target
+    """Compiles `source` if its library is not built yet; returns the library's path (components.native_build:
+    RuntimeError with the compiler's output when it does not compile)."""
+    return native_build.build(source, COMPILE_FLAGS)
 
 
 @functools.cache

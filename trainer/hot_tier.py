@@ -49,10 +49,11 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from trainer import native_tier
 from trainer.arguments import require_integer
 from trainer.row_map import RowMap
 from trainer.row_store import IO_POOL, RowStore
@@ -138,17 +139,12 @@ class HotTierPlanner:
         self.queue_head = self.queue_tail = 0
 
     def plan(self, row_ids: np.ndarray, training: bool = True) -> Plan:
-        ids = np.asarray(row_ids)
-        if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"Row ids must be integers. Received: dtype {ids.dtype}")
+        ids = integer_ids(row_ids)
         if ids.size and ids.min() < 0:
-            raise ValueError(f"Row ids must be >= 0. Received: {np.unique(ids[ids < 0])[:10].tolist()}")
-        unique, inverse = np.unique(ids.astype(np.int64, copy=False), return_inverse=True)
+            raise negative_ids(ids)
+        unique, inverse = np.unique(ids, return_inverse=True)
         if len(unique) > self.hot_rows:
-            raise ValueError(
-                f"A batch reads {len(unique)} distinct rows of this table, more than its hot tier's hot_rows="
-                f"{self.hot_rows} slots. Set hot_rows to at least {len(unique)} (a few times the distinct rows of a "
-                "batch, so that rows stay resident between batches) or use smaller batches")
+            raise too_many_rows(len(unique), self.hot_rows)
         slots = self.slot_map.lookup(unique)
         uses = self.num_uses + np.arange(len(unique), dtype=np.int64)
         resident = slots >= 0
@@ -219,6 +215,86 @@ class HotTierPlanner:
         self.queue_tail += len(slots)
 
 
+class NativePlanner:
+    """HotTierPlanner's plans, made by trainer/native/hot_tier.c in one call a batch. The same state, held in
+    numpy arrays the C code updates: row -> slot in an open-addressing table of at least twice `hot_rows`
+    entries (16 bytes each), and per slot its row, whether it is dirty and its place in a list of the slots in
+    use from least to most recently used (32 bytes). `library` is trainer.native_tier.library()'s."""
+
+    def __init__(self, hot_rows: int, library: Any, first_sequence: int = 0) -> None:
+        require_integer("hot_rows", hot_rows)
+        self.hot_rows = int(hot_rows)
+        self.library = library
+        self.num_planned = first_sequence
+        self.capacity = 1 << max(1, (2 * self.hot_rows - 1).bit_length())
+        self.table = np.full((self.capacity, 2), -1, dtype=np.int64)  # (row, slot) entries, row -1 where free
+        self.slots = np.full((self.hot_rows, 4), -1, dtype=np.int64)  # row, older and newer slot, dirty
+        self.slots[:, 3] = 0
+        self.scalars = np.array([-1, -1, 0], dtype=np.int64)  # least and most recent slot, slots in use
+        self.counts = np.zeros(3, dtype=np.int64)
+        self.state = (self.table.ctypes.data, self.slots.ctypes.data, self.scalars.ctypes.data)
+
+    def resident(self) -> dict[int, int]:
+        """Row -> slot of every row held."""
+        held = self.table[:, 0] >= 0
+        return dict(zip(self.table[held, 0].tolist(), self.table[held, 1].tolist(), strict=True))
+
+    def plan(self, row_ids: np.ndarray, training: bool = True) -> Plan:
+        ids = integer_ids(row_ids)
+        flat = np.ascontiguousarray(ids.reshape(-1))
+        count = len(flat)
+        scratch = np.empty(4 * count, dtype=np.int64)
+        out = np.empty((7, count), dtype=np.int64)
+        status = self.library.ctr_plan(self.hot_rows, self.capacity, *self.state, flat.ctypes.data, count,
+                                       int(bool(training)), scratch.ctypes.data, out.ctypes.data,
+                                       self.counts.ctypes.data)
+        if status == native_tier.NEGATIVE_ID:
+            raise negative_ids(ids)
+        if status == native_tier.TOO_MANY_ROWS:
+            raise too_many_rows(int(self.counts[0]), self.hot_rows)
+        if status != 0:
+            raise RuntimeError(f"hot_tier.c returned {status} (a bug: report it with the batch that led here)")
+        num_rows, num_loads, num_write_backs = self.counts.tolist()
+        plan = Plan(
+            sequence=self.num_planned,
+            slot_ids=out[0].reshape(ids.shape),
+            write_back_slots=out[5, :num_write_backs],
+            write_back_rows=out[6, :num_write_backs],
+            load_rows=out[3, :num_loads],
+            load_slots=out[4, :num_loads],
+            training=bool(training),
+            num_rows=num_rows,
+        )
+        self.num_planned += 1
+        return plan
+
+
+def make_planner(hot_rows: int, first_sequence: int = 0) -> HotTierPlanner | NativePlanner:
+    """The native planner where hot_tier.c builds here, else the numpy one: the same plans either way."""
+    library = native_tier.library()
+    if library is None:
+        return HotTierPlanner(hot_rows, first_sequence)
+    return NativePlanner(hot_rows, library, first_sequence)
+
+
+def integer_ids(row_ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(row_ids)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"Row ids must be integers. Received: dtype {ids.dtype}")
+    return ids.astype(np.int64, copy=False)
+
+
+def negative_ids(ids: np.ndarray) -> ValueError:
+    return ValueError(f"Row ids must be >= 0. Received: {np.unique(ids[ids < 0])[:10].tolist()}")
+
+
+def too_many_rows(num_rows: int, hot_rows: int) -> ValueError:
+    return ValueError(
+        f"A batch reads {num_rows} distinct rows of this table, more than its hot tier's hot_rows={hot_rows} "
+        f"slots. Set hot_rows to at least {num_rows} (a few times the distinct rows of a batch, so that rows stay "
+        "resident between batches) or use smaller batches")
+
+
 @dataclass(frozen=True)
 class PreparedPlan:
     """A plan with its loads read ahead where that is safe. Row k of `load_values` / `load_accumulators` is
@@ -275,7 +351,7 @@ class HotTier:
 
     def __init__(self, store: RowStore, hot_rows: int) -> None:
         self.store = store
-        self.planner = HotTierPlanner(hot_rows)
+        self.planner = make_planner(hot_rows)
         self.hot_rows = self.planner.hot_rows
         # The slots as the last applied plan left them: what flush writes back.
         self.applied_row_of_slot = np.full(self.hot_rows, -1, dtype=np.int64)
@@ -423,7 +499,7 @@ class HotTier:
         """Flushes, then empties the tier: every slot free, plans prepared and not applied dropped. For a new
         stream of batches after one that stopped early (its producer must have stopped)."""
         self.flush(slots)
-        self.planner = HotTierPlanner(self.hot_rows, first_sequence=self.num_applied)
+        self.planner = make_planner(self.hot_rows, first_sequence=self.num_applied)
         self.applied_row_of_slot[:] = -1
         self.write_backs_by_plan.clear()
 

@@ -1,6 +1,8 @@
-"""Row id -> int64 value, a batch of rows at a time, in numpy: the hash table behind the hot tier's planner (row
--> slot, `trainer.hot_tier.RowSlotMap`) and a row store's log (row -> where its latest record is,
-`trainer.row_store`).
+"""Row id -> int64 value, a batch of rows at a time: the hash table behind the hot tier's numpy planner (row ->
+slot, `trainer.hot_tier.RowSlotMap`) and a row store's log (row -> where its latest record is,
+`trainer.row_store`, through `new_row_map`: NativeRowMap where trainer/native/hot_tier.c builds, else RowMap).
+
+RowMap, in numpy:
 
 A table of buckets of BUCKET_WIDTH entries. A row lives in the less full of its two buckets (two hash functions,
 "two choices"), so a bucket is at most half full on average and almost never full; a lookup compares each row
@@ -12,8 +14,11 @@ array indexed by row id would: 8 bytes per row of the table).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from trainer import native_tier
 from trainer.arguments import require_integer
 
 # Entries per bucket: 16 int64 row ids, two cache lines.
@@ -119,6 +124,10 @@ class RowMap:
     def placed(self, values: np.ndarray, entries: np.ndarray) -> None:
         """Called with the values just added and their entries (for subclasses that index them)."""
 
+    def remove(self, rows: np.ndarray) -> None:
+        """Removes distinct `rows`, all present."""
+        self.remove_entries(self.entries(np.asarray(rows, dtype=np.int64)))
+
     def remove_entries(self, entries: np.ndarray) -> None:
         """Empties distinct `entries`, all in use."""
         self.rows.reshape(-1)[entries] = EMPTY
@@ -139,3 +148,66 @@ class RowMap:
         rows, values = self.items()
         self.allocate(2 * self.num_buckets)
         self.insert(rows, values)
+
+
+class NativeRowMap:
+    """RowMap's map in C (trainer/native/hot_tier.c, one call per batch of rows instead of numpy's dozens): an
+    open-addressing table of (row, value) entries, linear probing, at most half full (32 to 64 bytes per row
+    held, as RowMap), doubling as rows are added. `library` is trainer.native_tier.library()'s."""
+
+    def __init__(self, expected_rows: int, library: Any) -> None:
+        require_integer("expected_rows", expected_rows, minimum=0)
+        self.library = library
+        capacity = 1 << max(4, (2 * max(int(expected_rows), 1) - 1).bit_length())
+        self.table = np.full((capacity, 2), EMPTY, dtype=np.int64)
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def lookup(self, rows: np.ndarray) -> np.ndarray:
+        """The value of each of `rows` (int64), -1 where a row is absent."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        values = np.empty(len(rows), dtype=np.int64)
+        self.library.ctr_map_lookup(self.table.ctypes.data, len(self.table), rows.ctypes.data, len(rows),
+                                    values.ctypes.data)
+        return values
+
+    def set(self, rows: np.ndarray, values: np.ndarray) -> int:
+        """Sets distinct `rows` (>= 0) to `values`, adding the absent ones; returns how many were present."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        values = np.ascontiguousarray(values, dtype=np.int64)
+        if len(rows) != len(values):
+            raise ValueError(f"Setting {len(rows)} rows needs as many values. Received: {len(values)}")
+        capacity = len(self.table)
+        while 2 * (self.size + len(rows)) > capacity:
+            capacity *= 2
+        if capacity > len(self.table):
+            bigger = np.full((capacity, 2), EMPTY, dtype=np.int64)
+            self.library.ctr_map_rehash(self.table.ctypes.data, len(self.table), bigger.ctypes.data, capacity)
+            self.table = bigger
+        present = int(self.library.ctr_map_set(self.table.ctypes.data, len(self.table), rows.ctypes.data,
+                                               values.ctypes.data, len(rows)))
+        self.size += len(rows) - present
+        return present
+
+    def remove(self, rows: np.ndarray) -> None:
+        """Removes distinct `rows`, all present."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        removed = int(self.library.ctr_map_remove(self.table.ctypes.data, len(self.table), rows.ctypes.data,
+                                                  len(rows)))
+        self.size -= removed
+        if removed != len(rows):
+            raise ValueError(f"{len(rows) - removed} of the {len(rows)} rows to remove were not in the map (the "
+                             "others were removed); remove only rows present")
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, values) of every row held, in no particular order."""
+        held = self.table[:, 0] != EMPTY
+        return self.table[held, 0], self.table[held, 1]
+
+
+def new_row_map(expected_rows: int) -> RowMap | NativeRowMap:
+    """NativeRowMap where trainer/native/hot_tier.c builds here, else RowMap: the same map either way."""
+    library = native_tier.library()
+    return RowMap(expected_rows) if library is None else NativeRowMap(expected_rows, library)

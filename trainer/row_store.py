@@ -36,9 +36,10 @@ The log. A row written back by training touches one record of 128 bytes (dimensi
 written in place, it dirties a page of the store, and the kernel writes 4 KiB to disk for it (1.26 GB for 50.6 MB
 of rows in bench-tiers, where the step then waited for those pages). So a write (`write`, once the store is
 made) appends its rows to a log after the table instead, as one block in one call: the count of its rows and
-their ids (int64, padded to whole records), then their records. A map in memory (`log_index`, a RowMap: 32-64
-bytes a row) says which record holds each logged row's latest values, as a row id past the table's (num_rows + k
-for the log's record k), so reads find them with the same runs, threads and batched calls as the table's rows.
+their ids (int64, padded to whole records), then their records. A map in memory (`log_index`, trainer.row_map's
+new_row_map: 32-64 bytes a row) says which record holds each logged row's latest values, as a row id past the
+table's (num_rows + k for the log's record k), so reads find them with the same runs, threads and batched calls as
+the table's rows.
 `flush` makes the log durable and then records its length in the header (LOG_HEADER at LOG_HEADER_OFFSET); `open`
 rebuilds the map from the blocks up to that length, so records appended after the last flush are not part of
 the store. Once the log holds more than LOG_COMPACT_MIN_RECORDS records and LOG_GARBAGE_FACTOR times its rows,
@@ -76,7 +77,7 @@ from typing import Any
 import numpy as np
 
 from trainer.arguments import require_integer
-from trainer.row_map import RowMap
+from trainer.row_map import new_row_map
 
 MAGIC = b"CTRROWS1"
 FORMAT_VERSION = 1
@@ -200,7 +201,7 @@ class RowStore:
         self.log_merge_min_rows = LOG_MERGE_MIN_ROWS
         self.rows_appended = 0  # since the last flush: the flush's part of the log merges at least twice as many
         self.log_length = self.log_committed = 0
-        self.log_index = RowMap(0)
+        self.log_index = new_row_map(0)
         self.log_lock = threading.Lock()  # the index, and the records a read is reading (a merge moves them)
         if log_length:
             self.load_log(log_length)
@@ -604,14 +605,14 @@ class RowStore:
                 self.mark_data(rows[part])
                 self.transfer(rows[part], records, reading=False)
             os.fsync(self.fd)
-            self.log_index.remove_entries(self.log_index.entries(rows))
+            self.log_index.remove(rows)
             emptied = not len(self.log_index)
             if emptied:
                 write_all(self.fd, LOG_HEADER.pack(LOG_MAGIC, 0), LOG_HEADER_OFFSET)
                 os.fsync(self.fd)
                 os.ftruncate(self.fd, HEADER_BYTES + self.num_rows * self.record_bytes)
                 self.log_length = self.log_committed = 0
-                self.log_index = RowMap(0)
+                self.log_index = new_row_map(0)
         self.count(log_merges=1, log_compactions=int(emptied), rows_compacted=len(rows), fsyncs=1 + int(emptied))
         return len(rows)
 

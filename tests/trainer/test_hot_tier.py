@@ -6,7 +6,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from trainer.hot_tier import ArraySlots, HotTier, HotTierPlanner, RowSlotMap
+from trainer import native_tier
+from trainer.hot_tier import ArraySlots, HotTier, HotTierPlanner, NativePlanner, RowSlotMap, make_planner
 from trainer.row_store import RowStore
 
 pytestmark = pytest.mark.unit
@@ -34,8 +35,21 @@ def reference_step(values: np.ndarray, accumulators: np.ndarray, batch: np.ndarr
     accumulators[rows] += 1.0
 
 
-def test_the_least_recently_used_slot_the_batch_does_not_read_is_evicted():
-    planner = HotTierPlanner(3)
+def native(hot_rows: int, first_sequence: int = 0) -> NativePlanner:
+    library = native_tier.library()
+    if library is None:
+        pytest.skip("trainer/native/hot_tier.c did not build here (no C compiler): the numpy planner plans alone")
+    return NativePlanner(hot_rows, library, first_sequence)
+
+
+@pytest.fixture(params=["numpy", "native"])
+def planner_of(request):
+    """Each planner, built by the test with its hot_rows: the numpy one and hot_tier.c's."""
+    return HotTierPlanner if request.param == "numpy" else native
+
+
+def test_the_least_recently_used_slot_the_batch_does_not_read_is_evicted(planner_of):
+    planner = planner_of(3)
     first = planner.plan(np.array([12, 10, 11]))
     assert first.slot_ids.tolist() == [2, 0, 1]  # free slots lowest first, rows in id order
     assert (first.load_rows.tolist(), first.load_slots.tolist()) == ([10, 11, 12], [0, 1, 2])
@@ -53,8 +67,8 @@ def test_the_least_recently_used_slot_the_batch_does_not_read_is_evicted():
     assert [first.sequence, hit.sequence, third.sequence, fourth.sequence] == [0, 1, 2, 3]
 
 
-def test_within_a_batch_lower_row_ids_count_as_used_earlier_whether_resident_or_loaded():
-    planner = HotTierPlanner(3)
+def test_within_a_batch_lower_row_ids_count_as_used_earlier_whether_resident_or_loaded(planner_of):
+    planner = planner_of(3)
     planner.plan(np.array([5, 7]))  # 5 -> slot 0, 7 -> slot 1
     second = planner.plan(np.array([7, 6]))  # 7 resident, 6 loaded into slot 2; in this batch 6 counts as first
     assert (second.load_rows.tolist(), second.load_slots.tolist()) == ([6], [2])
@@ -100,10 +114,10 @@ class ReferencePlanner:
         return slot_ids, write_back_slots, write_back_rows, loads, [slots[row] for row in loads]
 
 
-def test_the_planner_makes_the_plans_of_a_plain_least_recently_used_map():
+def test_the_planner_makes_the_plans_of_a_plain_least_recently_used_map(planner_of):
     rng = np.random.default_rng(4)
     for hot_rows, num_rows in ((1, 5), (7, 40), (50, 400), (200, 5000)):
-        reference, planner = ReferencePlanner(hot_rows), HotTierPlanner(hot_rows)
+        reference, planner = ReferencePlanner(hot_rows), planner_of(hot_rows)
         num_planned = 0
         for _ in range(150):
             size = int(rng.integers(1, min(hot_rows, 40) + 1))
@@ -153,8 +167,8 @@ def test_the_row_slot_map_agrees_with_a_dict_through_removals_and_growth():
     assert most == 300 and rows_map.num_buckets >= 32  # 300 rows need 19 buckets of 16 at least
 
 
-def test_only_dirty_slots_are_written_back():
-    planner = HotTierPlanner(2)
+def test_only_dirty_slots_are_written_back(planner_of):
+    planner = planner_of(2)
     planner.plan(np.array([1, 2]), training=False)
     clean = planner.plan(np.array([3, 4]), training=False)  # evicts 1 and 2, never trained: nothing to write
     assert clean.write_back_rows.size == 0 and clean.load_rows.tolist() == [3, 4]
@@ -166,8 +180,8 @@ def test_only_dirty_slots_are_written_back():
     assert again.write_back_rows.size == 0
 
 
-def test_a_batch_with_more_distinct_rows_than_slots_is_refused_and_changes_nothing():
-    planner = HotTierPlanner(2)
+def test_a_batch_with_more_distinct_rows_than_slots_is_refused_and_changes_nothing(planner_of):
+    planner = planner_of(2)
     with pytest.raises(ValueError, match=re.escape("A batch reads 3 distinct rows of this table, more than its hot "
                                                    "tier's hot_rows=2 slots. Set hot_rows to at least 3")):
         planner.plan(np.array([1, 2, 3, 3]))
@@ -176,7 +190,38 @@ def test_a_batch_with_more_distinct_rows_than_slots_is_refused_and_changes_nothi
     with pytest.raises(ValueError, match=re.escape("Row ids must be >= 0. Received: [-4]")):
         planner.plan(np.array([1, -4]))
     with pytest.raises(ValueError, match=re.escape("hot_rows=0")):
-        HotTierPlanner(0)
+        planner_of(0)
+    with pytest.raises(ValueError, match=re.escape("Row ids must be integers. Received: dtype float64")):
+        planner.plan(np.array([1.0]))
+
+
+def test_the_native_onemakes_the_numpy_planners_plans_through_many_evictions():
+    """Bench-tiers' access pattern (Zipf 1.05 ids hashed over the table), batches of 1,024 ids and a hot tier of a
+    few batches' rows: every slot is evicted and reused many times, so the C table's removals (entries shifted
+    back into the hole) and the recency list are exercised far past the small cases above."""
+    rng = np.random.default_rng(11)
+    hot_rows, num_rows = 3000, 200_000
+    numpy_planner, native_one = HotTierPlanner(hot_rows, first_sequence=5), native(hot_rows, first_sequence=5)
+    loads = write_backs = 0
+    for number in range(400):
+        ids = (np.minimum(rng.zipf(1.05, (1024, 1)), num_rows) * 7919) % num_rows
+        training = number % 7 != 3
+        expected, got = numpy_planner.plan(ids, training), native_one.plan(ids, training)
+        assert got.sequence == expected.sequence == number + 5 and got.num_rows == expected.num_rows
+        assert got.slot_ids.shape == ids.shape
+        for name in ("slot_ids", "write_back_slots", "write_back_rows", "load_rows", "load_slots"):
+            assert getattr(got, name).tolist() == getattr(expected, name).tolist(), (number, name)
+        loads += len(got.load_rows)
+        write_backs += len(got.write_back_rows)
+    assert loads > 20 * hot_rows and write_backs > 10 * hot_rows
+    # The open-addressing table holds exactly the resident rows, each at its slot, as the numpy planner's map.
+    resident = native_one.resident()
+    assert len(resident) == hot_rows
+    assert resident == dict(zip(*(part.tolist() for part in numpy_planner.slot_map.items()), strict=True))
+
+
+def test_a_hot_tier_plans_natively_where_hot_tier_c_builds():
+    assert isinstance(make_planner(4), NativePlanner if native_tier.library() else HotTierPlanner)
 
 
 def test_a_load_whose_write_back_is_pending_is_read_after_it_not_before(tmp_path):
