@@ -25,10 +25,12 @@ def build() -> Path:
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
+def library() -> ctypes.PyDLL | None:
     """hot_tier.c's library, built on first use; None (logged once) where it cannot be built or loaded."""
     try:
-        lib = ctypes.CDLL(str(build()))
+        # PyDLL: calls keep Python's GIL. Each takes tens of microseconds; released, the GIL would pass to the
+        # store's I/O threads and the producer would wait to take it back (up to the interpreter's switch interval).
+        lib = ctypes.PyDLL(str(build()))
     except (RuntimeError, OSError) as err:
         logger.warning("native hot tier unavailable, plans and row maps are made in numpy: %s", err)
         return None
