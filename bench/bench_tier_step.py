@@ -16,7 +16,10 @@ in-memory tables), or the hot tier's own work, planning and reading the next bat
   layer whose hot slots shared the small tables' variable;
 - `tiered`: through TieredBatches and a HotTier over a RowStore of `--table-rows` rows (its defaults: I/O
   threads, the log), as bench-tiers' tiered run, without a memory limit;
-- `tiered_io_1`: the same with the store's `io_threads` at 1 (writes and reads on the producer's thread).
+- `tiered_io_1`: the same with the store's `io_threads` at 1 (writes and reads on the producer's thread);
+- `tiered_numpy`: `tiered` with the hot tier's planner and the store's log index in numpy (HotTier(native=False),
+  RowStore.use_numpy_index), as on a host where trainer/native/hot_tier.c does not build: a model, store and
+  tier of its own.
 
 Per variant and round (`--steps` steps of 1,024 rows; the first step of each fit left out): step time p50 and
 mean by a callback around each step (the plan applied inside it, as bench-tiers counts), the process's CPU time
@@ -55,7 +58,7 @@ from bench.bench_tiers import (
 from bench.provenance import provenance
 
 RESULT = Path(__file__).resolve().parent / "results" / "tier_step.json"
-VARIANTS = ("memory", "slots", "one_variable", "tiered", "tiered_io_1")
+VARIANTS = ("memory", "slots", "one_variable", "tiered", "tiered_io_1", "tiered_numpy")
 
 
 def thread_times() -> dict[int, tuple[str, float]]:
@@ -152,6 +155,7 @@ def main() -> int:
         "slots": CategoricalEmbedding(sizes, DIM, tiered_tables={0: args.hot_rows}, name="embedding"),
         "one_variable": CategoricalEmbedding([args.hot_rows] + sizes[1:], DIM, name="embedding"),
         "tiered": CategoricalEmbedding(sizes, DIM, tiered_tables={0: args.hot_rows}, name="embedding"),
+        "tiered_numpy": CategoricalEmbedding(sizes, DIM, tiered_tables={0: args.hot_rows}, name="embedding"),
     }
     models = {name: model_of(layer) for name, layer in layers.items()}
     work = Path(tempfile.mkdtemp(prefix="bench-tier-step-"))
@@ -159,6 +163,10 @@ def main() -> int:
                             initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
     default_io_threads = store.io_threads
     tier = TimedTier(store, args.hot_rows)
+    numpy_store = RowStore.create(work / "numpy.rows", args.table_rows, DIM, uniform_initializer(DIM, SEED),
+                                  initial_accumulator=INITIAL_ACCUMULATOR_VALUE)
+    numpy_store.use_numpy_index()
+    numpy_tier = TimedTier(numpy_store, args.hot_rows, native=False)
 
     def source(start: int, slots: bool):
         for begin in range(start, start + args.steps * BATCH, BATCH):
@@ -174,12 +182,13 @@ def main() -> int:
         applied = prepared = None
         if variant.startswith("tiered"):
             store.io_threads = 1 if variant == "tiered_io_1" else default_io_threads
-            before = tier.prepare_seconds
-            stream = TieredBatches(source(start, slots=False), layers["tiered"], {0: tier}, key=None)
+            model, variant_tier = ("tiered_numpy", numpy_tier) if variant == "tiered_numpy" else ("tiered", tier)
+            before = variant_tier.prepare_seconds
+            stream = TieredBatches(source(start, slots=False), layers[model], {0: variant_tier}, key=None)
             callback = HotTierCallback(stream)
-            models["tiered"].fit(iter(stream), steps_per_epoch=args.steps, epochs=1, callbacks=[timer, callback],
-                                 verbose=0)
-            applied, prepared = callback.apply_seconds, tier.prepare_seconds - before
+            models[model].fit(iter(stream), steps_per_epoch=args.steps, epochs=1, callbacks=[timer, callback],
+                              verbose=0)
+            applied, prepared = callback.apply_seconds, variant_tier.prepare_seconds - before
         else:
             models[variant].fit(source(start, slots=variant != "memory"), steps_per_epoch=args.steps, epochs=1,
                                 callbacks=[timer], verbose=0)
@@ -207,6 +216,7 @@ def main() -> int:
             f"{variant} p50 {measured[variant]['step_p50_ms']:.2f} ms" for variant in VARIANTS), flush=True)
     counters = tier.counters
     lookups = counters.rows_hit + counters.rows_loaded
+    numpy_counters = numpy_tier.counters
     ranges = {variant: {key: [min(r[variant][key] for r in rounds[1:]), max(r[variant][key] for r in rounds[1:])]
                         for key in rounds[1][variant]} for variant in VARIANTS}
     command = "make bench-tier-step" + (f" BENCH_TIER_STEP_ARGS='{os.environ['BENCH_TIER_STEP_ARGS']}'"
@@ -220,6 +230,9 @@ def main() -> int:
                      "python": sys.version.split()[0]},
         "ranges": ranges,
         "hit_rate": counters.rows_hit / lookups if lookups else None,
+        "native_planner": type(tier.planner).__name__ == "NativePlanner",
+        "numpy_hit_rate": (numpy_counters.rows_hit / (numpy_counters.rows_hit + numpy_counters.rows_loaded)
+                           if numpy_counters.plans_made else None),
         "warm_up": rounds[0],
         "rounds": rounds[1:],
         "seconds": time.perf_counter() - started,

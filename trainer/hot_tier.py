@@ -269,9 +269,10 @@ class NativePlanner:
         return plan
 
 
-def make_planner(hot_rows: int, first_sequence: int = 0) -> HotTierPlanner | NativePlanner:
-    """The native planner where hot_tier.c builds here, else the numpy one: the same plans either way."""
-    library = native_tier.library()
+def make_planner(hot_rows: int, first_sequence: int = 0, native: bool = True) -> HotTierPlanner | NativePlanner:
+    """The native planner where hot_tier.c builds here (and `native`), else the numpy one: the same plans either
+    way."""
+    library = native_tier.library() if native else None
     if library is None:
         return HotTierPlanner(hot_rows, first_sequence)
     return NativePlanner(hot_rows, library, first_sequence)
@@ -349,9 +350,10 @@ class TierCounters:
 class HotTier:
     """A planner, its store, and the state of the slots as of the last applied plan (see the module's order)."""
 
-    def __init__(self, store: RowStore, hot_rows: int) -> None:
+    def __init__(self, store: RowStore, hot_rows: int, native: bool = True) -> None:
         self.store = store
-        self.planner = make_planner(hot_rows)
+        self.native = native  # False: plans in numpy, as where hot_tier.c does not build (for comparisons)
+        self.planner = make_planner(hot_rows, native=native)
         self.hot_rows = self.planner.hot_rows
         # The slots as the last applied plan left them: what flush writes back.
         self.applied_row_of_slot = np.full(self.hot_rows, -1, dtype=np.int64)
@@ -499,7 +501,7 @@ class HotTier:
         """Flushes, then empties the tier: every slot free, plans prepared and not applied dropped. For a new
         stream of batches after one that stopped early (its producer must have stopped)."""
         self.flush(slots)
-        self.planner = make_planner(self.hot_rows, first_sequence=self.num_applied)
+        self.planner = make_planner(self.hot_rows, first_sequence=self.num_applied, native=self.native)
         self.applied_row_of_slot[:] = -1
         self.write_backs_by_plan.clear()
 

@@ -207,7 +207,8 @@ class NativeRowMap:
         return self.table[held, 0], self.table[held, 1]
 
 
-def new_row_map(expected_rows: int) -> RowMap | NativeRowMap:
-    """NativeRowMap where trainer/native/hot_tier.c builds here, else RowMap: the same map either way."""
-    library = native_tier.library()
+def new_row_map(expected_rows: int, native: bool = True) -> RowMap | NativeRowMap:
+    """NativeRowMap where trainer/native/hot_tier.c builds here (and `native`), else RowMap: the same map either
+    way."""
+    library = native_tier.library() if native else None
     return RowMap(expected_rows) if library is None else NativeRowMap(expected_rows, library)

@@ -201,6 +201,7 @@ class RowStore:
         self.log_merge_min_rows = LOG_MERGE_MIN_ROWS
         self.rows_appended = 0  # since the last flush: the flush's part of the log merges at least twice as many
         self.log_length = self.log_committed = 0
+        self.native_index = True  # the index in C where trainer/native/hot_tier.c builds (`use_numpy_index`)
         self.log_index = new_row_map(0)
         self.log_lock = threading.Lock()  # the index, and the records a read is reading (a merge moves them)
         if log_length:
@@ -612,7 +613,7 @@ class RowStore:
                 os.fsync(self.fd)
                 os.ftruncate(self.fd, HEADER_BYTES + self.num_rows * self.record_bytes)
                 self.log_length = self.log_committed = 0
-                self.log_index = new_row_map(0)
+                self.log_index = new_row_map(0, native=self.native_index)
         self.count(log_merges=1, log_compactions=int(emptied), rows_compacted=len(rows), fsyncs=1 + int(emptied))
         return len(rows)
 
@@ -632,6 +633,15 @@ class RowStore:
             self.log_index.set(ids, np.arange(first, first + count, dtype=np.int64))
             position += id_records + count
         self.log_length = self.log_committed = log_length
+
+    def use_numpy_index(self) -> None:
+        """Indexes the log with trainer.row_map.RowMap (numpy) from now on, as on a host where hot_tier.c does not
+        build: for comparisons (bench/bench_tier_step.py)."""
+        with self.log_lock:
+            index = new_row_map(len(self.log_index), native=False)
+            if len(self.log_index):
+                index.set(*self.log_index.items())
+            self.native_index, self.log_index = False, index
 
     @property
     def log_rows(self) -> int:

@@ -8,6 +8,7 @@ import pytest
 
 from trainer import native_tier
 from trainer.hot_tier import ArraySlots, HotTier, HotTierPlanner, NativePlanner, RowSlotMap, make_planner
+from trainer.row_map import RowMap
 from trainer.row_store import RowStore
 
 pytestmark = pytest.mark.unit
@@ -195,7 +196,7 @@ def test_a_batch_with_more_distinct_rows_than_slots_is_refused_and_changes_nothi
         planner.plan(np.array([1.0]))
 
 
-def test_the_native_onemakes_the_numpy_planners_plans_through_many_evictions():
+def test_the_native_planner_makes_the_numpy_planners_plans_through_many_evictions():
     """Bench-tiers' access pattern (Zipf 1.05 ids hashed over the table), batches of 1,024 ids and a hot tier of a
     few batches' rows: every slot is evicted and reused many times, so the C table's removals (entries shifted
     back into the hole) and the recency list are exercised far past the small cases above."""
@@ -396,13 +397,19 @@ def random_batches(num_batches: int, num_rows: int, batch_size: int, seed: int) 
     return [popular[np.minimum(rng.zipf(1.3, batch_size) - 1, num_rows - 1)] for _ in range(num_batches)]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 @pytest.mark.parametrize("ahead", [0, 1, 4])
-def test_training_through_the_tier_with_plans_made_ahead_equals_training_the_whole_table(tmp_path, ahead):
+def test_training_through_the_tier_with_plans_made_ahead_equals_training_the_whole_table(tmp_path, ahead, native):
+    """With hot_tier.c's planner and log index, and with numpy's (as on a host without a compiler)."""
     num_rows, hot_rows = 300, 24
     batches = random_batches(120, num_rows, 16, seed=ahead)
     store = make_store(tmp_path / "t.rows", num_rows)
+    assert store.log_writes
+    if not native:
+        store.use_numpy_index()
     values, accumulators = store.read(np.arange(num_rows))
-    tier, slots = HotTier(store, hot_rows), ArraySlots(hot_rows, DIM)
+    tier, slots = HotTier(store, hot_rows, native=native), ArraySlots(hot_rows, DIM)
+    assert isinstance(tier.planner, HotTierPlanner) != (native and native_tier.library() is not None)
     prepared = [tier.prepare(batch) for batch in batches[:ahead]]
     for number, batch in enumerate(batches):
         if number + ahead < len(batches):
@@ -418,6 +425,8 @@ def test_training_through_the_tier_with_plans_made_ahead_equals_training_the_who
     counters = tier.counters
     assert counters.rows_written_back > 200 and counters.rows_loaded > 300  # rows went out and came back
     assert (counters.rows_deferred > 0) == (ahead > 0)
+    assert store.counters.log_appends > 50 and store.native_index == native
+    assert isinstance(store.log_index, RowMap) != (native and native_tier.library() is not None)
 
 
 def test_a_producer_thread_planning_ahead_gives_the_same_table(tmp_path):
