@@ -32,6 +32,10 @@ tiered store is made from the uniform initializer, so it draws each row until th
 2: no disk read for a row's first load); `--written-store` writes every row at creation instead (format 1, the
 store before).
 
+The hot tier plans and the store indexes its log in C (trainer/native/hot_tier.c); beside the tiered run, the
+same run with both in numpy (as where that file does not build) runs by default under the same limit
+(`tiered_numpy_*`, `native_speedup`; `--no-numpy-tier` skips it).
+
 The store appends the rows written back to a log after the table (trainer/row_store.py, "The log"); beside the
 tiered run, the same run with the rows written back in place, a page of the store dirtied per row (the store
 before the log), runs by default under the same limit (`tiered_in_place_*`, `log_speedup`; `--no-in-place` skips
@@ -218,7 +222,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             return model.predict(iter(stream), steps=steps, callbacks=[HotTierCallback(stream)], verbose=0)
         return model.predict(((x,) for x, _ in source(part)), steps=steps, verbose=0)
 
-    tier = HotTier(store, args.hot_rows) if tiered else None
+    if tiered and args.numpy_tier:  # the planner and the log index in numpy, as where hot_tier.c does not build
+        store.use_numpy_index()
+    tier = HotTier(store, args.hot_rows, native=not args.numpy_tier) if tiered else None
     io_before = proc_io()
     timer = StepTimer()
     train_s, apply_s = fit(train, timer)
@@ -249,6 +255,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "mode": args.mode,
         "io_threads": store.io_threads if store is not None else None,
+        "native_tier": (type(tier.planner).__name__ == "NativePlanner") if tier is not None else None,
         "setup_s": setup_s,
         "train_rows": train_rows,
         "train_s": train_s,
@@ -453,7 +460,7 @@ class MemoryCgroup:
 
 def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
               cgroup: MemoryCgroup | None, io_threads: int | None = None, in_place: bool = False,
-              backend: str = "tensorflow") -> dict[str, Any]:
+              backend: str = "tensorflow", numpy_tier: bool = False) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", mode, "--data", str(data), "--work", str(work),
                "--table-rows", str(args.table_rows), "--hot-rows", str(args.hot_rows),
                "--train-rows", str(args.train_rows), "--eval-rows", str(args.eval_rows),
@@ -463,6 +470,8 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
         command.append("--written-store")
     if in_place:
         command.append("--in-place-writes")
+    if numpy_tier:
+        command.append("--numpy-tier")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     print(f"[bench-tiers] {mode}: {' '.join(command[2:])}", flush=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -475,7 +484,8 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
         result["cgroup_peak_bytes"] = cgroup.peak_bytes()
     steps = (f"step p50 {result['step_p50_ms']:.1f} ms" if "step_p50_ms" in result
              else f"{result['wall_s']:.0f} s in all")
-    print(f"[bench-tiers] {mode}{' on JAX' if backend == 'jax' else ''}: {result['ex_per_s']:.0f} ex/s, {steps}, "
+    label = mode + (" on JAX" if backend == "jax" else "") + (" (numpy planner and log index)" if numpy_tier else "")
+    print(f"[bench-tiers] {label}: {result['ex_per_s']:.0f} ex/s, {steps}, "
           f"AUC {result['auc']:.4f}, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB (anonymous "
           f"{result['peak_anonymous_bytes'] / 2**20:.0f} MiB)", flush=True)
     return result
@@ -483,13 +493,13 @@ def run_child(args: argparse.Namespace, mode: str, data: Path, work: Path,
 
 def run_tiered(args: argparse.Namespace, data: Path, work: Path, result: dict[str, Any],
                io_threads: int | None = None, in_place: bool = False, mode: str = "tiered",
-               backend: str = "tensorflow") -> dict[str, Any]:
+               backend: str = "tensorflow", numpy_tier: bool = False) -> dict[str, Any]:
     """The tiered run in a memory cgroup of its own (so that its peak is its own); its store is removed after."""
     cgroup = None if args.no_memory_limit else MemoryCgroup(args.memory_limit_mib * 2**20)
     if cgroup is not None:
         result["memory_limit"] = cgroup.kind
     try:
-        return run_child(args, mode, data, work, cgroup, io_threads, in_place, backend)
+        return run_child(args, mode, data, work, cgroup, io_threads, in_place, backend, numpy_tier)
     finally:
         if cgroup is not None:
             cgroup.remove()
@@ -515,6 +525,10 @@ def main() -> None:
     parser.add_argument("--no-in-place", action="store_true",
                         help="skip the tiered run that writes rows back in place instead of to the store's log")
     parser.add_argument("--in-place-writes", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-numpy-tier", action="store_true",
+                        help="skip the tiered run with the hot tier's planner and the store's log index in numpy "
+                             "(as where trainer/native/hot_tier.c does not build) that runs beside it by default")
+    parser.add_argument("--numpy-tier", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--written-store", action="store_true",
                         help="write every row of the tiered run's store at creation (format 1) instead of drawing "
                              "rows until first written (format 2, the default for a new table)")
@@ -565,6 +579,7 @@ def main() -> None:
             tiered = run_tiered(args, data, work, result)
             serial = None if args.no_serial_io else run_tiered(args, data, work, result, io_threads=1)
             in_place = None if args.no_in_place else run_tiered(args, data, work, result, in_place=True)
+            numpy_run = None if args.no_numpy_tier else run_tiered(args, data, work, result, numpy_tier=True)
             jax = None if args.no_jax or importlib.util.find_spec("jax") is None else run_tiered(
                 args, data, work, result, backend="jax")
             memory = run_child(args, "memory", data, work, None)
@@ -588,6 +603,12 @@ def main() -> None:
                 "log_speedup": tiered["ex_per_s"] / in_place["ex_per_s"],
                 "in_place_delta_s_ratio": in_place["minute"]["delta_s"] / memory["minute"]["delta_s"],
             }),
+            **({} if numpy_run is None else {
+                "tiered_numpy_ex_per_s": numpy_run["ex_per_s"],
+                "numpy_speed_ratio": numpy_run["ex_per_s"] / memory["ex_per_s"],
+                "tiered_numpy_auc": numpy_run["auc"],
+                "native_speedup": tiered["ex_per_s"] / numpy_run["ex_per_s"],
+            }),
             # The tiered run on JAX (no TensorFlow in the process): its own speed and memory; the speed ratio
             # above is TensorFlow's, against TensorFlow in memory.
             **({} if jax is None else {
@@ -601,6 +622,7 @@ def main() -> None:
             **({} if jax is None else {"tiered_jax": jax}),
             **({} if serial is None else {"tiered_serial_io": serial}),
             **({} if in_place is None else {"tiered_in_place": in_place}),
+            **({} if numpy_run is None else {"tiered_numpy": numpy_run}),
             "memory": memory,
         }
         print(json.dumps({k: v for k, v in result[f"zipf_{exponent}"].items() if not isinstance(v, dict)}),

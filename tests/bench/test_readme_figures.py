@@ -470,7 +470,9 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"the tiered layer fed slot ids {pair_range('ranges.slots.p50_over_memory')}x the in-memory step's p50, "
         f"through the hot tier {pair_range('ranges.tiered.p50_over_memory')}x, with "
         f"{pair_range('ranges.tiered.prepare_cpu_ms_per_step')} ms of the producer's CPU a batch planning and "
-        f"reading and {pair_range('ranges.tiered.apply_ms_per_step')} ms applying the plan"),
+        f"reading and {pair_range('ranges.tiered.apply_ms_per_step')} ms applying the plan; with the planner and "
+        f"the log index in numpy instead of C, {pair_range('ranges.tiered_numpy.p50_over_memory')}x and "
+        f"{pair_range('ranges.tiered_numpy.prepare_cpu_ms_per_step')} ms"),
     "tier_policy.json": lambda: (
         f"in one pass {round(100 * policy()['first_touch_misses'] / policy()['lru_misses'])} % of LRU's misses are "
         f"rows read for the first time, which every policy misses, and LFU saves "
