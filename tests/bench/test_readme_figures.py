@@ -146,6 +146,13 @@ def pair_range(path: str) -> str:
     return f"{min(found):.2f}-{max(found):.2f}"
 
 
+def native_range(key: str, form: str = ".3f") -> str:
+    """The range over tiers_native.json to tiers_native_run4.json of zipf_1.05's `key`, "lo-hi"."""
+    names = ["tiers_native.json"] + [f"tiers_native_run{n}.json" for n in (2, 3, 4)]
+    found = [result(name)["zipf_1.05"][key] for name in names]
+    return f"{format(min(found), form)}-{format(max(found), form)}"
+
+
 def movielens(key: str):
     return value("real.json", f"datasets.movielens.{key}")
 
@@ -473,6 +480,10 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"reading and {pair_range('ranges.tiered.apply_ms_per_step')} ms applying the plan; with the planner and "
         f"the log index in numpy instead of C, {pair_range('ranges.tiered_numpy.p50_over_memory')}x and "
         f"{pair_range('ranges.tiered_numpy.prepare_cpu_ms_per_step')} ms"),
+    "tiers_native.json": lambda: (
+        f"{native_range('speed_ratio')}x at Zipf 1.05 over four runs of a slow day (the in-memory side at "
+        f"{native_range('memory_ex_per_s', ',.0f')} ex/s), where the same tiered run with them in numpy made "
+        f"{native_range('numpy_speed_ratio')}x: C {native_range('native_speedup')}x faster than numpy"),
     "tier_policy.json": lambda: (
         f"in one pass {round(100 * policy()['first_touch_misses'] / policy()['lru_misses'])} % of LRU's misses are "
         f"rows read for the first time, which every policy misses, and LFU saves "
