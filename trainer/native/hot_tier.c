@@ -71,11 +71,16 @@ static int shift_of(int64_t capacity) {
     return shift;
 }
 
+/* The entry holding `row`, else the free entry that ends its run (where it would go). */
+static uint64_t probe(const int64_t (*table)[2], uint64_t mask, int shift, int64_t row) {
+    uint64_t at = home(row, shift);
+    while (table[at][0] != row && table[at][0] != EMPTY) at = (at + 1) & mask;
+    return at;
+}
+
 static int64_t find(const int64_t (*table)[2], uint64_t mask, int shift, int64_t row) {
-    for (uint64_t at = home(row, shift);; at = (at + 1) & mask) {
-        if (table[at][0] == row) return table[at][1];
-        if (table[at][0] == EMPTY) return EMPTY;
-    }
+    uint64_t at = probe(table, mask, shift, row);
+    return table[at][0] == EMPTY ? EMPTY : table[at][1];
 }
 
 static void insert(int64_t (*table)[2], uint64_t mask, int shift, int64_t row, int64_t slot) {
@@ -193,10 +198,8 @@ int64_t ctr_map_lookup(const int64_t (*table)[2], int64_t capacity, const int64_
     int shift = shift_of(capacity);
     int64_t present = 0;
     for (int64_t k = 0; k < count; k++) {
-        uint64_t at = home(rows[k], shift);
-        while (table[at][0] != rows[k] && table[at][0] != EMPTY) at = (at + 1) & mask;
-        values[k] = table[at][0] == EMPTY ? CTR_MAP_ABSENT : table[at][1];
-        present += table[at][0] != EMPTY;
+        values[k] = find(table, mask, shift, rows[k]);
+        present += values[k] != CTR_MAP_ABSENT;
     }
     return present;
 }
@@ -209,8 +212,7 @@ int64_t ctr_map_set(int64_t (*table)[2], int64_t capacity, const int64_t *rows, 
     int shift = shift_of(capacity);
     int64_t present = 0;
     for (int64_t k = 0; k < count; k++) {
-        uint64_t at = home(rows[k], shift);
-        while (table[at][0] != rows[k] && table[at][0] != EMPTY) at = (at + 1) & mask;
+        uint64_t at = probe((const int64_t (*)[2])table, mask, shift, rows[k]);
         present += table[at][0] != EMPTY;
         table[at][0] = rows[k];
         table[at][1] = values[k];
