@@ -1,3 +1,4 @@
+import logging
 import queue
 import re
 import threading
@@ -8,7 +9,7 @@ import pytest
 
 from trainer import native_tier
 from trainer.hot_tier import ArraySlots, HotTier, HotTierPlanner, NativePlanner, RowSlotMap, make_planner
-from trainer.row_map import RowMap
+from trainer.row_map import RowMap, new_row_map
 from trainer.row_store import RowStore
 
 pytestmark = pytest.mark.unit
@@ -223,6 +224,21 @@ def test_the_native_planner_makes_the_numpy_planners_plans_through_many_eviction
 
 def test_a_hot_tier_plans_natively_where_hot_tier_c_builds():
     assert isinstance(make_planner(4), NativePlanner if native_tier.library() else HotTierPlanner)
+
+
+def test_without_a_compiler_the_tier_plans_in_numpy_and_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CTR_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    native_tier.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="trainer.native_tier"):
+            assert isinstance(make_planner(4), HotTierPlanner)
+            assert isinstance(new_row_map(0), RowMap)
+        assert "native hot tier unavailable, plans and row maps are made in numpy" in caplog.text
+        assert "no-such-compiler" in caplog.text and "did not run" in caplog.text
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        native_tier.library.cache_clear()  # the next caller builds or finds the real library again
 
 
 def test_a_load_whose_write_back_is_pending_is_read_after_it_not_before(tmp_path):
