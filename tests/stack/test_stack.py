@@ -63,6 +63,15 @@ def _wait(what: str, condition, timeout_s: float, every_s: float = 5.0):
         time.sleep(every_s)
 
 
+def _answer(ask):
+    """What `ask()` returns, or None (printed) when the server did not answer: for `_wait`."""
+    try:
+        return ask()
+    except OSError as err:
+        print(f"not answered yet: {err}", flush=True)
+        return None
+
+
 class Airflow:
     """The Airflow REST API, logged in as the stack's user."""
 
@@ -265,7 +274,10 @@ def _check_the_executors_did_the_spark_work(env: dict[str, str]) -> None:
     assert cluster.status == "ALIVE" and cluster.alive_workers == 2, cluster
     (app,) = [a for a in cluster.applications if a["name"] == APP_NAME]
     assert app["cores"] == 2, cluster
-    tasks = executor_tasks(f"http://127.0.0.1:{env['SPARK_UI_PORT']}", app["id"])
+    # The driver's UI shares the Connect server's JVM with the minute runs' last jobs: on a loaded host one request
+    # can take longer than a health check's 5 s, so it is asked again (30 s each) for up to two minutes.
+    tasks = _wait("the Spark driver's REST API", lambda: _answer(
+        lambda: executor_tasks(f"http://127.0.0.1:{env['SPARK_UI_PORT']}", app["id"], timeout_s=30)), 120, 5)
     print(f"spark: {cluster.alive_workers} workers; tasks completed by executor: {tasks}", flush=True)
     assert tasks.get("driver", 0) == 0, tasks
     assert len([n for executor, n in tasks.items() if executor != "driver" and n > 0]) >= 2, tasks
