@@ -32,13 +32,30 @@ if TYPE_CHECKING:
     from components.feature_spec import FeatureSpec
     from components.interval import Interval
     from components.layout import Layout
-    from pipelines.context import RunContext
 
 SOURCE_NAMES = ("click_log", "events")
 # Rows whose hash bucket (of 1000) is below fraction x 1000 are held out.
 HASH_BUCKETS = 1000
 # The column of rows(..., holdout_fraction=...): true for a held-out row.
 HELD_OUT = "_held_out"
+
+
+class SourceContext(Protocol):
+    """What a source asks of the run it makes rows for (pipelines.context.RunContext has it; declared here so
+    that the sources do not import the context that chooses them)."""
+
+    config: PipelineConfig
+    interval: Interval
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def spec(self) -> FeatureSpec: ...
+
+    def spark(self) -> Any: ...
+
+    def progress(self, message: str, *args: Any) -> None: ...
 
 
 class Source(Protocol):
@@ -55,12 +72,12 @@ class Source(Protocol):
 
     def label_delay(self, config: PipelineConfig) -> timedelta: ...
 
-    def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None: ...
+    def label(self, ctx: SourceContext, span: Interval, directory: Path) -> dict[str, Any] | None: ...
 
-    def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
+    def rows(self, ctx: SourceContext, minutes: list[datetime], directory: Path,
              holdout_fraction: float | None = None): ...
 
-    def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None: ...
+    def planted_auc(self, ctx: SourceContext, minutes: list[datetime], directory: Path) -> float | None: ...
 
 
 def hash_split(frame, columns: list[str], fraction: float | None):
@@ -109,10 +126,10 @@ class ClickLogSource:
     def label_delay(self, config: PipelineConfig) -> timedelta:
         return timedelta(0)
 
-    def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None:
+    def label(self, ctx: SourceContext, span: Interval, directory: Path) -> dict[str, Any] | None:
         return None
 
-    def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
+    def rows(self, ctx: SourceContext, minutes: list[datetime], directory: Path,
              holdout_fraction: float | None = None):
         if ctx.spec.histories:  # point-in-time sequences from earlier rows (spark_jobs.history)
             from spark_jobs.history import rows_with_history
@@ -121,7 +138,7 @@ class ClickLogSource:
                                      read=lambda span: self._parsed_rows(ctx, span, holdout_fraction))
         return self._parsed_rows(ctx, minutes, holdout_fraction)
 
-    def _parsed_rows(self, ctx: RunContext, minutes: list[datetime], holdout_fraction: float | None):
+    def _parsed_rows(self, ctx: SourceContext, minutes: list[datetime], holdout_fraction: float | None):
         from spark_jobs.raw import extract_raw, parse_raw, raw_columns
 
         paths = [str(ctx.layout.raw_minute_dir(m) / ctx.spec.source.file_name) for m in minutes
@@ -138,7 +155,7 @@ class ClickLogSource:
         # vocabulary count, made Spark's optimizer run out of memory.
         return parse_raw(hash_split(raw, raw_columns(ctx.spec), holdout_fraction), ctx.spec, keep=keep)
 
-    def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
+    def planted_auc(self, ctx: SourceContext, minutes: list[datetime], directory: Path) -> float | None:
         from components.synthetic import planted_auc
 
         return planted_auc(ctx.layout, minutes)
@@ -177,7 +194,7 @@ class EventsSource:
     def label_delay(self, config: PipelineConfig) -> timedelta:
         return timedelta(minutes=math.ceil(config.events.attribution_window_s / 60))
 
-    def label(self, ctx: RunContext, span: Interval, directory: Path) -> dict[str, Any] | None:
+    def label(self, ctx: SourceContext, span: Interval, directory: Path) -> dict[str, Any] | None:
         from spark_jobs.events import run, validate_joined
 
         events = ctx.config.events
@@ -192,7 +209,7 @@ class EventsSource:
                         ctx.layout.validation_report(span, "joined_samples"), span.start)
         return metrics
 
-    def rows(self, ctx: RunContext, minutes: list[datetime], directory: Path,
+    def rows(self, ctx: SourceContext, minutes: list[datetime], directory: Path,
              holdout_fraction: float | None = None):
         from components.manifest import read_manifest
         from spark_jobs.events import JOINED_KIND, REQUEST_ID, joined_rows
@@ -209,7 +226,7 @@ class EventsSource:
                            add=lambda frame: hash_split(frame, [REQUEST_ID], holdout_fraction),
                            keep=[HELD_OUT] if holdout_fraction is not None else [])
 
-    def planted_auc(self, ctx: RunContext, minutes: list[datetime], directory: Path) -> float | None:
+    def planted_auc(self, ctx: SourceContext, minutes: list[datetime], directory: Path) -> float | None:
         from spark_jobs.events import planted_auc_of_joined
 
         return planted_auc_of_joined(ctx.layout, directory, minutes)

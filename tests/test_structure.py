@@ -101,7 +101,7 @@ def foreign_private_names(path: Path, root: Path = ROOT) -> list[str]:
     return [f"{path.relative_to(root)}:{line} {name}" for line, name in sorted(found)]
 
 
-def project_imports(path: Path) -> list[tuple[int, str]]:
+def project_imports(path: Path, packages: tuple[str, ...] = PACKAGES) -> list[tuple[int, str]]:
     """(line, module) of every import of a project package in `path`, at module level or inside a function."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -109,7 +109,59 @@ def project_imports(path: Path) -> list[tuple[int, str]]:
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
-    return [(line, module) for line, module in found if module.split(".")[0] in PACKAGES]
+    return [(line, module) for line, module in found if module.split(".")[0] in packages]
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at module level, inside functions or for type checking only
+    (`from pipelines import sources` names pipelines.sources; `from pipelines.sources import X` names it too)."""
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for package in packages for p in (root / package).rglob("*.py")}
+
+    def module_of(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, module in project_imports(path, packages):
+            targets.add(module_of(module))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):  # `from package import module`
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                    and node.module.split(".")[0] in packages:
+                targets |= {module_of(f"{node.module}.{alias.name}") for alias in node.names}
+        graph[name] = {t for t in targets if t and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (each a circle of imports), sorted."""
+    order, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for target in graph.get(module, ()):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(circles)
 
 
 @pytest.mark.unit
@@ -182,3 +234,26 @@ def test_the_check_finds_a_private_import(tmp_path):
     module = tmp_path / "x.py"
     module.write_text("from trainer.train import _save, load_checkpoint\nfrom os import _exit\n")
     assert private_imports(module, tmp_path) == ["x.py:1 _save"]
+
+
+@pytest.mark.unit
+def test_no_two_modules_import_each_other():
+    """Not even inside a function or for type checking only: a circle means two modules that cannot be read,
+    tested or replaced apart (a source needs only what it asks of a run: pipelines.sources.SourceContext)."""
+    graph = import_graph()
+    assert len(graph) > 100 and graph["pipelines.context"] >= {"pipelines.sources", "components.layout"}
+    assert import_circles(graph) == []
+
+
+@pytest.mark.unit
+def test_the_check_finds_an_import_circle_through_a_function_and_type_checking(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.b import g\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import c\n")
+    (package / "c.py").write_text("import pkg.a\n")
+    (package / "d.py").write_text("from pkg import a\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.d"] == {"pkg", "pkg.a"}  # the package runs its __init__ first
+    assert import_circles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
