@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-tier-step bench-updates bench-row-cache bench-row-cache-calls bench-native-rows bench-s3-persistence bench-worker-memory clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-tier-step bench-updates bench-row-cache bench-row-cache-calls bench-row-cache-eviction bench-native-rows bench-s3-persistence bench-worker-memory clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -122,6 +122,11 @@ bench-quality-reference:
 BENCH_ROW_CACHE_CALLS_ARGS ?=
 bench-row-cache-calls:
 	@$(WITH_ENV); $(BENCH) bench/bench_row_cache_calls.py $(BENCH_ROW_CACHE_CALLS_ARGS)
+
+# The row cache's segmented LRU against a plain LRU, served: fresh servers each round, passes alternated.
+BENCH_ROW_CACHE_EVICTION_ARGS ?=
+bench-row-cache-eviction:
+	@$(WITH_ENV); $(BENCH) bench/bench_row_cache_eviction.py $(BENCH_ROW_CACHE_EVICTION_ARGS)
 
 bench-native-rows:
 	@$(WITH_ENV); $(BENCH) bench/bench_native_rows.py $(BENCH_NATIVE_ROWS_ARGS)

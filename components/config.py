@@ -399,6 +399,9 @@ class ServingConfig:
     # read again), the rest stay in the table's store beside the model (serving/row_cache.py). 0: the hot_rows the
     # spec gives the table.
     row_cache_rows: int = 0
+    # The row cache's protected segment, as a share of its rows: rows read by more than one request, and the
+    # preload's most counted rows, evicted only after the rows read once. 0: a plain LRU cache.
+    row_cache_protected_share: float = 0.8
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import tensorflow as tf
 from components.delta import DeltaError
 from components.manifest import ManifestError, read_manifest
 from serving.native_rows import NativeRows
-from serving.row_cache import RowCacheTooSmall, TieredRows
+from serving.row_cache import PROTECTED_SHARE, RowCacheTooSmall, TieredRows
 from serving.tensorflow_internals import direct_call
 
 SIGNATURE_NAME = "serving_default"
@@ -212,13 +212,15 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: str | Path, version: str | None = None, *, verify: bool = True,
-             precision: str = "float32", native_rows: bool = True, scratch: Path | None = None) -> LoadedModel:
+             precision: str = "float32", native_rows: bool = True, scratch: Path | None = None,
+             row_cache_protected_share: float = PROTECTED_SHARE) -> LoadedModel:
         """Loads `<directory>/saved_model` after reading (and, with `verify`, checksumming) its manifest.
         `precision`: the packed endpoint to answer with (serving.precision); a model exported without that
         endpoint answers with its float32 one, or without one with its signature (`precision` says which).
         `native_rows`: whether `predict_native` may read row-form bodies (serving.native_rows). `scratch`: a
         directory on local disk where a model with tiered tables keeps its deltas' rows (serving.row_cache
-        DeltaRows); None keeps them in memory."""
+        DeltaRows); None keeps them in memory. `row_cache_protected_share`: the protected segment of a tiered
+        table's row cache (serving.row_cache_protected_share)."""
         directory = Path(directory)
         try:
             manifest = read_manifest(directory, kind=MODEL_KIND, verify=verify)
@@ -259,7 +261,8 @@ class LoadedModel:
             if packed is None:
                 raise ModelLoadError(f"the model in {directory} serves tiered tables and has no packed endpoint; "
                                      "export it again")
-            tiered = TieredRows(root, directory, manifest["tiered_serving"], scratch=scratch)
+            tiered = TieredRows(root, directory, manifest["tiered_serving"], scratch=scratch,
+                                protected_share=row_cache_protected_share)
         return cls(
             version=version or str(manifest["version"]),
             manifest=manifest,

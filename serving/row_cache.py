@@ -68,11 +68,19 @@ MODEL_INPUT_PREFIX = "input_"
 # Loads a request may need when other requests' loads keep evicting its rows; then it fails.
 MAX_LOADS = 8
 PRELOAD_CHUNK_ROWS = 65_536  # rows of each table a graph call writes while a model preloads its caches
-# The protected segment's share of a row cache (SLRU): rows read by more than one request, and the preload's most
-# counted rows. Caffeine's main region keeps the same share.
+# The protected segment's share of a row cache (SLRU) by default (serving.row_cache_protected_share): rows read by
+# more than one request, and the preload's most counted rows. Caffeine's main region keeps the same share.
 PROTECTED_SHARE = 0.8
 # A loaded model's directory of delta rows under the scratch directory: this prefix, the process id, a suffix.
 DELTA_ROWS_PREFIX = "delta-rows-"
+
+
+def check_protected_share(share: float) -> None:
+    """ValueError unless `share` is a protected segment's share of a row cache: at least 0 (a plain LRU cache) and
+    below 1 (rows read once need room)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"serving.row_cache_protected_share must be at least 0 (a plain LRU cache) and below 1 "
+                         f"(rows read once need room), got {share!r}")
 
 
 class RowCacheTooSmall(ValueError):
@@ -148,10 +156,12 @@ class ServedTable:
     rows_loaded: int = 0  # by requests
     rows_hit: int = 0
     rows_preloaded: int = 0  # before the first request (TieredRows.preload)
+    protected_share: float = PROTECTED_SHARE  # of cache_rows; 0: a plain LRU cache
 
     def __post_init__(self) -> None:
+        check_protected_share(self.protected_share)
         self.free = list(range(self.cache_rows - 1, -1, -1))  # popped from the end: slot 0 first
-        self.protected_rows = int(self.cache_rows * PROTECTED_SHARE)
+        self.protected_rows = int(self.cache_rows * self.protected_share)
 
     def __contains__(self, row: int) -> bool:
         return row in self.slots or row in self.protected
@@ -272,9 +282,10 @@ class TieredRows:
     """The tiered tables of one loaded model (shared by the snapshots a delta makes of it)."""
 
     def __init__(self, root: Any, directory: Path, tables: Mapping[str, Mapping[str, Any]],
-                 scratch: Path | None = None) -> None:
+                 scratch: Path | None = None, protected_share: float = PROTECTED_SHARE) -> None:
         """`scratch`: where the delta rows go to disk (a directory of this model's under it, removed when this
-        object goes); None keeps them in memory."""
+        object goes); None keeps them in memory. `protected_share`: each cache's protected segment
+        (serving.row_cache_protected_share)."""
         rows_endpoint = getattr(root, TIERED_ROWS_ENDPOINT, None)
         self.rows_endpoint = rows_endpoint.concrete_functions[0] if rows_endpoint is not None else None
         self.load_all = getattr(root, LOAD_ALL_SLOTS_ENDPOINT, None)
@@ -283,7 +294,7 @@ class TieredRows:
         self.tables = [
             ServedTable(name=name, index=int(entry["table"]), store=RowStore.open(Path(directory) / entry["file"],
                                                                                     writable=False),
-                        cache_rows=int(entry["cache_rows"]),
+                        cache_rows=int(entry["cache_rows"]), protected_share=protected_share,
                         load=None if self.load_all is not None
                         else getattr(root, f"{LOAD_SLOTS_ENDPOINT}_{int(entry['table'])}"))
             for name, entry in tables.items()]

@@ -78,7 +78,8 @@ def build_server(config: PipelineConfig, *, hand_off: Callable[[str], None] | No
     watcher = ModelWatcher(store, serving.model_name, config.paths.root / "serving_cache",
                            poll_seconds=serving.poll_seconds, precision=serving.precision,
                            watch_seconds=serving.watch_seconds, hand_off=hand_off,
-                           low_priority_loads=low_priority_loads, native_rows=serving.native_rows)
+                           low_priority_loads=low_priority_loads, native_rows=serving.native_rows,
+                           row_cache_protected_share=serving.row_cache_protected_share)
     if serving.precision == "bfloat16" and not bfloat16_native():
         logger.warning("serving.precision is bfloat16 but this CPU has neither AVX512_BF16 nor AMX: its bfloat16 "
                        "matrix products are emulated and slower than float32; set serving.precision=float32")

@@ -39,6 +39,7 @@ from components.delta import DELTA_KIND, read_delta
 from components.model_store import CANARY_LABEL, STABLE_LABEL, ModelStore, ModelStoreError
 from serving.handoff import lower_this_threads_priority
 from serving.model import LoadedModel
+from serving.row_cache import PROTECTED_SHARE, check_protected_share
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class ModelWatcher:
         self, store: ModelStore, model_name: str, cache_dir: str | Path, poll_seconds: float,
         precision: str = "float32", watch_seconds: float | None = None,
         hand_off: Callable[[str], None] | None = None, low_priority_loads: bool = False, native_rows: bool = True,
+        row_cache_protected_share: float = PROTECTED_SHARE,
     ) -> None:
         """Lists the store every `poll_seconds`; with `watch_seconds`, also reads the store's change marker that
         often (ModelStore.changed: one small read) and lists it at once when the marker changed.
@@ -65,10 +67,14 @@ class ModelWatcher:
         once start() has returned; the version is then left to another process (module docstring).
         `low_priority_loads`: the loads of start() run below the requests' priority too, as later ones always do
         (a process started beside a serving one); TensorFlow's runtime must then be running already.
-        `native_rows`: the models read row-form bodies with native code where they can (serving.native_rows)."""
+        `native_rows`: the models read row-form bodies with native code where they can (serving.native_rows).
+        `row_cache_protected_share`: the protected segment of a tiered table's row cache
+        (serving.row_cache_protected_share)."""
         if poll_seconds <= 0 or (watch_seconds is not None and watch_seconds <= 0):
             raise ValueError(f"poll_seconds and watch_seconds must be positive, got {poll_seconds!r} and "
                              f"{watch_seconds!r}")
+        check_protected_share(row_cache_protected_share)
+        self.row_cache_protected_share = row_cache_protected_share
         self.store = store
         self.precision = precision
         self.native_rows = native_rows
@@ -318,7 +324,8 @@ class ModelWatcher:
                       ) -> LoadedModel:
         directory = self.store.fetch(self.model_name, full_version, self.cache_dir)
         model = LoadedModel.load(directory, full_version, verify=False, precision=self.precision,  # fetch() verified it
-                                 native_rows=self.native_rows, scratch=self.cache_dir / DELTA_ROWS_DIR)
+                                 native_rows=self.native_rows, scratch=self.cache_dir / DELTA_ROWS_DIR,
+                                 row_cache_protected_share=self.row_cache_protected_share)
         if model.precision != self.precision:
             logger.warning("version %s was exported without a %s endpoint: it answers in %s", full_version,
                            self.precision, model.precision)

@@ -299,5 +299,15 @@ def test_a_wide_deep_minute_on_tiered_tables_is_served_as_its_checkpoint_through
     for name in TIERED:
         assert counters[name]["rows_loaded"] + counters[name]["rows_preloaded"] > CACHE_ROWS
         assert counters[name]["delta_rows"] > 0
-    del served, watcher
+    # With serving.row_cache_protected_share 0 the caches are plain LRU (no protected row, preloaded or read
+    # again) and answer the same; the default's caches protect some.
+    plain = ModelWatcher(store, "ctr", tmp_path / "cache-lru", poll_seconds=60, row_cache_protected_share=0.0)
+    assert plain.poll_once() and plain.version == "202601010011"
+    lru = plain.current()
+    chunks = [lru.predict_columns({name: values[start:start + 40] for name, values in columns.items()})
+              for start in range(0, len(expected), 40)]
+    np.testing.assert_allclose(np.concatenate(chunks), expected, rtol=0, atol=1e-6)
+    assert all(t.protected_rows == 0 and not t.protected and t.num_cached > 0 for t in lru.tiered.tables)
+    assert all(t.protected_rows == int(CACHE_ROWS * 0.8) and t.protected for t in served.tiered.tables)
+    del served, watcher, lru, plain
     gc.collect()

@@ -67,12 +67,13 @@ def test_the_rows_preloaded_are_those_the_table_s_vocabularies_counted_most():
     assert preload_rows([first, second], 3, reserved=0).tolist() == [3, 4, 5]
 
 
-def served_table(tmp_path, cache_rows: int):
+def served_table(tmp_path, cache_rows: int, protected_share: float = 0.8):
     from serving.row_cache import ServedTable
     from trainer.row_store import RowStore, uniform_initializer
 
     store = RowStore.create(tmp_path / "C1.rows", 1_000, 4, uniform_initializer(4, 3), initial_accumulator=0.1)
-    return ServedTable(name="C1", index=0, store=store, cache_rows=cache_rows, load=None)
+    return ServedTable(name="C1", index=0, store=store, cache_rows=cache_rows, load=None,
+                       protected_share=protected_share)
 
 
 def read(table, rows) -> int:
@@ -118,7 +119,8 @@ def test_the_protected_segment_is_bounded_and_its_least_recent_row_goes_back_to_
 
 
 def test_a_plain_lru_cache_would_lose_the_rows_read_again_where_the_segmented_one_keeps_them(tmp_path):
-    """The same requests against the cache with every row on probation (protected_rows 0: plain LRU)."""
+    """The same requests against the cache with every row on probation (serving.row_cache_protected_share 0: plain
+    LRU)."""
     rng = np.random.default_rng(5)
     hot = np.arange(10)
     requests = [np.concatenate([rng.choice(hot, 3, replace=False), 100 + rng.choice(900, 5, replace=False)])
@@ -126,15 +128,20 @@ def test_a_plain_lru_cache_would_lose_the_rows_read_again_where_the_segmented_on
     loads = {}
     for name in ("lru", "segmented"):
         (tmp_path / name).mkdir()
-        table = served_table(tmp_path / name, 20)
-        if name == "lru":
-            table.protected_rows = 0
+        table = served_table(tmp_path / name, 20, protected_share=0.0 if name == "lru" else 0.8)
+        assert table.protected_rows == (0 if name == "lru" else 16)
         loads[name] = sum(read(table, rows) for rows in requests)
     # The 10 rows every request reads from stay cached in the segmented cache (loaded once each, then only the
     # 5 rows of 900 a request reads once); in plain LRU those push them out, and they are loaded again and again
     # (1,906 rows loaded against 1,496 with this seed).
     assert loads["segmented"] <= 10 + 5 * 300
     assert loads["lru"] > loads["segmented"] + 300
+
+
+def test_a_protected_share_that_leaves_no_room_for_rows_read_once_is_refused(tmp_path):
+    for share in (1.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="must be at least 0 .* and below 1"):
+            served_table(tmp_path, 10, protected_share=share)
 
 
 def test_preloaded_rows_are_ranked_by_count_the_most_counted_protected(tmp_path):

@@ -112,3 +112,15 @@ def test_freezing_the_imports_takes_them_out_of_collections_and_later_cycles_are
         assert gc.collect() >= 1000
     finally:
         gc.unfreeze()
+
+
+def test_the_row_cache_policy_comes_from_the_config_and_a_share_without_room_is_refused(
+        store: LocalModelStore, tmp_path: Path) -> None:
+    settings = {"paths.data_root": str(tmp_path), "paths.model_store": str(store.root), "serving.port": 0,
+                "serving.grpc_port": -1}
+    assert build_server(PipelineConfig().with_overrides(settings)).watcher.row_cache_protected_share == 0.8
+    plain = PipelineConfig().with_overrides({**settings, "serving.row_cache_protected_share": "0"})
+    assert build_server(plain).watcher.row_cache_protected_share == 0.0  # a plain LRU cache
+    for share in ("1", "-0.1"):
+        with pytest.raises(ValueError, match=r"serving.row_cache_protected_share must be at least 0 .* got "):
+            build_server(PipelineConfig().with_overrides({**settings, "serving.row_cache_protected_share": share}))
