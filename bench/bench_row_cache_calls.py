@@ -103,7 +103,9 @@ def served_pass(port: int, instances: list[dict], rate: float, requests: int) ->
     return result
 
 
-def start(work: Path, label: str, export: Path) -> tuple[Any, int]:
+def start(work: Path, label: str, export: Path, settings: tuple[str, ...] = ()) -> tuple[Any, int]:
+    """A server of `export` alone in its store under `work/label` (`settings`: more `--set` overrides), and its
+    port."""
     from components.model_store import LocalModelStore
 
     home = work / label
@@ -112,7 +114,7 @@ def start(work: Path, label: str, export: Path) -> tuple[Any, int]:
     home.mkdir()
     LocalModelStore(home / "store").publish(MODEL_NAME, FIRST_VERSION, export)
     port = free_port()
-    return start_server(home, home / "store", port, free_port()), port
+    return start_server(home, home / "store", port, free_port(), settings=settings), port
 
 
 def scan_rate(work: Path, export: Path, instances: list[dict], step_seconds: float) -> tuple[float, dict]:

@@ -39,17 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_row_cache import BATCH, build
-from bench.bench_row_cache_calls import scan_rate, served_pass
-from bench.bench_serving import (
-    FIRST_VERSION,
-    MODEL_NAME,
-    candidates,
-    free_port,
-    measuring_client,
-    start_server,
-    stop_server,
-    wait_healthy,
-)
+from bench.bench_row_cache_calls import scan_rate, served_pass, start
+from bench.bench_serving import candidates, measuring_client, stop_server, wait_healthy
 from bench.provenance import provenance
 from serving.row_cache import PROTECTED_SHARE
 
@@ -57,19 +48,6 @@ from serving.row_cache import PROTECTED_SHARE
 POLICIES = {"segmented": PROTECTED_SHARE, "lru": 0.0}
 EXPORTS = ("evicting_preloaded", "evicting")
 KEYS = ("p50_ms", "p99_ms", "server_mean_ms", "rows_loaded_per_request", "load_calls_per_request")
-
-
-def start(work: Path, label: str, export: Path, share: float) -> tuple[Any, int]:
-    from components.model_store import LocalModelStore
-
-    home = work / label
-    if home.exists():
-        shutil.rmtree(home)
-    home.mkdir()
-    LocalModelStore(home / "store").publish(MODEL_NAME, FIRST_VERSION, export)
-    port = free_port()
-    return start_server(home, home / "store", port, free_port(),
-                        settings=(f"serving.row_cache_protected_share={share}",)), port
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +63,8 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             order = list(POLICIES) if index % 2 == 0 else list(reversed(POLICIES))
             round_: dict[str, Any] = {"order": order}
             for export in args.exports:
-                servers = {policy: start(work, f"{export}-{policy}", models[export], share)
+                servers = {policy: start(work, f"{export}-{policy}", models[export],
+                                         (f"serving.row_cache_protected_share={share}",))
                            for policy, share in POLICIES.items()}
                 try:
                     for policy, (server, port) in servers.items():
