@@ -140,6 +140,15 @@ def segmented_eviction(key: str) -> float:
     return found.pop()
 
 
+def eviction_range(key: str, export: str | None = None) -> str:
+    """[lowest, highest] of the segmented LRU over the plain one's `key` over row_cache_eviction.json and its
+    second run, for `export` or both exports, "lo-hi" at three decimals."""
+    found = [x for name in ("row_cache_eviction.json", "row_cache_eviction_run2.json")
+             for label, ranges in result(name)["segmented_over_lru_range"].items()
+             if export in (None, label) for x in ranges[key]]
+    return f"{min(found):.3f}-{max(found):.3f}"
+
+
 def pair_range(path: str) -> str:
     """The range, "lo-hi" at two decimals, of a [min, max] entry over tier_step.json and tier_step_run2.json."""
     found = [x for name in ("tier_step.json", "tier_step_run2.json") for x in value(name, path)]
@@ -469,6 +478,10 @@ FIGURES: dict[str, Callable[[], str]] = {
         if round(value('multi_hash.json', 'embedding_memory_saved_ratio'), 3) == 0.853
         and value('multi_hash_run2.json', 'auc_difference') == value('multi_hash.json', 'auc_difference')
         else "multi_hash.json no longer holds 0.853 saved, or its second run differs"),
+    "row_cache_eviction.json": lambda: (
+        f"at 40 requests/s (2 runs of 2 rounds): {eviction_range('rows_loaded_per_request')}x the rows loaded a "
+        f"request, and the server's mean time a request {eviction_range('server_mean_ms', 'evicting_preloaded')}x "
+        f"the plain LRU's preloaded, {eviction_range('server_mean_ms', 'evicting')}x without a preload"),
     "row_cache_segmented.json": lambda: (
         f"a 2,000-row cache loads {rng2('row_cache_segmented.json', 'eviction_rows_loaded_ratio', 3)}x the rows a "
         f"plain LRU does, {segmented_eviction('evicting_preloaded_cold_segmented'):.1f} rows a request preloaded "
