@@ -9,7 +9,7 @@ Existing clients work unchanged with TF Serving's own stubs (`tensorflow-serving
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "ctr"                    # optionally .version.value or .version_label = "stable"
     request.inputs["I1"].CopyFrom(tf.make_tensor_proto([3.0, 1.0], dtype=tf.float32))
-    request.inputs["C1"].CopyFrom(tf.make_tensor_proto(["68fd1e64", "05db9164"]))
+    request.inputs["C1"].CopyFrom(tf.make_tensor_proto(["9f3c2a71", "4be05d18"]))
     stub.Predict(request).outputs["probability"]      # float [batch]
 
 Predict takes one tensor per feature (absent features are missing), as the signature declares them (see

@@ -206,7 +206,7 @@ def test_the_encoding_is_the_specs(tmp_path):
                                                    r"b'\\xfd7zXZ.*'\), not a CSV or TSV log; decompress it"),
     ("avazu.xlsx", b"PK\x03\x04" + bytes(60), r"the file is a ZIP archive \(an .xlsx workbook is one\).*save a "
                                               r"workbook as CSV"),
-    ("avazu.csv.gz", b"click,hour\n1,14102100\n", r"avazu.csv.gz: the name says gzip \(.gz\), but the file holds "
+    ("avazu.csv.gz", b"click,hour\n1,14102203\n", r"avazu.csv.gz: the name says gzip \(.gz\), but the file holds "
                                                   r"data that is not gzip-compressed \(its first bytes: b'click,hour"),
     ("avazu.csv.bz2", gzip.compress(b"click\n"), r"the name says bz2 \(.bz2\), but the file holds gzip-compressed "
                                                  r"data"),
@@ -257,7 +257,7 @@ def test_a_missing_label_column_lists_the_header_read_with_invisible_characters_
     assert "(24 columns); column 1 is 'click' with invisible characters ('\\u200bclick'): remove them" in message
     assert "spec 'avazu' lists no source.columns to read it by position" in message
     semicolons = tmp_path / "semicolons.csv"
-    semicolons.write_text("click;id;hour\r\n1;2;14102100\r\n")
+    semicolons.write_text("click;id;hour\r\n1;2;14102203\r\n")
     with pytest.raises(IngestError, match=r"the first line read as \['click;id;hour'\] \(1 columns\); the line "
                                           r"holds ';', not ',': .* set the spec's source.delimiter"):
         ingest(SPEC, [semicolons], Layout(tmp_path / "var"))

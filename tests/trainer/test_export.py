@@ -35,7 +35,7 @@ RAW_DENSE = np.array(
 
 
 def feature_state() -> FeatureState:
-    vocabularies = {name: (f"{name}-common", f"{name}-second", "68fd1e64") for name in CATEGORICAL_FEATURES}
+    vocabularies = {name: (f"{name}-common", f"{name}-second", "9f3c2a71") for name in CATEGORICAL_FEATURES}
     vocabularies["C2"] = ("only-in-c2", "0", "é-unicode")
     vocabularies["C26"] = ()  # a feature with no admitted values: everything is rare or missing
     return FeatureState(
@@ -44,7 +44,7 @@ def feature_state() -> FeatureState:
         vocabularies={
             **{name: Vocabulary.of(values, [5] * len(values)) for name, values in vocabularies.items()},
             # After an eviction: rows out of value order, with freed rows between them.
-            "C5": Vocabulary(("C5-common", "C5-second", "68fd1e64"), (6, 2, 4), (5, 5, 5), (0, 0, 0), 8, (3, 5, 7)),
+            "C5": Vocabulary(("C5-common", "C5-second", "9f3c2a71"), (6, 2, 4), (5, 5, 5), (0, 0, 0), 8, (3, 5, 7)),
         },
         dense=tuple(
             DenseTransform(name, low=-2 - 0.1 * i, high=5 + 0.3 * i, mean=0.4 + 0.05 * i, std=1.2 + 0.1 * i)
@@ -64,7 +64,7 @@ def raw_categorical(state: FeatureState) -> np.ndarray:
                 "zzz-unknown",  # never seen
                 "only-in-c2",  # admitted in C2 only
                 vocabulary[-1],
-                "68fd1e64" if name != "C2" else "",
+                "9f3c2a71" if name != "C2" else "",
             ]
         )
     return np.array(columns, dtype=object).T
