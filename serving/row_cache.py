@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from components.config import ServingConfig
 from components.delta import tiered_rows_name, tiered_values_name
 from serving.tensorflow_internals import direct_call
 from trainer.row_store import RowOverlay, RowStore
@@ -68,9 +69,10 @@ MODEL_INPUT_PREFIX = "input_"
 # Loads a request may need when other requests' loads keep evicting its rows; then it fails.
 MAX_LOADS = 8
 PRELOAD_CHUNK_ROWS = 65_536  # rows of each table a graph call writes while a model preloads its caches
-# The protected segment's share of a row cache (SLRU) by default (serving.row_cache_protected_share): rows read by
-# more than one request, and the preload's most counted rows. Caffeine's main region keeps the same share.
-PROTECTED_SHARE = 0.8
+# The protected segment's share of a row cache (SLRU) by default: rows read by more than one request, and the
+# preload's most counted rows. The config's default (serving.row_cache_protected_share), the share Caffeine's main
+# region keeps.
+PROTECTED_SHARE = ServingConfig.row_cache_protected_share
 # A loaded model's directory of delta rows under the scratch directory: this prefix, the process id, a suffix.
 DELTA_ROWS_PREFIX = "delta-rows-"
 
