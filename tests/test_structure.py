@@ -101,7 +101,7 @@ def foreign_private_names(path: Path, root: Path = ROOT) -> list[str]:
     return [f"{path.relative_to(root)}:{line} {name}" for line, name in sorted(found)]
 
 
-def project_imports(path: Path, packages: tuple[str, ...] = PACKAGES) -> list[tuple[int, str]]:
+def project_imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every import of a project package in `path`, at module level or inside a function."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -109,7 +109,7 @@ def project_imports(path: Path, packages: tuple[str, ...] = PACKAGES) -> list[tu
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
-    return [(line, module) for line, module in found if module.split(".")[0] in packages]
+    return [(line, module) for line, module in found if module.split(".")[0] in PACKAGES]
 
 
 def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
@@ -126,12 +126,12 @@ def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dic
     graph = {}
     for name, path in modules.items():
         targets = set()
-        for _, module in project_imports(path, packages):
-            targets.add(module_of(module))
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):  # `from package import module`
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level \
-                    and node.module.split(".")[0] in packages:
-                targets |= {module_of(f"{node.module}.{alias.name}") for alias in node.names}
+                    and node.module.split(".")[0] in packages:  # the module, and `from package import module`
+                targets |= {module_of(node.module), *(module_of(f"{node.module}.{a.name}") for a in node.names)}
+            elif isinstance(node, ast.Import):
+                targets |= {module_of(a.name) for a in node.names if a.name.split(".")[0] in packages}
         graph[name] = {t for t in targets if t and t != name}
     return graph
 
