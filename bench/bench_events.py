@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from bench.provenance import provenance
 from components.config import EventsConfig, GenerateConfig, SparkConfig
 from components.events import CLICKS, EVENT_FILE, IMPRESSION_SCHEMA, IMPRESSIONS, generate_events
+from components.feature_spec import load_spec
 from components.interval import Interval
 from components.layout import Layout
 from spark_jobs.events import (
@@ -36,6 +37,7 @@ from spark_jobs.events import (
 from spark_jobs.session import get_spark
 
 REPEATS = 3
+EVENTS_SPEC = load_spec("events")  # the generated streams' columns
 
 
 def best_seconds(fn) -> float:
@@ -78,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     columns = IMPRESSION_SCHEMA.names
     text_schema = ", ".join(f"{name} string" for name in columns)
-    typed = dict(part.rsplit(" ", 1) for part in spark_schema(IMPRESSIONS).split(", "))
+    typed = dict(part.rsplit(" ", 1) for part in spark_schema(IMPRESSION_SCHEMA).split(", "))
 
     def read_parquet(selected):
-        frame = extract_events(spark, layout, IMPRESSIONS, minutes)
+        frame = extract_events(spark, layout, IMPRESSIONS, minutes, EVENTS_SPEC)
         return frame.select(F.bit_xor(F.xxhash64(*selected))).collect()
 
     def read_tsv(selected):
@@ -98,15 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def join_only():
-        impressions = extract_events(spark, layout, IMPRESSIONS, minutes)
-        clicks = extract_events(spark, layout, CLICKS, minutes)
+        impressions = extract_events(spark, layout, IMPRESSIONS, minutes, EVENTS_SPEC)
+        clicks = extract_events(spark, layout, CLICKS, minutes, EVENTS_SPEC)
         samples, metrics = join_events(impressions, clicks, events.attribution_window_s)
         samples.write.format("noop").mode("overwrite").save()
         return collect_metrics(metrics)
 
     def join_and_sequences():
-        impressions = extract_events(spark, layout, IMPRESSIONS, minutes)
-        clicks = extract_events(spark, layout, CLICKS, minutes)
+        impressions = extract_events(spark, layout, IMPRESSIONS, minutes, EVENTS_SPEC)
+        clicks = extract_events(spark, layout, CLICKS, minutes, EVENTS_SPEC)
         samples, _ = join_events(impressions, clicks, events.attribution_window_s)
         with_history = behaviour_sequences(samples, attributed_clicks(samples), events.sequence_length)
         with_history.write.format("noop").mode("overwrite").save()
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     span = Interval(start + timedelta(minutes=events.attribution_window_s // 60), final_end)
 
     def full_run():
-        return run(spark, layout, span, root / "joined", window_s=events.attribution_window_s,
+        return run(spark, layout, span, root / "joined", spec=EVENTS_SPEC, window_s=events.attribution_window_s,
                    sequence_length=events.sequence_length, lookback_s=events.history_lookback_s)
 
     timings["join_and_metrics"] = best_seconds(join_only)

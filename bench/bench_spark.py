@@ -80,7 +80,7 @@ def data_path(spark, root: Path, span: Interval, features: FeatureConfig, previo
     joined = root / "joined" / span.tag
     events = EventsConfig(attribution_window_s=WINDOW_S)
     minutes = list(span.minutes())
-    _, join_s = timed(lambda: run(spark, layout, span, joined, window_s=WINDOW_S,
+    _, join_s = timed(lambda: run(spark, layout, span, joined, spec=CRITEO, window_s=WINDOW_S,
                                   sequence_length=events.sequence_length, lookback_s=events.history_lookback_s))
     state, features_s = timed(lambda: build_feature_state(
         joined_rows(spark, joined, minutes, CRITEO), previous, features, day=0, version=f"bench-{span.tag}",
@@ -106,8 +106,9 @@ def sql_join(spark, root: Path, span: Interval, output: Path) -> float:
     clicks_read = [m for m in plan.click_minutes() if layout.raw_events_minute_dir(CLICKS, m).exists()]
 
     def run() -> None:
-        impressions = extract_events(spark, layout, IMPRESSIONS, list(span.minutes())).dropDuplicates([REQUEST_ID])
-        clicks = (extract_events(spark, layout, CLICKS, clicks_read).groupBy(REQUEST_ID)
+        impressions = (extract_events(spark, layout, IMPRESSIONS, list(span.minutes()), CRITEO)
+                       .dropDuplicates([REQUEST_ID]))
+        clicks = (extract_events(spark, layout, CLICKS, clicks_read, CRITEO).groupBy(REQUEST_ID)
                   .agg(F.min(TS).alias("click_ts")))
         delay = F.col("click_ts") - F.col(TS)
         (impressions.join(clicks, REQUEST_ID, "left")
@@ -150,7 +151,7 @@ def minute_run(spark, root: Path, minute: Interval, events: EventsConfig, featur
     def lap(name: str) -> None:
         parts[name] = time.perf_counter() - started - sum(parts.values())
 
-    run(spark, Layout(root), minute, joined, window_s=events.attribution_window_s,
+    run(spark, Layout(root), minute, joined, spec=CRITEO, window_s=events.attribution_window_s,
         sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
         previous=Layout(root).joined_dir_ending_at(minute.start), short_span_partitions=shuffle_partitions,
         keep_lookback_mib=events.lookback_keep_mib)

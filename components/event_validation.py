@@ -1,6 +1,7 @@
 """great-expectations suites for the impression and click streams and for joined samples.
 
-Each stream's minute partitions are validated like the click log's (components.validation): a failing
+Each stream's minute partitions are validated like the click log's (components.validation), the impressions'
+expectations on the join's keys and on the columns the feature spec reads, by kind: a failing
 partition is moved to quarantine/<stream>/ with its report, the run fails with the reasons, and a re-run goes
 on without it (the join treats a quarantined minute as empty and says so). A partition whose Parquet schema
 is wrong fails without reaching the suite, with the schema problem as its reason.
@@ -8,6 +9,8 @@ is wrong fails without reaching the suite, with the schema problem as its reason
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,21 +21,20 @@ import pyarrow.parquet as pq
 
 from components.events import (
     CLICKS,
-    DEVICE,
-    DEVICES,
     EVENT_FILE,
     IMPRESSIONS,
-    ITEM_ID,
+    KEY_SCHEMA,
+    LABEL,
     REQUEST_ID,
     SLOT,
-    STREAM_SCHEMAS,
     TS,
-    USER_ID,
+    impression_payload,
+    stream_problems,
 )
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL
+from components.feature_spec import CategoricalFeature, DenseFeature, FeatureSpec
 from components.validation import PartitionedDataset, PartitionReadError
 
-SUITE_VERSION = "1"
+SUITE_VERSION = "2"
 OFFSET_COLUMN = "_offset_ms"  # ts - the partition's minute start: a record belongs to its own minute
 HISTORY_LENGTH_COLUMN = "_history_length"
 MAX_SLOT = 100
@@ -41,20 +43,14 @@ MAX_SLOT = 100
 MIN_LABEL_RATE, MAX_LABEL_RATE = 0.001, 0.6
 
 
-def read_event_partition(stream: str, path: Path, minute: datetime) -> pd.DataFrame:
+def read_event_partition(stream: str, path: Path, minute: datetime, spec: FeatureSpec) -> pd.DataFrame:
     """A stream partition as the suite checks it, after its schema: raises PartitionReadError on a file that
-    is not Parquet or lacks or mistypes a column."""
+    is not Parquet, or lacks or mistypes a column the join or `spec` reads (components.events.stream_problems)."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as err:
         raise PartitionReadError("parquet", f"{path} is not a readable Parquet file: {err}") from err
-    problems = []
-    for field in STREAM_SCHEMAS[stream]:
-        index = table.schema.get_field_index(field.name)
-        if index < 0:
-            problems.append(f"column {field.name!r} is missing")
-        elif table.schema.field(index).type != field.type:
-            problems.append(f"column {field.name!r} is {table.schema.field(index).type}, expected {field.type}")
+    problems = stream_problems(stream, table.schema, spec)
     if problems:
         raise PartitionReadError("schema", "; ".join(problems))
     frame = table.to_pandas()
@@ -62,7 +58,10 @@ def read_event_partition(stream: str, path: Path, minute: datetime) -> pd.DataFr
     return frame
 
 
-def impressions_suite() -> Any:
+def impressions_suite(spec: FeatureSpec) -> Any:
+    """The keys never null, each record in its own minute; of the columns `spec` reads, a dense one present in
+    at least 10 % of the rows (one almost always missing was dropped upstream), a categorical one of text ids
+    holding ids (letters, digits, _ and -, at most 64), and the ad slot, when read, a position from 1 up."""
     import great_expectations as gx
 
     from components.gx_expectations import ExpectColumnValuesToMatchPattern
@@ -71,15 +70,19 @@ def impressions_suite() -> Any:
     suite = gx.ExpectationSuite(name=IMPRESSIONS, meta={"version": SUITE_VERSION})
     # Traffic never stops for a whole minute: an empty partition is a broken writer.
     suite.add_expectation(e.ExpectTableRowCountToBeBetween(min_value=1))
-    for name in (REQUEST_ID, TS, USER_ID, ITEM_ID):
+    for name in KEY_SCHEMA.names:
         suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=name))
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column=OFFSET_COLUMN, min_value=0, max_value=59_999))
-    suite.add_expectation(e.ExpectColumnValuesToBeBetween(column=SLOT, min_value=1, max_value=MAX_SLOT))
-    suite.add_expectation(e.ExpectColumnValuesToBeInSet(column=DEVICE, value_set=list(DEVICES)))
-    for name in DENSE_FEATURES:  # null rate: a field that is almost always missing was dropped upstream
-        suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=name, mostly=0.1))
-    for name in CATEGORICAL_FEATURES:
-        suite.add_expectation(ExpectColumnValuesToMatchPattern(column=name, regex=r"^[0-9a-zA-Z_\-]{1,64}$"))
+    payload = impression_payload(spec)
+    readers = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
+    for name in payload:
+        feature = readers[name]
+        if name == SLOT:
+            suite.add_expectation(e.ExpectColumnValuesToBeBetween(column=SLOT, min_value=1, max_value=MAX_SLOT))
+        elif isinstance(feature, DenseFeature):
+            suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=name, mostly=0.1))
+        elif isinstance(feature, CategoricalFeature) and feature.dtype == "string":
+            suite.add_expectation(ExpectColumnValuesToMatchPattern(column=name, regex=r"^[0-9a-zA-Z_\-]{1,64}$"))
     return suite
 
 
@@ -110,16 +113,25 @@ def joined_samples_suite(sequence_length: int) -> Any:
     return suite
 
 
-def _stream_dataset(stream: str, suite) -> PartitionedDataset:
+def _stream_checks_version(stream: str, spec: FeatureSpec) -> str:
+    """SUITE_VERSION, and for impressions a hash of the columns the spec reads with their kinds: a partition
+    validated for one spec is validated again for a spec that reads other columns."""
+    if stream != IMPRESSIONS:
+        return SUITE_VERSION
+    readers = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
+    read = [[name, readers[name].kind, getattr(readers[name], "dtype", "")] for name in impression_payload(spec)]
+    return f"{SUITE_VERSION}-{hashlib.sha256(json.dumps(read).encode()).hexdigest()[:16]}"
+
+
+def stream_dataset(stream: str, spec: FeatureSpec) -> PartitionedDataset:
+    """The impressions or clicks stream as validate_interval checks it, for the columns `spec` reads."""
+    suite = (lambda: impressions_suite(spec)) if stream == IMPRESSIONS else clicks_suite
     return PartitionedDataset(
-        name=stream, suite_version=SUITE_VERSION, suite=suite,
-        read=lambda path, minute: read_event_partition(stream, path, minute),
+        name=stream, suite_version=_stream_checks_version(stream, spec), suite=suite,
+        read=lambda path, minute: read_event_partition(stream, path, minute, spec),
         minute_dir=lambda layout, minute: layout.raw_events_minute_dir(stream, minute),
         file_name=EVENT_FILE,
         quarantine_dir=lambda layout, minute: layout.quarantine_events_minute_dir(stream, minute),
         noun=f"{stream} partition", hint="run `ctr-pipeline generate --events` or check the ingest",
     )
 
-
-IMPRESSIONS_DATASET = _stream_dataset(IMPRESSIONS, impressions_suite)
-CLICKS_DATASET = _stream_dataset(CLICKS, clicks_suite)

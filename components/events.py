@@ -1,7 +1,10 @@
 """Raw event streams: impressions and clicks in event-time minute partitions, labelled by the planted model.
 
-An impression carries a request id, its event time `ts` (epoch milliseconds, UTC), a user, an item, context
-(ad slot, device) and the Criteo fields I1..I13, C1..C26 drawn by `components.synthetic.generate_minute`.
+An impression carries the join's keys (KEY_SCHEMA: a request id, its event time `ts` in epoch milliseconds UTC,
+a user and an item) and whatever further columns the feature spec reads (impression_payload); the join checks
+those by the spec (impression_problems) and carries them to its samples. The generator here writes the `events`
+preset's: context (ad slot, device) and the Criteo fields I1..I13, C1..C26 drawn by
+`components.synthetic.generate_minute`.
 Its click probability is the planted model's, plus a position effect and a user-item affinity: every item
 belongs to one of NUM_TOPICS topics, every user prefers one topic, and a share of each user's impressions
 shows items of that topic. A user's clicked items reveal the preferred topic, which is what makes behaviour
@@ -40,6 +43,14 @@ import pyarrow.parquet as pq
 from scipy.special import ndtr, ndtri
 
 from components.config import ConfigError, EventsConfig, GenerateConfig
+from components.feature_spec import (
+    CategoricalFeature,
+    DenseFeature,
+    FeatureSpec,
+    MultiCategoricalFeature,
+    SequenceFeature,
+    TimestampFeature,
+)
 from components.interval import parse_time
 from components.layout import Layout
 from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
@@ -57,7 +68,15 @@ ITEM_ID = "item_id"
 SLOT = "slot"  # ad position on the page, 1 = top
 DEVICE = "device"
 CONTEXT_COLUMNS = (SLOT, DEVICE)
+# What the join makes: the label, the click's time and each impression's behaviour sequence.
+LABEL = "label"
+CLICK_TS = "click_ts"  # time of the click that made the label 1, else null
+HISTORY = "history"
 
+# The columns the join reads from every impression stream, with their types; the rest is named by the spec.
+KEY_SCHEMA = pa.schema([(REQUEST_ID, pa.string()), (TS, pa.int64()), (USER_ID, pa.string()),
+                        (ITEM_ID, pa.string())])
+# What the generator writes (the `events` preset's columns).
 IMPRESSION_SCHEMA = pa.schema(
     [(REQUEST_ID, pa.string()), (TS, pa.int64()), (USER_ID, pa.string()), (ITEM_ID, pa.string()),
      (SLOT, pa.int32()), (DEVICE, pa.string())]
@@ -65,7 +84,79 @@ IMPRESSION_SCHEMA = pa.schema(
     + [(name, pa.string()) for name in CATEGORICAL_FEATURES]
 )
 CLICK_SCHEMA = pa.schema([(REQUEST_ID, pa.string()), (TS, pa.int64())])
-STREAM_SCHEMAS = {IMPRESSIONS: IMPRESSION_SCHEMA, CLICKS: CLICK_SCHEMA}
+
+
+def impression_payload(spec: FeatureSpec) -> tuple[str, ...]:
+    """The impression columns `spec` reads besides the join's keys, in the spec's order: what the join carries
+    from each impression to its sample. The label and `history` are the join's own (not read from a stream)."""
+    made = {spec.label.column, HISTORY}
+    return tuple(c for c in spec.input_columns if c not in made and c not in KEY_SCHEMA.names)
+
+
+def impression_schema(spec: FeatureSpec, actual: pa.Schema) -> pa.Schema:
+    """The schema the join reads impressions in: the keys, then `spec`'s payload columns with their types in
+    `actual` (a file's, already checked by impression_problems)."""
+    return pa.schema([*KEY_SCHEMA, *(actual.field(name) for name in impression_payload(spec))])
+
+
+def impression_problems(actual: pa.Schema, spec: FeatureSpec) -> list[str]:
+    """What keeps a file of schema `actual` from being read as impressions for `spec`: each key missing or
+    not of its type, each column the spec reads that is missing or of a type its kind cannot be parsed from."""
+    problems = _missing_or_mistyped(actual, KEY_SCHEMA)
+    kinds = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
+    for name in impression_payload(spec):
+        index = actual.get_field_index(name)
+        if index < 0:
+            problems.append(f"column {name!r} (read by the feature spec) is missing")
+            continue
+        kind = actual.field(index).type
+        feature = kinds[name]
+        allowed = _ALLOWED.get(type(feature), _ALLOWED[CategoricalFeature])
+        if not any(test(kind) for test in allowed[0]):
+            problems.append(f"column {name!r} is {kind}, which a {feature.kind} feature does not read; expected "
+                            f"{allowed[1]}")
+    return problems
+
+
+def stream_problems(stream: str, actual: pa.Schema, spec: FeatureSpec) -> list[str]:
+    """impression_problems for impressions; for clicks, each of CLICK_SCHEMA's columns missing or mistyped."""
+    return impression_problems(actual, spec) if stream == IMPRESSIONS else _missing_or_mistyped(actual, CLICK_SCHEMA)
+
+
+def _missing_or_mistyped(actual: pa.Schema, expected: pa.Schema) -> list[str]:
+    problems = []
+    for field in expected:
+        index = actual.get_field_index(field.name)
+        if index < 0:
+            problems.append(f"column {field.name!r} is missing")
+        elif actual.field(index).type != field.type:
+            problems.append(f"column {field.name!r} is {actual.field(index).type}, expected {field.type}")
+    return problems
+
+
+def _number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def _text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _id_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) and (_text(kind.value_type) or pa.types.is_integer(kind.value_type))
+
+
+# Per feature kind: the Arrow types a column of it may have (spark_jobs.raw.parse_raw casts them), and words
+# for the error.
+_ALLOWED = {
+    DenseFeature: ((_number,), "an integer or floating-point type"),
+    CategoricalFeature: ((_text, pa.types.is_integer), "string or an integer type"),
+    MultiCategoricalFeature: ((_id_list, _text), "a list of strings or integers, or a string split by the "
+                                                 "feature's separator"),
+    SequenceFeature: ((_id_list, _text), "a list of strings or integers, or a string split by the feature's "
+                                         "separator"),
+    TimestampFeature: ((_number, _text), "an integer or a string in the feature's format"),
+}
 
 NUM_TOPICS = 32
 # Share of impressions whose item is drawn from the user's preferred topic (the rest from all items).

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from components.config import PipelineConfig, load_config
+from components.feature_spec import FeatureSpec
 from components.interval import Interval, parse_time
 from components.layout import Layout
 from pipelines.airflow_env import airflow_environment, prepare_database
@@ -63,15 +64,13 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 30.0) -> d
         return {"body": json.loads(response.read()), "headers": dict(response.headers)}
 
 
-def example_instance(layout: Layout, minute) -> tuple[dict, int]:
-    """The first row of a held-out minute as a raw-feature instance (the request a client would send)."""
-    from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+def example_instance(layout: Layout, minute, spec: FeatureSpec) -> tuple[dict, int]:
+    """The first row of a held-out minute as a raw-feature instance (the request a client would send), read by
+    the spec, and its label."""
+    from components.validation import read_raw_slice
 
-    line = (layout.raw_minute_dir(minute) / "part-00000.tsv").read_text().split("\n", 1)[0].split("\t")
-    label, dense, categorical = line[0], line[1:14], line[14:40]
-    instance: dict = {name: (int(v) if v else None) for name, v in zip(DENSE_FEATURES, dense, strict=True)}
-    instance.update({name: (v or None) for name, v in zip(CATEGORICAL_FEATURES, categorical, strict=True)})
-    return instance, int(label)
+    row = read_raw_slice(layout.raw_minute_dir(minute) / spec.source.file_name, minute, spec=spec).iloc[0]
+    return spec.request_instance(row.to_dict()), int(float(row[spec.label.column]))
 
 
 def main() -> int:
@@ -132,7 +131,7 @@ def main() -> int:
         from pipelines.daily import split_minutes
 
         ctx = RunContext(config=config, interval=interval, pipeline="daily", run_id="demo")
-        instance, label = example_instance(layout, split_minutes(ctx)[1][0])
+        instance, label = example_instance(layout, split_minutes(ctx)[1][0], ctx.spec)
         answer = http_json(base + ":predict", {"instances": [instance]})
         prediction = answer["body"]["predictions"][0]
         served_version = answer["headers"].get("X-Model-Version") or answer["headers"].get("x-model-version")

@@ -169,9 +169,10 @@ class EventsSource:
     rows_come_shuffled = True  # spark_jobs.events.joined_rows: a fixed pseudo-random order
 
     def datasets(self, spec: FeatureSpec) -> list[Any]:
-        from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
+        from components.event_validation import stream_dataset
+        from components.events import STREAMS
 
-        return [IMPRESSIONS_DATASET, CLICKS_DATASET]
+        return [stream_dataset(stream, spec) for stream in STREAMS]
 
     def has_data(self, layout: Layout, spec: FeatureSpec, minute: datetime) -> bool:
         from components.events import EVENT_FILE, IMPRESSIONS
@@ -200,7 +201,7 @@ class EventsSource:
         events = ctx.config.events
         ctx.progress("join: impressions x clicks for %s with Spark (window %d s, sequences of %d)", span.tag,
                      events.attribution_window_s, events.sequence_length)
-        metrics = run(ctx.spark(), ctx.layout, span, directory, window_s=events.attribution_window_s,
+        metrics = run(ctx.spark(), ctx.layout, span, directory, spec=ctx.spec, window_s=events.attribution_window_s,
                       sequence_length=events.sequence_length, lookback_s=events.history_lookback_s,
                       previous=ctx.layout.joined_dir_ending_at(span.start),
                       short_span_partitions=ctx.config.spark.minute_shuffle_partitions,

@@ -45,30 +45,30 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from components.events import (
+    CLICK_SCHEMA,
+    CLICK_TS,
     CLICKS,
-    CONTEXT_COLUMNS,
-    IMPRESSION_SCHEMA,
+    HISTORY,
     IMPRESSIONS,
     ITEM_ID,
+    KEY_SCHEMA,
+    LABEL,
     REQUEST_ID,
-    STREAM_SCHEMAS,
     TS,
     USER_ID,
+    impression_payload,
+    impression_schema,
+    stream_problems,
 )
 from components.feature_spec import FeatureSpec
 from components.interval import Interval
 from components.layout import Layout
 from components.manifest import MANIFEST_NAME, commit_dir, staging_dir, write_manifest
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL
 from components.synthetic import SUCCESS_MARKER
 
 log = logging.getLogger(__name__)
 
-CLICK_TS = "click_ts"  # time of the click that made the label 1, else null
-HISTORY = "history"
 MINUTE = "minute"
-SAMPLE_COLUMNS = (LABEL, *DENSE_FEATURES, *CATEGORICAL_FEATURES, USER_ID, ITEM_ID, *CONTEXT_COLUMNS,
-                  REQUEST_ID, TS, HISTORY)
 # Impression counts by the impression's minute, click counts by the click's minute.
 # clicks = attributed_clicks + late_clicks + early_clicks + orphan_clicks in every minute.
 IMPRESSION_METRICS = ("impressions", "duplicate_impressions", "positives")
@@ -80,11 +80,19 @@ HISTORY_STATE = "history_state"  # a joined output's folder of each user's last 
 # no run continues it (read_history_state), so the next one builds its sequences from the lookback.
 STALE_STATE_MARKER = "history_state.stale.json"
 LOOKBACK = "lookback"
-_ARROW_TO_SPARK = {pa.string(): "string", pa.int64(): "bigint", pa.int32(): "int"}
+_ARROW_TO_SPARK = {pa.string(): "string", pa.large_string(): "string", pa.int64(): "bigint", pa.int32(): "int",
+                   pa.int16(): "smallint", pa.int8(): "tinyint", pa.uint8(): "smallint", pa.uint16(): "int",
+                   pa.uint32(): "bigint", pa.float64(): "double", pa.float32(): "float", pa.bool_(): "boolean"}
 
 
 class EventInputError(ValueError):
     """A raw event partition is missing, incomplete, or not in the expected schema."""
+
+
+def sample_columns(spec: FeatureSpec) -> tuple[str, ...]:
+    """The joined samples' columns: the label, the impression columns `spec` reads, the join's keys and the
+    behaviour sequence."""
+    return (LABEL, *impression_payload(spec), USER_ID, ITEM_ID, REQUEST_ID, TS, HISTORY)
 
 
 # ---------------------------------------------------------------------------------------------- planning
@@ -133,10 +141,11 @@ def plan_join(span: Interval, window_s: int, lookback_s: int) -> JoinPlan:
 # ---------------------------------------------------------------------------------------------- extract
 
 
-def event_files(layout: Layout, stream: str, minutes: Iterable[datetime]) -> list[str]:
-    """The data files of the given minute partitions, after checking each is complete and in the schema."""
-    expected = STREAM_SCHEMAS[stream]
-    files = []
+def event_files(layout: Layout, stream: str, minutes: Iterable[datetime], spec: FeatureSpec) -> list[str]:
+    """The data files of the given minute partitions, after checking each is complete, has what the join and
+    `spec` read (check_event_schema), with the same types as the first."""
+    files: list[str] = []
+    first: pa.Schema | None = None
     for minute in minutes:
         directory = layout.raw_events_minute_dir(stream, minute)
         if _quarantined(layout, stream, minute):  # failed validation: moved out, read as an empty minute
@@ -148,7 +157,16 @@ def event_files(layout: Layout, stream: str, minutes: Iterable[datetime]) -> lis
                 "final_until(watermark)"
             )
         for path in sorted(directory.glob("part-*.parquet")):
-            check_event_schema(path, expected, stream)
+            read = check_event_schema(path, stream, spec)
+            if first is None:
+                first = read
+            elif read != first:
+                changed = [f"{field.name!r} is {read.field(field.name).type} where {files[0]} has {field.type}"
+                           for field in first if read.field(field.name).type != field.type]
+                raise EventInputError(
+                    f"{path} does not match the {stream} files before it in the same join: column "
+                    f"{'; '.join(changed)}. Write every partition with one type per column, or join the spans "
+                    "apart")
             files.append(str(path))
     return files
 
@@ -157,37 +175,62 @@ def _quarantined(layout: Layout, stream: str, minute: datetime) -> bool:
     return (layout.quarantine_events_minute_dir(stream, minute) / "report.json").exists()
 
 
-def check_event_schema(path: Path, expected: pa.Schema, stream: str) -> None:
-    """Reads the Parquet footer only; raises with every missing or mistyped column."""
+def check_event_schema(path: Path, stream: str, spec: FeatureSpec) -> pa.Schema:
+    """Reads the Parquet footer only; raises with every missing or mistyped column, else returns the schema the
+    join reads the file in (its keys and the columns `spec` reads, as typed in the file)."""
     actual = pq.read_schema(path)
-    problems = []
-    for field in expected:
-        index = actual.get_field_index(field.name)
-        if index < 0:
-            problems.append(f"column {field.name!r} is missing")
-        elif actual.field(index).type != field.type:
-            problems.append(f"column {field.name!r} is {actual.field(index).type}, expected {field.type}")
+    problems = stream_problems(stream, actual, spec)
+    if not problems:
+        schema = read_schema(stream, spec, actual)
+        problems = [f"column {field.name!r} is {field.type}, a type the join does not read; write it as "
+                    "string, an integer or a floating-point type" for field in schema
+                    if not _readable(field.type)]
     if problems:
         raise EventInputError(
-            f"{path} is not a valid {stream} file: {'; '.join(problems)} (it has {len(actual.names)} columns, "
-            f"{len(expected.names)} expected: {', '.join(expected.names[:6])}, ...). Fix the producer and rewrite "
-            "the partition, or move it to quarantine"
+            f"{path} is not a valid {stream} file for feature spec {spec.name!r}: {'; '.join(problems)} (it has "
+            f"{len(actual.names)} columns: {', '.join(actual.names[:8])}{', ...' if len(actual.names) > 8 else ''}). "
+            "Fix the producer and rewrite the partition, or move it to quarantine; a column the stream does not "
+            "carry must leave the feature spec"
         )
+    return schema
 
 
-def spark_schema(stream: str) -> str:
-    return ", ".join(f"{field.name} {_ARROW_TO_SPARK[field.type]}" for field in STREAM_SCHEMAS[stream])
+def read_schema(stream: str, spec: FeatureSpec, actual: pa.Schema | None = None) -> pa.Schema:
+    """The columns the join reads from a `stream` file of schema `actual`; without one (no file to read), the
+    impression columns typed as the empty frame has them: numbers as double, lists of ids as lists of strings,
+    the rest as string."""
+    if stream == CLICKS:
+        return CLICK_SCHEMA
+    if actual is None:
+        dense, lists = {f.column for f in spec.dense}, {f.column for f in spec.lists}
+        actual = pa.schema([(name, pa.float64() if name in dense else pa.list_(pa.string()) if name in lists
+                             else pa.string()) for name in impression_payload(spec)])
+    return impression_schema(spec, actual)
 
 
-def extract_events(spark: SparkSession, layout: Layout, stream: str, minutes: Iterable[datetime]) -> DataFrame:
-    return read_events(spark, stream, event_files(layout, stream, minutes))
+def spark_schema(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name} {_spark_type(field.type)}" for field in schema)
 
 
-def read_events(spark: SparkSession, stream: str, files: list[str]) -> DataFrame:
-    """`files` (event_files' checked list) of `stream` as a DataFrame in the stream's schema."""
+def _readable(kind: pa.DataType) -> bool:
+    return _readable(kind.value_type) if pa.types.is_list(kind) else kind in _ARROW_TO_SPARK
+
+
+def _spark_type(kind: pa.DataType) -> str:
+    return f"array<{_spark_type(kind.value_type)}>" if pa.types.is_list(kind) else _ARROW_TO_SPARK[kind]
+
+
+def extract_events(spark: SparkSession, layout: Layout, stream: str, minutes: Iterable[datetime],
+                   spec: FeatureSpec) -> DataFrame:
+    return read_events(spark, stream, event_files(layout, stream, minutes, spec), spec)
+
+
+def read_events(spark: SparkSession, stream: str, files: list[str], spec: FeatureSpec) -> DataFrame:
+    """`files` (event_files' checked list) of `stream` as a DataFrame of the columns the join and `spec` read,
+    typed as in the first file."""
     if not files:
-        return spark.createDataFrame([], spark_schema(stream))
-    return spark.read.schema(spark_schema(stream)).parquet(*files)
+        return spark.createDataFrame([], spark_schema(read_schema(stream, spec)))
+    return spark.read.schema(spark_schema(read_schema(stream, spec, pq.read_schema(files[0])))).parquet(*files)
 
 
 # ---------------------------------------------------------------------------------------------- transforms
@@ -463,9 +506,9 @@ def _in_span(frame: DataFrame, column: str, span: Interval) -> DataFrame:
 
 
 def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, sequence_length: int,
-                  span: Interval, classified: DataFrame | None = None,
+                  span: Interval, spec: FeatureSpec, classified: DataFrame | None = None,
                   seed: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
-    """The run's samples (SAMPLE_COLUMNS, ts in `span`) and metrics (minutes in `span`), from inputs read
+    """The run's samples (sample_columns(spec), ts in `span`) and metrics (minutes in `span`), from inputs read
     according to `plan_join`. Metrics carry the minute as 'YYYY-MM-DD HH:MM'. `classified`: classify_events
     of the same inputs, already computed (persisted), to read instead of joining again.
 
@@ -480,7 +523,7 @@ def build_samples(impressions: DataFrame, clicks: DataFrame, *, window_s: int, s
     with_history = behaviour_sequences(_in_span(labelled, TS, span), clicked, sequence_length, seed)
     samples = attach_payload(_in_span(impressions, TS, span), with_history)
     metrics = _in_span(joined_metrics(classified), MINUTE, span).withColumn(MINUTE, minute_label(F.col(MINUTE)))
-    return samples.select(*SAMPLE_COLUMNS), metrics
+    return samples.select(*sample_columns(spec)), metrics
 
 
 def history_state(classified: DataFrame, *, sequence_length: int, span: Interval) -> DataFrame:
@@ -509,7 +552,8 @@ def collect_metrics(metrics: DataFrame) -> dict[str, Any]:
 
 
 def write_joined(samples: DataFrame, metrics: dict[str, Any], directory: Path, *, inputs: dict,
-                 history: DataFrame | pa.Table | None = None, history_from: str = LOOKBACK) -> dict:
+                 columns: Sequence[str], history: DataFrame | pa.Table | None = None,
+                 history_from: str = LOOKBACK) -> dict:
     """Writes samples as Parquet (a file per partition), the history state (history_state: a Spark frame, or
     a table made on the client) as one Parquet file and the metrics as JSON, then the manifest, and renames
     into place. `history_from` names what the state was built from: the span before's state (its tag) or the
@@ -527,7 +571,7 @@ def write_joined(samples: DataFrame, metrics: dict[str, Any], directory: Path, *
     manifest = write_manifest(
         staging, kind=JOINED_KIND, version=inputs.get("span", ""), files=[*files, "metrics.json"], inputs=inputs,
         row_counts={"rows": metrics["impressions"], "positives": metrics["positives"]},
-        extra={"columns": list(SAMPLE_COLUMNS), "format": "parquet",
+        extra={"columns": list(columns), "format": "parquet",
                **({"history_state": {"as_of": inputs.get("end"), "from": history_from}} if history is not None
                   else {})},
     )
@@ -607,7 +651,8 @@ def relevant_lookback(lookback: DataFrame, in_span: DataFrame, clicks: DataFrame
 
 
 def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookback: list[datetime],
-                     click_minutes: list[datetime], keep_mib: int = 0) -> tuple[DataFrame, DataFrame]:
+                     click_minutes: list[datetime], spec: FeatureSpec,
+                     keep_mib: int = 0) -> tuple[DataFrame, DataFrame]:
     """(impressions, clicks) for a run that continues a history state: the span's impressions, and only the
     lookback impressions and clicks whose request id is among the span's impressions or the clicks in the
     span (and any lookback impression with a time in the span), picked with Arrow on the client.
@@ -620,22 +665,21 @@ def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookba
     thousand) reach Spark as local relations. `keep_mib` (events.lookback_keep_mib): what was read is kept in
     this process for the next minute, up to that many MiB per stream (LookbackReads)."""
     start, end = (int(t.timestamp() * 1000) for t in (span.start, span.end))
-    span_files = event_files(layout, IMPRESSIONS, span.minutes())
-    in_span = read_events(spark, IMPRESSIONS, span_files)
-    span_ids = _read_arrow(span_files, IMPRESSION_SCHEMA, [REQUEST_ID])[REQUEST_ID]
-    clicks = LOOKBACK_READS.read("clicks", event_files(layout, CLICKS, click_minutes), STREAM_SCHEMAS[CLICKS],
-                                 STREAM_SCHEMAS[CLICKS].names, keep_mib=keep_mib)
+    span_files = event_files(layout, IMPRESSIONS, span.minutes(), spec)
+    in_span = read_events(spark, IMPRESSIONS, span_files, spec)
+    span_ids = _read_arrow(span_files, KEY_SCHEMA, [REQUEST_ID])[REQUEST_ID]
+    clicks = LOOKBACK_READS.read("clicks", event_files(layout, CLICKS, click_minutes, spec), CLICK_SCHEMA,
+                                 CLICK_SCHEMA.names, keep_mib=keep_mib)
     clicked = clicks.filter((pa.compute.field(TS) >= start) & (pa.compute.field(TS) < end))[REQUEST_ID]
     wanted = pa.compute.unique(pa.chunked_array([*span_ids.chunks, *clicked.chunks], pa.string()))
     clicks = clicks.filter(pa.compute.is_in(clicks[REQUEST_ID], value_set=wanted))
     narrow = [REQUEST_ID, TS, USER_ID, ITEM_ID]
-    before = LOOKBACK_READS.read("impressions", event_files(layout, IMPRESSIONS, lookback), IMPRESSION_SCHEMA, narrow,
-                                 keep_mib=keep_mib)
+    before = LOOKBACK_READS.read("impressions", event_files(layout, IMPRESSIONS, lookback, spec), KEY_SCHEMA,
+                                 narrow, keep_mib=keep_mib)
     before = before.filter(pa.compute.or_(pa.compute.is_in(before[REQUEST_ID], value_set=wanted),
                                           pa.compute.greater_equal(before[TS], start)))
-    impressions = in_span.unionByName(local_relation(spark, before, IMPRESSION_SCHEMA, narrow),
-                                      allowMissingColumns=True)
-    return impressions, local_relation(spark, clicks, STREAM_SCHEMAS[CLICKS], STREAM_SCHEMAS[CLICKS].names)
+    impressions = in_span.unionByName(local_relation(spark, before, KEY_SCHEMA, narrow), allowMissingColumns=True)
+    return impressions, local_relation(spark, clicks, CLICK_SCHEMA, CLICK_SCHEMA.names)
 
 
 def _read_arrow(files: list[str], schema: pa.Schema, columns: list[str]) -> pa.Table:
@@ -682,13 +726,13 @@ def local_relation(spark: SparkSession, table: pa.Table, schema: pa.Schema, colu
 
     In one chunk: pyspark 4.3's createDataFrame (classic) drops every row after an empty record batch (a
     table of chunks of 2, 0 and 3 rows gives 2 rows), and a filtered dataset scan yields empty batches."""
-    fields = ", ".join(f"{name} {_ARROW_TO_SPARK[schema.field(name).type]}" for name in columns)
+    fields = ", ".join(f"{name} {_spark_type(schema.field(name).type)}" for name in columns)
     typed = table.select(columns).cast(pa.schema([schema.field(n) for n in columns])).combine_chunks()
     return spark.createDataFrame(typed, schema=fields)
 
 
-def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
-        lookback_s: int, previous: Path | None = None, short_span_partitions: int | None = None,
+def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, spec: FeatureSpec, window_s: int,
+        sequence_length: int, lookback_s: int, previous: Path | None = None, short_span_partitions: int | None = None,
         keep_lookback_mib: int = 0) -> dict:
     """Joins `span` and writes its samples, metrics and history state to `output` (write_joined); returns
     the metrics. `previous`: the joined output of the span that ends where this one starts
@@ -706,7 +750,7 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
     settings = ({"spark.sql.shuffle.partitions": str(short_span_partitions)}
                 if short and short_span_partitions is not None else {})
     with session_conf(spark, settings):
-        metrics = _run(spark, layout, span, output, window_s=window_s, sequence_length=sequence_length,
+        metrics = _run(spark, layout, span, output, spec=spec, window_s=window_s, sequence_length=sequence_length,
                        lookback_s=lookback_s, previous=previous, keep_lookback_mib=keep_lookback_mib)
     stale = mark_later_states_stale(layout, span)
     if stale:
@@ -716,8 +760,8 @@ def run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, wi
     return metrics
 
 
-def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, window_s: int, sequence_length: int,
-         lookback_s: int, previous: Path | None, keep_lookback_mib: int) -> dict:
+def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, spec: FeatureSpec, window_s: int,
+         sequence_length: int, lookback_s: int, previous: Path | None, keep_lookback_mib: int) -> dict:
     watermark = stream_watermark(layout, CLICKS)
     if watermark is None or span.end > final_until(watermark, window_s):
         raise EventInputError(
@@ -738,12 +782,12 @@ def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, w
     seed_files, history_from = continued if continued is not None else ([], LOOKBACK)
     seed = spark.read.parquet(*[str(path) for path in seed_files]) if seed_files else None
     if seed is not None:
-        impressions, clicks = continued_inputs(spark, layout, span, lookback, click_minutes, keep_lookback_mib)
+        impressions, clicks = continued_inputs(spark, layout, span, lookback, click_minutes, spec, keep_lookback_mib)
     else:
         # Lookback impressions only classify clicks and name clicked items: Parquet reads just these columns.
-        in_span = extract_events(spark, layout, IMPRESSIONS, list(span.minutes()))
-        clicks = extract_events(spark, layout, CLICKS, click_minutes)
-        before = extract_events(spark, layout, IMPRESSIONS, lookback).select(REQUEST_ID, TS, USER_ID, ITEM_ID)
+        in_span = extract_events(spark, layout, IMPRESSIONS, list(span.minutes()), spec)
+        clicks = extract_events(spark, layout, CLICKS, click_minutes, spec)
+        before = extract_events(spark, layout, IMPRESSIONS, lookback, spec).select(*KEY_SCHEMA.names)
         if short:
             before = relevant_lookback(before, in_span, clicks, span)
         impressions = in_span.unionByName(before, allowMissingColumns=True)
@@ -752,7 +796,7 @@ def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, w
     classified = classify_events(impressions, clicks, window_s).persist()
     try:
         samples, metrics = build_samples(impressions, clicks, window_s=window_s, sequence_length=sequence_length,
-                                         span=span, classified=classified, seed=seed)
+                                         span=span, spec=spec, classified=classified, seed=seed)
         if seed is None:
             history = history_state(classified, sequence_length=sequence_length, span=span)
         else:
@@ -761,7 +805,8 @@ def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, w
         collected = collect_metrics(metrics)
         inputs = {"span": span.tag, **span.as_dict(), "window_s": window_s, "sequence_length": sequence_length,
                   "lookback_s": lookback_s}
-        write_joined(samples, collected, output, inputs=inputs, history=history, history_from=history_from)
+        write_joined(samples, collected, output, inputs=inputs, columns=sample_columns(spec), history=history,
+                     history_from=history_from)
     finally:
         classified.unpersist()
     return collected
@@ -785,11 +830,14 @@ def joined_rows(spark: SparkSession, directory: Path, minutes: list[datetime], s
     # Each file keeps its written order (attach_payload's) and the same files make the same Spark partitions:
     # rows come in the same, already shuffled, order on every read, so the sample writer keeps it.
     frame = spark.read.parquet(*sorted(str(path) for path in (directory / "samples").glob("part-*.parquet")))
+    if spec.label.column != LABEL:  # the join names its label; the spec reads it under its own name
+        frame = frame.withColumnRenamed(LABEL, spec.label.column)
     columns = frame.columns  # a call to the server each time through Spark Connect
     missing = [c for c in spec.input_columns if c not in columns]
     if missing:
-        raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples do not "
-                              f"have; they have {columns}: use --spec events (or criteo) with the events source")
+        raise EventInputError(f"feature spec {spec.name!r} reads columns {missing} that the joined samples in "
+                              f"{directory} do not have; they have {columns}: the join carries the impression "
+                              "columns of the spec it ran with, so join the span again with this spec")
     frame = frame.where(ms_in(TS, start, end))
     raw = (add(frame) if add is not None else frame).select(
         *spec.input_columns,
@@ -861,6 +909,7 @@ def learnable_auc_of_joined(layout: Layout, directory: Path, train_minutes: list
 
 def main(argv: list[str] | None = None) -> None:
     from components.config import EventsConfig, SparkConfig
+    from components.feature_spec import load_spec
     from spark_jobs.session import get_spark
 
     defaults = EventsConfig()
@@ -872,10 +921,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window-s", type=int, default=defaults.attribution_window_s)
     parser.add_argument("--sequence-length", type=int, default=defaults.sequence_length)
     parser.add_argument("--lookback-s", type=int, default=defaults.history_lookback_s)
+    parser.add_argument("--spec", default="events", help="the feature spec whose columns the samples carry: a preset "
+                        "name or a YAML file (default: events)")
     args = parser.parse_args(argv)
     spark = get_spark(SparkConfig(), "ctr-events")
     collected = run(spark, Layout(Path(args.data_root)), Interval.parse(args.start, args.end), Path(args.output),
-                    window_s=args.window_s, sequence_length=args.sequence_length, lookback_s=args.lookback_s)
+                    spec=load_spec(args.spec), window_s=args.window_s, sequence_length=args.sequence_length,
+                    lookback_s=args.lookback_s)
     print(json.dumps({name: collected[name] for name in METRIC_COLUMNS}))
 
 

@@ -617,15 +617,18 @@ def test_event_streams_a_bad_click_minute_is_found_in_its_batch_and_impressions_
     import pyarrow.parquet as pq
 
     from components.config import EventsConfig
-    from components.event_validation import CLICKS_DATASET, IMPRESSIONS_DATASET
-    from components.events import CLICKS, EVENT_FILE, TS, generate_events
+    from components.event_validation import stream_dataset
+    from components.events import CLICKS, EVENT_FILE, IMPRESSIONS, TS, generate_events
     from components.validation import SliceValidator
+
+    spec = load_spec("events")
+    clicks_dataset, impressions_dataset = stream_dataset(CLICKS, spec), stream_dataset(IMPRESSIONS, spec)
 
     layout = Layout(tmp_path)
     generate_events(GenerateConfig(start=START.isoformat(), minutes=12, rows_per_minute=40, seed=5), EventsConfig(),
                     layout)
-    assert SliceValidator(CLICKS_DATASET).validates_batches
-    assert not SliceValidator(IMPRESSIONS_DATASET).validates_batches
+    assert SliceValidator(clicks_dataset).validates_batches
+    assert not SliceValidator(impressions_dataset).validates_batches
     minutes = [minute(i) for i in range(12)]
     clicked = [i for i in range(12) if pq.read_table(layout.raw_events_minute_dir(CLICKS, minute(i)) / EVENT_FILE)
                .num_rows]
@@ -636,12 +639,12 @@ def test_event_streams_a_bad_click_minute_is_found_in_its_batch_and_impressions_
     late[0] += 120_000  # a click filed two minutes before its time
     pq.write_table(table.set_column(table.schema.get_field_index(TS), TS, [late]), path)
     with pytest.raises(DataValidationError, match=rf"(?s)1 clicks partition\(s\) failed.*{minute(bad):%H:%M}"):
-        validate_interval(layout, minutes, tmp_path / "clicks.json", dataset=CLICKS_DATASET)
+        validate_interval(layout, minutes, tmp_path / "clicks.json", dataset=clicks_dataset)
     report = json.loads((tmp_path / "clicks.json").read_text())
     assert [f["minute"] for f in report["failed"]] == [minute(bad).isoformat()]
     assert report["num_passed"] == 11 and report["missing"] == []
     assert sorted(p.parent.name for p in (tmp_path / "quarantine").rglob(EVENT_FILE)) == [f"minute={minute(bad):%H%M}"]
-    impressions = validate_interval(layout, minutes, tmp_path / "impressions.json", dataset=IMPRESSIONS_DATASET)
+    impressions = validate_interval(layout, minutes, tmp_path / "impressions.json", dataset=impressions_dataset)
     assert (impressions["num_passed"], impressions["failed"]) == (12, [])
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from components.config import EventsConfig, GenerateConfig, SparkConfig
 from components.events import generate_events
+from components.feature_spec import load_spec
 from components.interval import Interval
 from components.layout import Layout
 from spark_jobs.connect import start_connect_server
@@ -60,7 +61,7 @@ def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
     generate_events(GenerateConfig(start="2026-01-01T00:00", minutes=8, rows_per_minute=300), events, layout)
     span = Interval(START + timedelta(minutes=2), START + timedelta(minutes=4))
     arguments = {"window_s": 120, "sequence_length": 5, "lookback_s": 120}
-    local = run(spark, layout, span, tmp_path / "local", **arguments)
+    local = run(spark, layout, span, tmp_path / "local", spec=load_spec("events"), **arguments)
     config = SparkConfig(master="local[1]", shuffle_partitions=2, driver_memory="1g")
     # The client runs in its own process: a Connect session switches PySpark into Connect mode for the whole
     # process, and this one holds the tests' local session.
@@ -68,6 +69,7 @@ def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
         import json, sys
         from pathlib import Path
         from pyspark.sql import SparkSession
+        from components.feature_spec import load_spec
         from components.interval import Interval
         from components.layout import Layout
         from spark_jobs.events import run
@@ -76,7 +78,7 @@ def test_join_through_spark_connect_equals_the_local_session(spark, tmp_path):
         remote = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
         span = Interval.parse({span.start.isoformat()!r}, {span.end.isoformat()!r})
         metrics = run(remote, Layout(Path({str(layout.root)!r})), span, Path({str(tmp_path / "remote")!r}),
-                      **{arguments!r})
+                      spec=load_spec("events"), **{arguments!r})
         state = daily_state(remote, Path({str(tmp_path / "remote")!r}), span)
         print(json.dumps({{"metrics": {{name: value for name, value in metrics.items() if name != "per_minute"}},
                           "state": state}}))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import hashlib
 import json
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from pyspark.testing import assertDataFrameEqual
 from components.config import EventsConfig, GenerateConfig
 from components.events import (
     CLICKS,
+    EVENT_FILE,
     IMPRESSIONS,
     TARGETED_SHARE,
     generate_event_minute,
@@ -24,7 +26,7 @@ from components.events import (
     item_topic,
     user_topic,
 )
-from components.feature_spec import load_spec
+from components.feature_spec import load_spec, spec_from_dict
 from components.interval import Interval
 from components.layout import Layout
 from components.manifest import read_manifest
@@ -32,7 +34,6 @@ from spark_jobs.events import (
     HISTORY,
     METRIC_COLUMNS,
     MINUTE,
-    SAMPLE_COLUMNS,
     STALE_STATE_MARKER,
     EventInputError,
     attributed_clicks,
@@ -43,16 +44,19 @@ from spark_jobs.events import (
     extract_events,
     final_until,
     join_events,
+    joined_rows,
     mark_later_states_stale,
     minute_label,
     plan_join,
     read_history_state,
     relevant_lookback,
     run,
+    sample_columns,
     stream_watermark,
 )
 
 CRITEO = load_spec("criteo")
+EVENTS_SPEC = load_spec("events")
 
 pytestmark = pytest.mark.integration
 
@@ -182,8 +186,9 @@ def joined(spark, generated):
     """The generated world joined once, with histories of length 10, collected: (rows, metrics)."""
     layout, generate, events, _, _ = generated
     minutes = [START + timedelta(minutes=i) for i in range(generate.minutes)]
-    samples, metrics = join_events(extract_events(spark, layout, IMPRESSIONS, minutes),
-                                   extract_events(spark, layout, CLICKS, minutes), events.attribution_window_s)
+    samples, metrics = join_events(extract_events(spark, layout, IMPRESSIONS, minutes, EVENTS_SPEC),
+                                   extract_events(spark, layout, CLICKS, minutes, EVENTS_SPEC),
+                                   events.attribution_window_s)
     rows = [r.asDict() for r in behaviour_sequences(samples, attributed_clicks(samples), 10).collect()]
     return rows, collect_metrics(metrics)
 
@@ -268,9 +273,9 @@ def test_runs_over_consecutive_spans_count_every_record_once(spark, generated, j
     assert watermark == START + timedelta(minutes=12)
     assert final_until(watermark, window_s) == START + timedelta(minutes=10)
     first = run(spark, layout, Interval(START + timedelta(minutes=2), START + timedelta(minutes=5)),
-                tmp_path / "a", window_s=window_s, sequence_length=4, lookback_s=7200)
+                tmp_path / "a", spec=EVENTS_SPEC, window_s=window_s, sequence_length=4, lookback_s=7200)
     second = run(spark, layout, Interval(START + timedelta(minutes=5), START + timedelta(minutes=10)),
-                 tmp_path / "b", window_s=window_s, sequence_length=4, lookback_s=7200)
+                 tmp_path / "b", spec=EVENTS_SPEC, window_s=window_s, sequence_length=4, lookback_s=7200)
     whole_rows = {r[MINUTE]: r for r in joined[1]["per_minute"]}  # the whole log joined at once
     split_rows = {r[MINUTE]: r for r in first["per_minute"] + second["per_minute"]}
     assert sorted(split_rows) == [f"2026-01-01 00:0{i}" for i in range(2, 10)]
@@ -279,7 +284,7 @@ def test_runs_over_consecutive_spans_count_every_record_once(spark, generated, j
 
     manifest = read_manifest(tmp_path / "a", kind="joined_samples")
     written = spark.read.parquet(str(tmp_path / "a" / "samples"))
-    assert tuple(written.columns) == SAMPLE_COLUMNS
+    assert tuple(written.columns) == sample_columns(EVENTS_SPEC)
     assert written.count() == manifest["row_counts"]["rows"] == first["impressions"]
     assert written.where("label = 1").count() == manifest["row_counts"]["positives"] == first["positives"]
     bounds = written.agg(F.min("ts"), F.max("ts")).first()
@@ -287,7 +292,8 @@ def test_runs_over_consecutive_spans_count_every_record_once(spark, generated, j
 
     with pytest.raises(EventInputError, match=r"minutes up to 2026-01-01 00:11 are not final: .* only minutes "
                                               r"before 2026-01-01 00:10:00\+00:00 can be joined"):
-        run(spark, layout, Interval(START, START + timedelta(minutes=11)), tmp_path / "c", window_s=window_s,
+        run(spark, layout, Interval(START, START + timedelta(minutes=11)), tmp_path / "c", spec=EVENTS_SPEC,
+            window_s=window_s,
             sequence_length=4, lookback_s=0)
 
 
@@ -297,9 +303,9 @@ def test_a_minute_run_reads_only_the_relevant_lookback_and_writes_the_whole_logs
     its samples, labels and behaviour sequences are those of the whole log joined at once."""
     layout, _, events, _, _ = generated
     minute = Interval(START + timedelta(minutes=6), START + timedelta(minutes=7))
-    lookback = extract_events(spark, layout, IMPRESSIONS, [START + timedelta(minutes=i) for i in range(6)])
-    in_span = extract_events(spark, layout, IMPRESSIONS, [minute.start])
-    clicks = extract_events(spark, layout, CLICKS, [START + timedelta(minutes=i) for i in range(9)])
+    lookback = extract_events(spark, layout, IMPRESSIONS, [START + timedelta(minutes=i) for i in range(6)], EVENTS_SPEC)
+    in_span = extract_events(spark, layout, IMPRESSIONS, [minute.start], EVENTS_SPEC)
+    clicks = extract_events(spark, layout, CLICKS, [START + timedelta(minutes=i) for i in range(9)], EVENTS_SPEC)
     kept = relevant_lookback(lookback, in_span, clicks, minute)
     clicked = {r[0] for r in clicks.select("request_id").distinct().collect()}
     kept_ids = [r[0] for r in kept.select("request_id").collect()]
@@ -307,7 +313,7 @@ def test_a_minute_run_reads_only_the_relevant_lookback_and_writes_the_whole_logs
     assert set(kept_ids) <= clicked | {r[0] for r in in_span.select("request_id").collect()}
     assert {r[0] for r in lookback.select("request_id").collect()} & clicked <= set(kept_ids)
 
-    metrics = run(spark, layout, minute, tmp_path / "minute", window_s=events.attribution_window_s,
+    metrics = run(spark, layout, minute, tmp_path / "minute", spec=EVENTS_SPEC, window_s=events.attribution_window_s,
                   sequence_length=10, lookback_s=7200)
     written = pq.read_table(tmp_path / "minute" / "samples").to_pylist()
     start, end = (int(t.timestamp() * 1000) for t in (minute.start, minute.end))
@@ -338,7 +344,8 @@ def test_minute_runs_that_continue_the_history_state_write_the_whole_logs_rows_b
     fields = ("label", "ts", "user_id", "item_id", HISTORY)
     for span in spans:
         previous = layout.joined_dir_ending_at(span.start)
-        metrics = run(spark, layout, span, layout.joined_dir(span), window_s=window_s, sequence_length=k,
+        metrics = run(spark, layout, span, layout.joined_dir(span), spec=EVENTS_SPEC, window_s=window_s,
+                      sequence_length=k,
                       lookback_s=120, previous=previous, keep_lookback_mib=64)  # lookback reads kept as they go
         manifest = read_manifest(layout.joined_dir(span), kind="joined_samples")
         assert manifest["history_state"] == {"as_of": span.end.isoformat(),
@@ -354,7 +361,8 @@ def test_minute_runs_that_continue_the_history_state_write_the_whole_logs_rows_b
             assert (row["late_clicks"] + row["orphan_clicks"]
                     == whole_metrics[row[MINUTE]]["late_clicks"] + whole_metrics[row[MINUTE]]["orphan_clicks"])
     # The last minute again, from its lookback alone: its sequences stop 2 minutes back.
-    run(spark, layout, spans[-1], tmp_path / "alone", window_s=window_s, sequence_length=k, lookback_s=120)
+    run(spark, layout, spans[-1], tmp_path / "alone", spec=EVENTS_SPEC, window_s=window_s, sequence_length=k,
+        lookback_s=120)
     alone = {r["request_id"]: r[HISTORY] for r in pq.read_table(tmp_path / "alone" / "samples").to_pylist()}
     shorter = [key for key, history in alone.items() if len(history) < len(whole_rows[key][HISTORY])]
     assert len(shorter) > len(alone) / 2
@@ -379,7 +387,8 @@ def test_joining_a_minute_again_marks_the_states_built_on_it_stale_and_the_next_
     layout = Layout(tmp_path / "data")
     layout.root.mkdir()
     (layout.root / "raw").symlink_to(generated[0].root / "raw")
-    options = {"window_s": events.attribution_window_s, "sequence_length": 10, "lookback_s": 120}
+    options = {"spec": EVENTS_SPEC, "window_s": events.attribution_window_s, "sequence_length": 10,
+               "lookback_s": 120}
     spans = [Interval(START, START + timedelta(minutes=3))] + [
         Interval(START + timedelta(minutes=i), START + timedelta(minutes=i + 1)) for i in range(3, 7)]
     for span in spans:
@@ -410,12 +419,14 @@ def test_joining_a_minute_again_marks_the_states_built_on_it_stale_and_the_next_
 def test_a_run_reads_the_lookback_when_the_state_before_it_is_missing_or_made_otherwise(spark, generated, tmp_path):
     layout, _, events, _, _ = generated
     before, minute = (Interval(START + timedelta(minutes=i), START + timedelta(minutes=i + 1)) for i in (4, 5))
-    run(spark, layout, before, tmp_path / "before", window_s=events.attribution_window_s, sequence_length=4,
+    run(spark, layout, before, tmp_path / "before", spec=EVENTS_SPEC, window_s=events.attribution_window_s,
+        sequence_length=4,
         lookback_s=600)
     assert read_manifest(tmp_path / "before")["history_state"]["from"] == "lookback"
     for name, previous, k in (("continued", tmp_path / "before", 4), ("other-length", tmp_path / "before", 5),
                               ("none", None, 4), ("not-adjacent", tmp_path / "continued", 4)):
-        run(spark, layout, minute, tmp_path / name, window_s=events.attribution_window_s, sequence_length=k,
+        run(spark, layout, minute, tmp_path / name, spec=EVENTS_SPEC, window_s=events.attribution_window_s,
+            sequence_length=k,
             lookback_s=600, previous=previous)
         expected = before.tag if name == "continued" else "lookback"
         assert read_manifest(tmp_path / name)["history_state"]["from"] == expected, name
@@ -535,7 +546,8 @@ def test_rerunning_a_join_gives_the_same_rows_in_the_same_order_and_identical_tf
     layout, _, events, _, _ = generated
     span = Interval(START + timedelta(minutes=2), START + timedelta(minutes=7))
     for name in ("a", "b"):
-        run(spark, layout, span, tmp_path / name, window_s=events.attribution_window_s, sequence_length=4,
+        run(spark, layout, span, tmp_path / name, spec=EVENTS_SPEC, window_s=events.attribution_window_s,
+            sequence_length=4,
             lookback_s=120)
     tables = {name: pa.concat_tables([pq.read_table(path) for path in
                                       sorted((tmp_path / name / "samples").glob("part-*.parquet"))])
@@ -567,9 +579,9 @@ def test_build_samples_keeps_only_the_span(spark, generated):
     assert plan.impression_minutes() == [START + timedelta(minutes=2), START + timedelta(minutes=3)]
     assert plan.click_minutes() == [START + timedelta(minutes=i) for i in range(2, 6)]
     samples, metrics = build_samples(
-        extract_events(spark, layout, IMPRESSIONS, plan.impression_minutes()),
-        extract_events(spark, layout, CLICKS, plan.click_minutes()),
-        window_s=events.attribution_window_s, sequence_length=3, span=span,
+        extract_events(spark, layout, IMPRESSIONS, plan.impression_minutes(), EVENTS_SPEC),
+        extract_events(spark, layout, CLICKS, plan.click_minutes(), EVENTS_SPEC),
+        window_s=events.attribution_window_s, sequence_length=3, span=span, spec=EVENTS_SPEC,
     )
     assert [r[MINUTE] for r in metrics.collect()] == ["2026-01-01 00:03"]
     minutes = {r[0] for r in samples.select(F.floor(F.col("ts") / 60_000)).distinct().collect()}
@@ -602,19 +614,112 @@ def test_incomplete_or_malformed_partitions_are_refused(generated, tmp_path):
     directory.mkdir(parents=True)
     pq.write_table(pa.table({"request_id": ["a"], "ts": ["2026-01-01"]}), directory / "part-00000.parquet")
     with pytest.raises(EventInputError, match=r"clicks minute 2026-01-01 00:00 is not complete: .* no _SUCCESS"):
-        event_files(layout, CLICKS, [minute])
+        event_files(layout, CLICKS, [minute], EVENTS_SPEC)
     (directory / "_SUCCESS").touch()
-    with pytest.raises(EventInputError, match=r"part-00000.parquet is not a valid clicks file: column 'ts' is "
-                                              r"string, expected int64 \(it has 2 columns, 2 expected"):
-        event_files(layout, CLICKS, [minute])
+    with pytest.raises(EventInputError, match=r"part-00000.parquet is not a valid clicks file for feature spec "
+                                              r"'events': column 'ts' is string, expected int64 \(it has 2 "
+                                              r"columns: request_id, ts\)"):
+        event_files(layout, CLICKS, [minute], EVENTS_SPEC)
     impressions_dir = layout.raw_events_minute_dir(IMPRESSIONS, minute)
     impressions_dir.mkdir(parents=True)
     pq.write_table(pa.table({"request_id": ["a"], "ts": [1]}), impressions_dir / "part-00000.parquet")
     (impressions_dir / "_SUCCESS").touch()
     with pytest.raises(EventInputError, match=r"column 'user_id' is missing; column 'item_id' is missing"):
-        event_files(layout, IMPRESSIONS, [minute])
+        event_files(layout, IMPRESSIONS, [minute], EVENTS_SPEC)
     # A generated partition passes.
-    assert len(event_files(generated[0], IMPRESSIONS, [minute])) == 1
+    assert len(event_files(generated[0], IMPRESSIONS, [minute], EVENTS_SPEC)) == 1
+
+
+# A spec of its own over the impression stream: a column the generator does not write (campaign), one of the
+# Criteo fields, and the join's behaviour sequence.
+CAMPAIGN_SPEC = spec_from_dict({
+    "name": "campaigns", "source": {"format": "parquet"}, "label": {"column": "clicked"},
+    "features": [{"name": "ts", "kind": "timestamp", "format": "unix_millis"},
+                 {"names": ["user_id", "item_id", "campaign"], "kind": "categorical"},
+                 {"name": "I2", "kind": "dense"},
+                 {"name": "history", "kind": "sequence", "max_length": 4, "shares": "item_id"}],
+})
+
+
+def _with_campaigns(source: Layout, target: Layout, minutes: list[datetime]) -> dict[str, str]:
+    """`source`'s streams of `minutes` copied to `target`, each impression with a campaign named after its
+    request id; returns request id -> campaign."""
+    import shutil
+
+    campaigns = {}
+    for minute in minutes:
+        for stream in (IMPRESSIONS, CLICKS):
+            shutil.copytree(source.raw_events_minute_dir(stream, minute), target.raw_events_minute_dir(stream, minute))
+        path = target.raw_events_minute_dir(IMPRESSIONS, minute) / EVENT_FILE
+        table = pq.read_table(path)
+        ids = table.column("request_id").to_pylist()
+        named = [f"cmp-{int(hashlib.sha256(i.encode()).hexdigest(), 16) % 7}" for i in ids]
+        campaigns.update(zip(ids, named, strict=True))
+        pq.write_table(table.append_column("campaign", pa.array(named)), path)
+    return campaigns
+
+
+def test_the_join_carries_the_columns_its_spec_reads(spark, generated, tmp_path):
+    """The join's samples carry the keys, the label and the sequence it makes, and the impression columns the
+    run's spec reads: a column the generator never writes reaches the samples and the parsed rows with each
+    impression's value, and the Criteo fields the spec does not read are left behind."""
+    source, _, events, _, _ = generated
+    layout = Layout(tmp_path / "data")
+    minutes = [START + timedelta(minutes=i) for i in range(12)]
+    campaigns = _with_campaigns(source, layout, minutes)
+    span = Interval(START + timedelta(minutes=3), START + timedelta(minutes=5))
+    run(spark, layout, span, tmp_path / "joined", spec=CAMPAIGN_SPEC, window_s=events.attribution_window_s,
+        sequence_length=4, lookback_s=120)
+    written = pq.read_table(tmp_path / "joined" / "samples")
+    assert tuple(written.column_names) == ("label", "campaign", "I2", "user_id", "item_id", "request_id", "ts",
+                                           "history")
+    assert read_manifest(tmp_path / "joined")["columns"] == list(written.column_names)
+    rows = written.to_pylist()
+    assert len(rows) > 1000 and {r["campaign"] for r in rows} == {f"cmp-{i}" for i in range(7)}
+    assert all(r["campaign"] == campaigns[r["request_id"]] for r in rows)
+    # The same span joined with the events preset: the same labels, and its own columns.
+    run(spark, layout, span, tmp_path / "preset", spec=EVENTS_SPEC, window_s=events.attribution_window_s,
+        sequence_length=4, lookback_s=120)
+    preset = pq.read_table(tmp_path / "preset" / "samples")
+    assert "campaign" not in preset.column_names and "C26" in preset.column_names
+    assert (sorted(zip(preset.column("request_id").to_pylist(), preset.column("label").to_pylist(), strict=True))
+            == sorted((r["request_id"], r["label"]) for r in rows))
+    # Parsed as the feature and sample jobs read them, the label under the spec's own name.
+    parsed = joined_rows(spark, tmp_path / "joined", list(span.minutes()), CAMPAIGN_SPEC).toPandas()
+    assert len(parsed) == len(rows) and set(parsed["campaign"]) == {f"cmp-{i}" for i in range(7)}
+    assert parsed["label"].sum() == sum(r["label"] for r in rows)
+    with pytest.raises(EventInputError, match=r"reads columns \['campaign'\] that the joined samples .* join the "
+                                              r"span again with this spec"):
+        joined_rows(spark, tmp_path / "preset", list(span.minutes()), CAMPAIGN_SPEC)
+
+
+def test_impression_files_are_checked_against_the_columns_the_spec_reads(generated, tmp_path):
+    """A file without a column the spec reads, or with one of a type its kind cannot be read from, is refused
+    before any Spark job, with every problem named; a spec that does not read the column takes the same file;
+    minutes whose files type a column differently are refused together."""
+    source, _, _, _, _ = generated
+    layout = Layout(tmp_path)
+    minutes = [START, START + timedelta(minutes=1)]
+    _with_campaigns(source, layout, minutes)
+    first = layout.raw_events_minute_dir(IMPRESSIONS, minutes[0]) / EVENT_FILE
+    table = pq.read_table(first)
+    pq.write_table(table.drop(["campaign"]).set_column(table.schema.get_field_index("I2"), "I2",
+                                                       table.column("I2").cast(pa.string())), first)
+    with pytest.raises(EventInputError, match=r"for feature spec 'campaigns': column 'campaign' \(read by the "
+                                              r"feature spec\) is missing; column 'I2' is string, which a dense "
+                                              r"feature does not read; expected an integer or floating-point type"):
+        event_files(layout, IMPRESSIONS, minutes, CAMPAIGN_SPEC)
+    # The events preset reads I2 as well, but not the campaign.
+    with pytest.raises(EventInputError, match=r"for feature spec 'events': column 'I2' is string") as refused:
+        event_files(layout, IMPRESSIONS, minutes, EVENTS_SPEC)
+    assert "campaign" not in str(refused.value).split("(it has")[0]
+    pq.write_table(table.set_column(table.schema.get_field_index("I2"), "I2", table.column("I2").cast(pa.float64())),
+                   first)
+    with pytest.raises(EventInputError, match=r"does not match the impressions files before it in the same join: "
+                                              r"column 'I2' is int64 where .* has double"):
+        event_files(layout, IMPRESSIONS, minutes, CAMPAIGN_SPEC)
+    assert len(event_files(layout, IMPRESSIONS, minutes[:1], CAMPAIGN_SPEC)) == 1
+    assert len(event_files(layout, IMPRESSIONS, minutes[1:], EVENTS_SPEC)) == 1
 
 
 def test_a_partition_delivered_twice_changes_no_sample_and_is_counted(spark, generated, tmp_path):
@@ -625,7 +730,8 @@ def test_a_partition_delivered_twice_changes_no_sample_and_is_counted(spark, gen
     layout, generate, events, _, _ = generated
     window_s = events.attribution_window_s
     span = Interval(START + timedelta(minutes=4), START + timedelta(minutes=5))
-    once = run(spark, layout, span, tmp_path / "once", window_s=window_s, sequence_length=4, lookback_s=7200)
+    once = run(spark, layout, span, tmp_path / "once", spec=EVENTS_SPEC, window_s=window_s, sequence_length=4,
+               lookback_s=7200)
 
     twice = Layout(tmp_path / "twice")
     shutil.copytree(layout.root / "raw", twice.root / "raw")
@@ -633,7 +739,8 @@ def test_a_partition_delivered_twice_changes_no_sample_and_is_counted(spark, gen
     for stream in (IMPRESSIONS, CLICKS):
         directory = twice.raw_events_minute_dir(stream, redelivered)
         shutil.copy(directory / "part-00000.parquet", directory / "part-00001.parquet")
-    again = run(spark, twice, span, tmp_path / "again", window_s=window_s, sequence_length=4, lookback_s=7200)
+    again = run(spark, twice, span, tmp_path / "again", spec=EVENTS_SPEC, window_s=window_s, sequence_length=4,
+                lookback_s=7200)
 
     def copies_counted_in_span(stream: str) -> int:
         """Rows of the redelivered file whose event is counted in the span: duplicates are counted in the minute
@@ -681,10 +788,12 @@ def test_a_minute_runs_join_shuffles_into_the_minutes_partitions_and_gives_the_s
 
     monkeypatch.setattr(events_module, "write_joined", noting)
     for name, partitions in (("own", 3), ("session", None)):
-        run(spark, layout, minute, tmp_path / name, window_s=events.attribution_window_s, sequence_length=10,
+        run(spark, layout, minute, tmp_path / name, spec=EVENTS_SPEC, window_s=events.attribution_window_s,
+            sequence_length=10,
             lookback_s=7200, short_span_partitions=partitions)
     with pytest.raises(ValueError, match="spark.minute_shuffle_partitions must be at least 1, got 0"):
-        run(spark, layout, minute, tmp_path / "none", window_s=events.attribution_window_s, sequence_length=10,
+        run(spark, layout, minute, tmp_path / "none", spec=EVENTS_SPEC, window_s=events.attribution_window_s,
+            sequence_length=10,
             lookback_s=7200, short_span_partitions=0)
 
     assert seen == ["3", before] and spark.conf.get(key) == before != "3"
