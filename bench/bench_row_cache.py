@@ -71,8 +71,11 @@ from bench.bench_serving import candidates, export_full, feature_state, hundreds
 from bench.provenance import provenance
 from components.config import TrainConfig
 from components.feature_spec import spec_from_dict
+from serving.row_cache import PROTECTED_SHARE
 
 BATCH = 100
+# The row cache's policies, as the protected share that makes each (serving.row_cache_protected_share).
+POLICIES = {"segmented": PROTECTED_SHARE, "lru": 0.0}
 TIERED = 3  # the largest tables
 
 
@@ -227,9 +230,10 @@ def in_process(models: dict[str, Any], args: argparse.Namespace) -> dict[str, An
 
 def eviction(models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Rows loaded per request by the small-cache exports under the row cache's segmented LRU (the default) and
-    under a plain LRU (the same caches with no protected segment, `protected_rows` 0), in this process, over the
-    requests the served passes send (`--loaded-requests` of them, twice: `cold` then `warm`). The counts do not
-    depend on timing, so the two policies are compared on the very same requests in one run."""
+    under a plain LRU (the same caches with no protected segment: `row_cache_protected_share` 0; POLICIES), in
+    this process, over the requests the served passes send (`--loaded-requests` of them, twice: `cold` then
+    `warm`). The counts do not depend on timing, so the two policies are compared on the very same requests in
+    one run."""
     from serving.model import LoadedModel
 
     request = hundreds(candidates(args.loaded_requests * BATCH + BATCH, seed=13))  # the served passes' requests
@@ -237,11 +241,8 @@ def eviction(models: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     labels = [label for label in ("evicting", "evicting_preloaded") if label in models]
     for policy in ("segmented", "lru"):
         for label in labels:
-            model = LoadedModel.load(models[label])
+            model = LoadedModel.load(models[label], row_cache_protected_share=POLICIES[policy])
             assert model.tiered is not None
-            if policy == "lru":
-                for table in model.tiered.tables:
-                    table.protected_rows = 0
             model.warm_up()
             for name in ("cold", "warm"):
                 before = sum(t["rows_loaded"] for t in model.tiered.counters().values())

@@ -36,6 +36,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -181,35 +182,44 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return paired_main(__doc__, run, name="row_cache_calls", exports=EXPORTS,
+                       exports_help="which tiered exports to serve both ways (default both)",
+                       cache_help="rows of the evicting export's caches", summary="three_over_two_range")
+
+
+def paired_main(doc: str, run: Callable[[Path, argparse.Namespace], dict[str, Any]], *, name: str,
+                exports: Sequence[str], exports_help: str, cache_help: str, summary: str,
+                settings: Mapping[str, Any] | None = None) -> int:
+    """The command line of a bench that serves bench-row-cache's exports paired, round by round (this one and
+    bench_row_cache_eviction): `run(work, args)` in a scratch directory, its result written to `--out`
+    (bench/results/<name>.json) with the command, the settings and `run`'s keys, and `summary` printed."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4, help="rounds of one pass a server (default 4)")
-    parser.add_argument("--exports", nargs="+", choices=EXPORTS, default=list(EXPORTS),
-                        help="which tiered exports to serve both ways (default both)")
+    parser.add_argument("--exports", nargs="+", choices=exports, default=list(exports), help=exports_help)
     parser.add_argument("--rows", type=int, default=200_000, help="generated rows whose values are admitted")
-    parser.add_argument("--small-cache", type=int, default=2_000, help="rows of the evicting export's caches")
+    parser.add_argument("--small-cache", type=int, default=2_000, help=cache_help)
     parser.add_argument("--loaded-requests", type=int, default=3000, help="requests of 100 candidates a pass")
     parser.add_argument("--rate", type=float, help="requests a second (default: half the highest rate an in-memory "
                         "server holds at p99 <= 10 ms in a scan)")
     parser.add_argument("--step-seconds", type=float, default=5.0, help="length of each open-loop scan step")
-    parser.add_argument("--out", default="bench/results/row_cache_calls.json")
+    parser.add_argument("--out", default=f"bench/results/{name}.json")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-row-cache-calls-"))
+    work = Path(tempfile.mkdtemp(prefix=f"bench-{name.replace('_', '-')}-"))
     started = time.monotonic()
     try:
         out = run(work, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = "make bench-row-cache-calls" + (
-        f" BENCH_ROW_CACHE_CALLS_ARGS='{os.environ['BENCH_ROW_CACHE_CALLS_ARGS']}'"
-        if os.environ.get("BENCH_ROW_CACHE_CALLS_ARGS") else "")
-    result = {**provenance(command), "benchmark": "row_cache_calls",
+    variable = f"BENCH_{name.upper()}_ARGS"
+    command = f"make bench-{name.replace('_', '-')}" + (
+        f" {variable}='{os.environ[variable]}'" if os.environ.get(variable) else "")
+    result = {**provenance(command), "benchmark": name,
               "settings": {"rounds": args.rounds, "exports": args.exports, "rows": args.rows,
                            "small_cache": args.small_cache, "loaded_requests": args.loaded_requests,
-                           "rate": args.rate, "candidates": BATCH},
+                           "rate": args.rate, "candidates": BATCH, **(settings or {})},
               **out, "seconds": time.monotonic() - started}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"rate_per_s": out["rate_per_s"], "three_over_two_range": out["three_over_two_range"],
-                      "unanswered": out["unanswered"]}))
+    print(json.dumps({"rate_per_s": out["rate_per_s"], summary: out[summary], "unanswered": out["unanswered"]}))
     return 0
 
 

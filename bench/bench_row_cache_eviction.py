@@ -30,22 +30,13 @@ LRU one's), `segmented_over_lru_range` ([lowest, highest] over the rounds, per e
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_row_cache import BATCH, build
-from bench.bench_row_cache_calls import scan_rate, served_pass, start
+from bench.bench_row_cache import BATCH, POLICIES, build
+from bench.bench_row_cache_calls import paired_main, scan_rate, served_pass, start
 from bench.bench_serving import candidates, measuring_client, stop_server, wait_healthy
-from bench.provenance import provenance
-from serving.row_cache import PROTECTED_SHARE
 
-# Each policy's serving.row_cache_protected_share.
-POLICIES = {"segmented": PROTECTED_SHARE, "lru": 0.0}
 EXPORTS = ("evicting_preloaded", "evicting")
 KEYS = ("p50_ms", "p99_ms", "server_mean_ms", "rows_loaded_per_request", "load_calls_per_request")
 
@@ -94,36 +85,10 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of one pass a server (default 4)")
-    parser.add_argument("--exports", nargs="+", choices=EXPORTS, default=list(EXPORTS),
-                        help="which small-cache exports to serve under both policies (default both)")
-    parser.add_argument("--rows", type=int, default=200_000, help="generated rows whose values are admitted")
-    parser.add_argument("--small-cache", type=int, default=2_000, help="rows of each tiered table's cache")
-    parser.add_argument("--loaded-requests", type=int, default=3000, help="requests of 100 candidates a pass")
-    parser.add_argument("--rate", type=float, help="requests a second (default: half the highest rate an in-memory "
-                        "server holds at p99 <= 10 ms in a scan)")
-    parser.add_argument("--step-seconds", type=float, default=5.0, help="length of each open-loop scan step")
-    parser.add_argument("--out", default="bench/results/row_cache_eviction.json")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-row-cache-eviction-"))
-    started = time.monotonic()
-    try:
-        out = run(work, args)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    command = "make bench-row-cache-eviction" + (
-        f" BENCH_ROW_CACHE_EVICTION_ARGS='{os.environ['BENCH_ROW_CACHE_EVICTION_ARGS']}'"
-        if os.environ.get("BENCH_ROW_CACHE_EVICTION_ARGS") else "")
-    result = {**provenance(command), "benchmark": "row_cache_eviction",
-              "settings": {"rounds": args.rounds, "exports": args.exports, "rows": args.rows,
-                           "small_cache": args.small_cache, "loaded_requests": args.loaded_requests,
-                           "rate": args.rate, "candidates": BATCH, "policies": POLICIES},
-              **out, "seconds": time.monotonic() - started}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"rate_per_s": out["rate_per_s"], "segmented_over_lru_range": out["segmented_over_lru_range"],
-                      "unanswered": out["unanswered"]}))
-    return 0
+    return paired_main(__doc__, run, name="row_cache_eviction", exports=EXPORTS,
+                       exports_help="which small-cache exports to serve under both policies (default both)",
+                       cache_help="rows of each tiered table's cache", summary="segmented_over_lru_range",
+                       settings={"policies": POLICIES})
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ SCRIPT_BY_FILE = {
 RESULT_BUILDERS = {
     "bench_reliability.py": ("reliability/raw_data.py", "reliability/bad_requests.py", "reliability/faults.py",
                              "reliability/live.py"),
+    "bench_row_cache_eviction.py": ("bench_row_cache_calls.py",),  # paired_main writes the result
 }
 
 # Written before the scripts merged bench/provenance.py into their results: without "commit" (and some without
