@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +174,30 @@ ITEM_ZIPF_EXPONENT = 1.05
 # Request ids are a bijection of (seed, minute index, row): unique within a seed while both fit.
 _ROW_BITS = 20
 _MINUTE_BITS = 20
+
+
+def final_until(watermark: datetime, window_s: int) -> datetime:
+    """The exclusive end of the final minutes, given that every click with ts < `watermark` has arrived.
+
+    Minute t is final when t + 1m + W <= watermark: its last impression's window has closed.
+    """
+    last_final = watermark - timedelta(seconds=window_s) - timedelta(minutes=1)
+    return last_final.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+def stream_watermark(layout: Layout, stream: str) -> datetime | None:
+    """The end of the newest complete (_SUCCESS) minute partition of `stream`, or None if there is none."""
+    span = stream_span(layout, stream)
+    return None if span is None else span[1]
+
+
+def stream_span(layout: Layout, stream: str) -> tuple[datetime, datetime] | None:
+    """(the oldest complete minute partition of `stream`, the end of the newest), or None if there is none."""
+    minutes = [datetime.strptime(f"{marker.parent.parent.name}{marker.parent.name}", "date=%Y-%m-%dminute=%H%M")
+               for marker in (layout.root / "raw" / stream).glob(f"date=*/minute=*/{SUCCESS_MARKER}")]
+    if not minutes:
+        return None
+    return min(minutes).replace(tzinfo=UTC), max(minutes).replace(tzinfo=UTC) + timedelta(minutes=1)
 
 
 class RawPartitionError(RuntimeError):

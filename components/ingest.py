@@ -63,6 +63,7 @@ class Reject:
 class IngestReport:
     spec: str
     files: list[str]
+    stream: str = "click_log"  # or an event stream (components.event_ingest)
     rows_read: int = 0
     rows_written: int = 0
     rejected: int = 0
@@ -147,7 +148,7 @@ def ingest(spec: FeatureSpec, files: Sequence[str | Path], layout: Layout, *, st
         key = reject.reason.split(":")[0]
         report.rejects_by_reason[key] = report.rejects_by_reason.get(key, 0) + 1
     if rejects:
-        report.rejects_file = str(_write_rejects(layout, spec, sources, rejects))
+        report.rejects_file = str(write_rejects(layout, spec.name, sources, rejects))
     minutes = _place(rows, timestamp, first_minute, rows_per_minute or 1000)
     if not minutes:
         raise IngestError(f"no row of {report.files} could be ingested ({report.rejected} rejected; "
@@ -690,10 +691,12 @@ def _write_partition(directory: Path, file_name: str, data: bytes) -> bool:
     return True
 
 
-def _write_rejects(layout: Layout, spec: FeatureSpec, sources: list[InputFile], rejects: list[Reject]) -> Path:
+def write_rejects(layout: Layout, label: str, sources: list[InputFile], rejects: list[Reject]) -> Path:
+    """The rejected lines of one ingest of `sources` as <data root>/ingest/<label>-<hash of the inputs>.rejects.tsv
+    (file, line, reason, text); returns its path."""
     names = [str(s.path.absolute()) if s.path is not None else s.name for s in sources]
     key = hashlib.sha256("\0".join(names).encode()).hexdigest()[:8]
-    target = layout.root / "ingest" / f"{spec.name}-{key}.rejects.tsv"
+    target = layout.root / "ingest" / f"{label}-{key}.rejects.tsv"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w", newline="") as handle:
         writer = csv.writer(handle, delimiter="\t", lineterminator="\n")

@@ -28,6 +28,9 @@ import shlex
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from components.config import ConfigError, PipelineConfig, load_config, parse_override_args
 from components.model_store import ModelStoreError
@@ -102,26 +105,77 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from components.feature_spec import FeatureSpecError, spec_for
-    from components.ingest import IngestError, ingest
+    from components.feature_spec import spec_for
+    from components.ingest import ingest
     from components.layout import Layout
 
     config = config_from_args(args)
-    try:
-        spec = spec_for(config)
-        report = ingest(spec, args.files, Layout(config.paths.root), start=args.start,
-                        rows_per_minute=args.rows_per_minute, input_format=args.format,
-                        progress=lambda message: print(f"  {message}", flush=True),
-                        s3_endpoint_url=config.paths.s3_endpoint_url)
-    except (IngestError, FeatureSpecError) as err:
-        print(f"{PROG} ingest: {err}", file=sys.stderr)
+    if args.stream:
+        return ingest_stream(args, config)
+    report = _ingested(lambda: ingest(spec_for(config), args.files, Layout(config.paths.root), start=args.start,
+                                      rows_per_minute=args.rows_per_minute, input_format=args.format,
+                                      progress=_progress, s3_endpoint_url=config.paths.s3_endpoint_url),
+                       "rows", config.paths.root / "raw", "malformed lines")
+    if report is None:
         return 2
-    print(json.dumps(report.as_dict(), indent=2))
-    print(f"{report.rows_written} rows in {report.minutes_written + report.minutes_unchanged} minutes "
-          f"[{report.first_minute}, {report.end_minute}) under {config.paths.root / 'raw'}"
-          + (f"; {report.rejected} malformed lines kept in {report.rejects_file}" if report.rejected else ""))
     print(f"next: {next_daily_command(args, report.first_minute, report.end_minute)}")
     return 0
+
+
+def ingest_stream(args: argparse.Namespace, config: PipelineConfig) -> int:
+    """`ingest --stream`: the files as an event stream (components.event_ingest)."""
+    from components.event_ingest import ingest_events
+    from components.events import CLICKS, IMPRESSIONS, final_until, stream_span, stream_watermark
+    from components.feature_spec import spec_for
+    from components.layout import Layout
+
+    if args.start or args.rows_per_minute:
+        print(f"{PROG} ingest: --start and --rows-per-minute place rows of a click log without a timestamp; an "
+              "event stream's rows are placed by their ts: drop them", file=sys.stderr)
+        return 2
+    layout = Layout(config.paths.root)
+    if _ingested(lambda: ingest_events(spec_for(config), args.stream, args.files, layout, input_format=args.format,
+                                       progress=_progress, s3_endpoint_url=config.paths.s3_endpoint_url),
+                 args.stream, layout.raw_events_dir(args.stream), "rows without a key") is None:
+        return 2
+    impressions, clicks = stream_span(layout, IMPRESSIONS), stream_watermark(layout, CLICKS)
+    window = config.events.attribution_window_s
+    if impressions is None or clicks is None:
+        print(f"next: ingest the {'clicks' if clicks is None else 'impressions'} "
+              f"(--stream {'clicks' if clicks is None else 'impressions'})")
+        return 0
+    end = min(impressions[1], final_until(clicks, window))
+    if end <= impressions[0]:
+        print(f"no impression minute has final labels yet: the clicks end at {clicks:%Y-%m-%dT%H:%M}, and a "
+              f"minute's labels are final {window} s (events.attribution_window_s) after it ends; ingest later "
+              "clicks")
+        return 0
+    command = next_daily_command(args, f"{impressions[0]:%Y-%m-%dT%H:%M}", f"{end:%Y-%m-%dT%H:%M}")
+    print(f"next (the minutes whose clicks are in, {window} s after each): {command}"
+          + ("" if config.features.source == "events" else " --set features.source=events"))
+    return 0
+
+
+def _progress(message: str) -> None:
+    print(f"  {message}", flush=True)
+
+
+def _ingested(run: Callable[[], Any], rows: str, where: Path, rejected: str) -> Any:
+    """`run()` (an ingest: its IngestReport), its report printed as JSON and in a line; None after printing the
+    error when the input or the spec is refused."""
+    from components.feature_spec import FeatureSpecError
+    from components.ingest import IngestError
+
+    try:
+        report = run()
+    except (IngestError, FeatureSpecError) as err:
+        print(f"{PROG} ingest: {err}", file=sys.stderr)
+        return None
+    print(json.dumps(report.as_dict(), indent=2))
+    print(f"{report.rows_written} {rows} in {report.minutes_written + report.minutes_unchanged} minutes "
+          f"[{report.first_minute}, {report.end_minute}) under {where}"
+          + (f"; {report.rejected} {rejected} kept in {report.rejects_file}" if report.rejected else ""))
+    return report
 
 
 def next_daily_command(args: argparse.Namespace, start: str, end: str) -> str:
@@ -420,6 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-minute", type=int, help="rows a minute for specs without a timestamp (default 1000)")
     p.add_argument("--format", default="auto", choices=["auto", "tsv", "csv", "parquet"],
                    help="the input files' format (auto: .parquet, else tab or comma from the first line)")
+    p.add_argument("--stream", choices=["impressions", "clicks"],
+                   help="the files are an impression or a click log (request_id, ts in epoch ms, and for "
+                        "impressions user_id, item_id and the spec's columns), written as the event streams the "
+                        "events source joins, instead of a labelled click log")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("datasets", parents=[common], help="fetch a real public log as a CSV to ingest")

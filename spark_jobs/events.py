@@ -56,9 +56,11 @@ from components.events import (
     REQUEST_ID,
     TS,
     USER_ID,
+    final_until,
     impression_payload,
     impression_schema,
     stream_problems,
+    stream_watermark,
 )
 from components.feature_spec import FeatureSpec
 from components.interval import Interval
@@ -96,24 +98,6 @@ def sample_columns(spec: FeatureSpec) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------- planning
-
-
-def final_until(watermark: datetime, window_s: int) -> datetime:
-    """The exclusive end of the final minutes, given that every click with ts < `watermark` has arrived.
-
-    Minute t is final when t + 1m + W <= watermark: its last impression's window has closed.
-    """
-    last_final = watermark - timedelta(seconds=window_s) - timedelta(minutes=1)
-    return last_final.replace(second=0, microsecond=0) + timedelta(minutes=1)
-
-
-def stream_watermark(layout: Layout, stream: str) -> datetime | None:
-    """The end of the newest complete (_SUCCESS) minute partition of `stream`, or None if there is none."""
-    newest = None
-    for marker in (layout.root / "raw" / stream).glob(f"date=*/minute=*/{SUCCESS_MARKER}"):
-        minute = datetime.strptime(f"{marker.parent.parent.name}{marker.parent.name}", "date=%Y-%m-%dminute=%H%M")
-        newest = max(newest or minute, minute)
-    return None if newest is None else newest.replace(tzinfo=UTC) + timedelta(minutes=1)
 
 
 @dataclass(frozen=True)

@@ -175,3 +175,62 @@ def test_minute_runs_on_the_event_streams_learn_final_minutes_and_serve_like_the
     served = watcher.current().predict(instances)
     np.testing.assert_allclose(served, LoadedModel.load(child).predict(instances), rtol=0, atol=1e-6)
     assert served.std() > 0.01  # the rows differ, and so do their scores
+
+
+CAMPAIGN_SPEC = """
+name: campaigns
+description: "A team's own impression log: user, item, slot, device, a campaign column, a few dense fields"
+source: {format: parquet}
+label: {column: label}
+features:
+  - {name: ts, kind: timestamp, format: unix_millis, derive: [hour_of_day]}
+  - {names: [user_id, item_id, device, campaign], kind: categorical}
+  - {name: slot, kind: categorical, dtype: int}
+  - {names: [I1, I2, I3, I4, I5], kind: dense}
+  - {name: history, kind: sequence, max_length: 10, shares: item_id}
+"""
+
+
+def test_a_teams_own_streams_ingested_from_files_train_through_their_spec(tmp_path, spark):
+    """Impression and click logs exported as one file each, the impressions with a column the generator never
+    writes (a campaign) and without most of its Criteo fields, ingested with `ingest --stream`, then the daily
+    pipeline under a spec that names that column: validated, joined, counted and trained on by its spec."""
+    import pyarrow.compute as pc
+
+    from components.event_ingest import ingest_events
+    from components.events import CLICKS
+    from components.feature_spec import spec_for
+
+    exported = Layout(tmp_path / "export")
+    config = load_config(overrides={"paths.data_root": str(tmp_path / "data"), **OVERRIDES,
+                                    "features.spec": str(tmp_path / "campaigns.yaml"), "train.model": "din"},
+                         environ={})
+    (tmp_path / "campaigns.yaml").write_text(CAMPAIGN_SPEC)
+    generate_events(config.generate, config.events, exported)
+    files = {}
+    for stream in (IMPRESSIONS, CLICKS):
+        table = pa.concat_tables(pq.read_table(exported.raw_events_minute_dir(stream, minute) / EVENT_FILE)
+                                 for minute in Interval.parse("2026-01-01T00:00", "2026-01-01T00:40").minutes())
+        if stream == IMPRESSIONS:
+            campaign = pc.binary_join_element_wise("cmp-", pc.cast(pc.utf8_length(table["item_id"]), pa.string()), "")
+            table = table.drop([f"C{i}" for i in range(1, 27)] + [f"I{i}" for i in range(6, 14)])
+            table = table.append_column("campaign", campaign)
+        files[stream] = tmp_path / f"{stream}.parquet"
+        pq.write_table(table, files[stream])
+    layout = Layout(config.paths.root)
+    spec = spec_for(config)
+    for stream in (IMPRESSIONS, CLICKS):
+        assert ingest_events(spec, stream, [files[stream]], layout).rejected == 0
+    ctx = RunContext(config=config, interval=SPAN, pipeline="daily", run_id="test-events-campaigns")
+    outputs = run_steps(ctx, select_steps("daily", ["validate", "join", "features", "samples", "train", "evaluate"]))
+    joined = pq.read_table(layout.joined_dir(SPAN) / "samples")
+    assert "campaign" in joined.column_names and "C1" not in joined.column_names and "I6" not in joined.column_names
+    assert set(joined["campaign"].to_pylist()) >= {"cmp-3", "cmp-4"}
+    assert 29 * 600 * 0.99 < outputs["join"]["impressions"] <= 30 * 600
+    train = read_manifest(layout.samples_dir(SPAN, "train"), kind="samples")
+    assert train["inputs"]["source"] == "events" and train["feature_spec_hash"] == spec.hash()
+    report = outputs["evaluate"]
+    print(f"campaigns spec + DIN on ingested streams: AUC {report['metrics']['auc']:.4f}")
+    # The streams are the team's own here (no planted model beside them), so there is no planted AUC to compare;
+    # without 34 of the 39 Criteo-like fields, 17 K rows train to about 0.6 (0.597 when this was written).
+    assert report["gate"]["passed"] is True and report["metrics"]["auc"] > 0.56 and report["planted_auc"] is None
