@@ -169,3 +169,37 @@ def test_the_cli_ingests_a_stream_and_says_what_to_run_next(generated, tmp_path)
     assert last.endswith("--start 2026-01-01T00:00 --end 2026-01-01T00:05 --set features.source=events")
     refused = cli("--stream", "clicks", str(paths[CLICKS]), "--start", "2026-01-01T00:00")
     assert refused.returncode == 2 and "drop them" in refused.stderr
+
+
+@pytest.mark.integration
+def test_a_click_log_on_s3_exported_from_a_spreadsheet_is_read_through(generated, tmp_path, monkeypatch):
+    """Clicks under an s3:// prefix (a local S3 endpoint), gzipped CSV parts with a byte-order mark and CRLF line
+    ends as a spreadsheet writes them: the same minutes as from the generator."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    source, streams = generated
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        client = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
+        client.create_bucket(Bucket="logs")
+        rows = [f"{row['request_id']},{row['ts']}\r\n" for row in streams[CLICKS].to_pylist()]
+        half = len(rows) // 2
+        for part, chunk in enumerate((rows[:half], rows[half:])):
+            body = "\ufeffrequest_id,ts\r\n" + "".join(chunk)
+            client.put_object(Bucket="logs", Key=f"clicks/part-{part}.csv.gz", Body=gzip.compress(body.encode()))
+        layout = Layout(tmp_path / "data")
+        report = ingest_events(EVENTS, CLICKS, ["s3://logs/clicks/"], layout, s3_endpoint_url=f"http://{host}:{port}")
+    finally:
+        server.stop()
+    assert report.files == ["s3://logs/clicks/part-0.csv.gz", "s3://logs/clicks/part-1.csv.gz"]
+    assert (report.rows_written, report.rejected) == (streams[CLICKS].num_rows, 0)
+    for i in range(MINUTES):
+        minute = START + timedelta(minutes=i)
+        written = pq.read_table(layout.raw_events_minute_dir(CLICKS, minute) / EVENT_FILE)
+        assert written.to_pylist() == _sorted(pq.read_table(source.raw_events_minute_dir(CLICKS, minute) / EVENT_FILE))
