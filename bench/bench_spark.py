@@ -1,6 +1,7 @@
 """Spark data path speed, each stage against Spark's own primitive doing the same data movement in the same run
 (local[2]): impression and click streams -> join (labels, behaviour sequences) -> feature state -> block
-TFRecords; and one minute of traffic through a Spark Connect server. Writes bench/results/spark.json.
+TFRecords; and one minute of traffic through a Spark Connect server. Writes bench/results/spark.json (`--out`:
+another file).
 
     make bench-spark                                          # 2 M impressions (6-14 min here)
     make bench-spark BENCH_SPARK_ARGS="--impressions 200000"  # a quick look
@@ -176,6 +177,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--impressions", type=int, default=2_000_000)
     parser.add_argument("--rows-per-minute", type=int, default=50_000)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark.json",
+                        help="the result file (default bench/results/spark.json)")
     args = parser.parse_args()
     minutes = max(2, args.impressions // args.rows_per_minute)
     features = FeatureConfig(num_shards=4, min_count=5)
@@ -252,7 +255,7 @@ def main() -> int:
                    "command": "make bench-spark" + (f" BENCH_SPARK_ARGS='{' '.join(sys.argv[1:])}'"
                                                     if sys.argv[1:] else "")})
     result = {**provenance(result["command"]), **result}
-    out = Path(__file__).parent / "results" / "spark.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
