@@ -118,9 +118,12 @@ def impression_problems(actual: pa.Schema, spec: FeatureSpec) -> list[str]:
     return problems
 
 
-def stream_problems(stream: str, actual: pa.Schema, spec: FeatureSpec) -> list[str]:
-    """impression_problems for impressions; for clicks, each of CLICK_SCHEMA's columns missing or mistyped."""
-    return impression_problems(actual, spec) if stream == IMPRESSIONS else _missing_or_mistyped(actual, CLICK_SCHEMA)
+def stream_problems(stream: str, actual: pa.Schema, spec: FeatureSpec | None) -> list[str]:
+    """impression_problems for impressions (the keys' alone without a spec: what a lookback is read for); for
+    clicks, each of CLICK_SCHEMA's columns missing or mistyped."""
+    if stream != IMPRESSIONS:
+        return _missing_or_mistyped(actual, CLICK_SCHEMA)
+    return impression_problems(actual, spec) if spec is not None else _missing_or_mistyped(actual, KEY_SCHEMA)
 
 
 def _missing_or_mistyped(actual: pa.Schema, expected: pa.Schema) -> list[str]:

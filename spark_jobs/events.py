@@ -125,9 +125,10 @@ def plan_join(span: Interval, window_s: int, lookback_s: int) -> JoinPlan:
 # ---------------------------------------------------------------------------------------------- extract
 
 
-def event_files(layout: Layout, stream: str, minutes: Iterable[datetime], spec: FeatureSpec) -> list[str]:
+def event_files(layout: Layout, stream: str, minutes: Iterable[datetime], spec: FeatureSpec | None) -> list[str]:
     """The data files of the given minute partitions, after checking each is complete, has what the join and
-    `spec` read (check_event_schema), with the same types as the first."""
+    `spec` read (check_event_schema; with no spec, the join's keys: a lookback's impressions are read for those
+    alone), with the same types as the first."""
     files: list[str] = []
     first: pa.Schema | None = None
     for minute in minutes:
@@ -159,7 +160,7 @@ def _quarantined(layout: Layout, stream: str, minute: datetime) -> bool:
     return (layout.quarantine_events_minute_dir(stream, minute) / "report.json").exists()
 
 
-def check_event_schema(path: Path, stream: str, spec: FeatureSpec) -> pa.Schema:
+def check_event_schema(path: Path, stream: str, spec: FeatureSpec | None) -> pa.Schema:
     """Reads the Parquet footer only; raises with every missing or mistyped column, else returns the schema the
     join reads the file in (its keys and the columns `spec` reads, as typed in the file)."""
     actual = pq.read_schema(path)
@@ -171,7 +172,8 @@ def check_event_schema(path: Path, stream: str, spec: FeatureSpec) -> pa.Schema:
                     if not _readable(field.type)]
     if problems:
         raise EventInputError(
-            f"{path} is not a valid {stream} file for feature spec {spec.name!r}: {'; '.join(problems)} (it has "
+            f"{path} is not a valid {stream} file{f' for feature spec {spec.name!r}' if spec else ''}: "
+            f"{'; '.join(problems)} (it has "
             f"{len(actual.names)} columns: {', '.join(actual.names[:8])}{', ...' if len(actual.names) > 8 else ''}). "
             "Fix the producer and rewrite the partition, or move it to quarantine; a column the stream does not "
             "carry must leave the feature spec"
@@ -179,12 +181,14 @@ def check_event_schema(path: Path, stream: str, spec: FeatureSpec) -> pa.Schema:
     return schema
 
 
-def read_schema(stream: str, spec: FeatureSpec, actual: pa.Schema | None = None) -> pa.Schema:
-    """The columns the join reads from a `stream` file of schema `actual`; without one (no file to read), the
-    impression columns typed as the empty frame has them: numbers as double, lists of ids as lists of strings,
-    the rest as string."""
+def read_schema(stream: str, spec: FeatureSpec | None, actual: pa.Schema | None = None) -> pa.Schema:
+    """The columns the join reads from a `stream` file of schema `actual` (without a spec, the keys); without a
+    file to read, the impression columns typed as the empty frame has them: numbers as double, lists of ids as
+    lists of strings, the rest as string."""
     if stream == CLICKS:
         return CLICK_SCHEMA
+    if spec is None:
+        return KEY_SCHEMA
     if actual is None:
         dense, lists = {f.column for f in spec.dense}, {f.column for f in spec.lists}
         actual = pa.schema([(name, pa.float64() if name in dense else pa.list_(pa.string()) if name in lists
@@ -205,13 +209,13 @@ def _spark_type(kind: pa.DataType) -> str:
 
 
 def extract_events(spark: SparkSession, layout: Layout, stream: str, minutes: Iterable[datetime],
-                   spec: FeatureSpec) -> DataFrame:
+                   spec: FeatureSpec | None) -> DataFrame:
     return read_events(spark, stream, event_files(layout, stream, minutes, spec), spec)
 
 
-def read_events(spark: SparkSession, stream: str, files: list[str], spec: FeatureSpec) -> DataFrame:
-    """`files` (event_files' checked list) of `stream` as a DataFrame of the columns the join and `spec` read,
-    typed as in the first file."""
+def read_events(spark: SparkSession, stream: str, files: list[str], spec: FeatureSpec | None) -> DataFrame:
+    """`files` (event_files' checked list) of `stream` as a DataFrame of the columns the join and `spec` read
+    (the keys without a spec), typed as in the first file."""
     if not files:
         return spark.createDataFrame([], spark_schema(read_schema(stream, spec)))
     return spark.read.schema(spark_schema(read_schema(stream, spec, pq.read_schema(files[0])))).parquet(*files)
@@ -658,7 +662,7 @@ def continued_inputs(spark: SparkSession, layout: Layout, span: Interval, lookba
     wanted = pa.compute.unique(pa.chunked_array([*span_ids.chunks, *clicked.chunks], pa.string()))
     clicks = clicks.filter(pa.compute.is_in(clicks[REQUEST_ID], value_set=wanted))
     narrow = [REQUEST_ID, TS, USER_ID, ITEM_ID]
-    before = LOOKBACK_READS.read("impressions", event_files(layout, IMPRESSIONS, lookback, spec), KEY_SCHEMA,
+    before = LOOKBACK_READS.read("impressions", event_files(layout, IMPRESSIONS, lookback, None), KEY_SCHEMA,
                                  narrow, keep_mib=keep_mib)
     before = before.filter(pa.compute.or_(pa.compute.is_in(before[REQUEST_ID], value_set=wanted),
                                           pa.compute.greater_equal(before[TS], start)))
@@ -771,7 +775,7 @@ def _run(spark: SparkSession, layout: Layout, span: Interval, output: Path, *, s
         # Lookback impressions only classify clicks and name clicked items: Parquet reads just these columns.
         in_span = extract_events(spark, layout, IMPRESSIONS, list(span.minutes()), spec)
         clicks = extract_events(spark, layout, CLICKS, click_minutes, spec)
-        before = extract_events(spark, layout, IMPRESSIONS, lookback, spec).select(*KEY_SCHEMA.names)
+        before = extract_events(spark, layout, IMPRESSIONS, lookback, None)  # the keys alone
         if short:
             before = relevant_lookback(before, in_span, clicks, span)
         impressions = in_span.unionByName(before, allowMissingColumns=True)

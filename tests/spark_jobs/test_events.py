@@ -667,6 +667,9 @@ def test_the_join_carries_the_columns_its_spec_reads(spark, generated, tmp_path)
     layout = Layout(tmp_path / "data")
     minutes = [START + timedelta(minutes=i) for i in range(12)]
     campaigns = _with_campaigns(source, layout, minutes)
+    # A minute of the lookback (read for its keys alone) written before the stream had campaigns.
+    early = layout.raw_events_minute_dir(IMPRESSIONS, START + timedelta(minutes=2)) / EVENT_FILE
+    pq.write_table(pq.read_table(early).drop(["campaign"]), early)
     span = Interval(START + timedelta(minutes=3), START + timedelta(minutes=5))
     run(spark, layout, span, tmp_path / "joined", spec=CAMPAIGN_SPEC, window_s=events.attribution_window_s,
         sequence_length=4, lookback_s=120)
@@ -709,6 +712,7 @@ def test_impression_files_are_checked_against_the_columns_the_spec_reads(generat
                                               r"feature spec\) is missing; column 'I2' is string, which a dense "
                                               r"feature does not read; expected an integer or floating-point type"):
         event_files(layout, IMPRESSIONS, minutes, CAMPAIGN_SPEC)
+    assert len(event_files(layout, IMPRESSIONS, minutes[:1], None)) == 1  # a lookback's: the keys alone
     # The events preset reads I2 as well, but not the campaign.
     with pytest.raises(EventInputError, match=r"for feature spec 'events': column 'I2' is string") as refused:
         event_files(layout, IMPRESSIONS, minutes, EVENTS_SPEC)
