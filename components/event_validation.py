@@ -28,7 +28,7 @@ from components.events import (
     REQUEST_ID,
     SLOT,
     TS,
-    impression_payload,
+    impression_readers,
     stream_problems,
 )
 from components.feature_spec import CategoricalFeature, DenseFeature, FeatureSpec
@@ -73,10 +73,7 @@ def impressions_suite(spec: FeatureSpec) -> Any:
     for name in KEY_SCHEMA.names:
         suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=name))
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column=OFFSET_COLUMN, min_value=0, max_value=59_999))
-    payload = impression_payload(spec)
-    readers = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
-    for name in payload:
-        feature = readers[name]
+    for name, feature in impression_readers(spec).items():
         if name == SLOT:
             suite.add_expectation(e.ExpectColumnValuesToBeBetween(column=SLOT, min_value=1, max_value=MAX_SLOT))
         elif isinstance(feature, DenseFeature):
@@ -118,8 +115,7 @@ def _stream_checks_version(stream: str, spec: FeatureSpec) -> str:
     validated for one spec is validated again for a spec that reads other columns."""
     if stream != IMPRESSIONS:
         return SUITE_VERSION
-    readers = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
-    read = [[name, readers[name].kind, getattr(readers[name], "dtype", "")] for name in impression_payload(spec)]
+    read = [[name, feature.kind, getattr(feature, "dtype", "")] for name, feature in impression_readers(spec).items()]
     return f"{SUITE_VERSION}-{hashlib.sha256(json.dumps(read).encode()).hexdigest()[:16]}"
 
 

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +94,12 @@ def impression_payload(spec: FeatureSpec) -> tuple[str, ...]:
     return tuple(c for c in spec.input_columns if c not in made and c not in KEY_SCHEMA.names)
 
 
+def impression_readers(spec: FeatureSpec) -> dict[str, Any]:
+    """impression_payload's columns, each with the spec's feature that reads it (the kind it is checked by)."""
+    readers = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
+    return {name: readers[name] for name in impression_payload(spec)}
+
+
 def impression_schema(spec: FeatureSpec, actual: pa.Schema) -> pa.Schema:
     """The schema the join reads impressions in: the keys, then `spec`'s payload columns with their types in
     `actual` (a file's, already checked by impression_problems)."""
@@ -103,14 +110,12 @@ def impression_problems(actual: pa.Schema, spec: FeatureSpec) -> list[str]:
     """What keeps a file of schema `actual` from being read as impressions for `spec`: each key missing or
     not of its type, each column the spec reads that is missing or of a type its kind cannot be parsed from."""
     problems = _missing_or_mistyped(actual, KEY_SCHEMA)
-    kinds = {f.column: f for f in spec.features if not getattr(f, "derived_from", "")}
-    for name in impression_payload(spec):
+    for name, feature in impression_readers(spec).items():
         index = actual.get_field_index(name)
         if index < 0:
             problems.append(f"column {name!r} (read by the feature spec) is missing")
             continue
         kind = actual.field(index).type
-        feature = kinds[name]
         allowed = _ALLOWED.get(type(feature), _ALLOWED[CategoricalFeature])
         if not any(test(kind) for test in allowed[0]):
             problems.append(f"column {name!r} is {kind}, which a {feature.kind} feature does not read; expected "

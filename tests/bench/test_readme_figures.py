@@ -512,7 +512,16 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"the same streams (goal 0.5), the feature state at {value('spark.json', 'features_over_count'):.2f}x one "
         f"groupBy().count() of the same columns (goal 0.5), the block TFRecords at "
         f"{value('spark.json', 'samples_stage_over_parquet'):.2f}x Spark's Parquet write"),
+    "spark_spec_join.json": lambda: (
+        f"the join stage took {value('spark_before_spec_join.json', 'join_s'):.2f} s before "
+        f"(spark_before_spec_join.json, {value('spark_before_spec_join.json', 'commit')[:7]}) and "
+        f"{span(values(SPEC_JOIN, 'join_s'), '.2f')} s after (spark_spec_join.json, spark_spec_join_run2.json), "
+        f"join_over_sql {value('spark_before_spec_join.json', 'join_over_sql'):.3f} before and "
+        f"{span(values(SPEC_JOIN, 'join_over_sql'), '.3f')} after, the steady minute "
+        f"{value('spark_before_spec_join.json', 'minute_spark_s'):.2f} s before and "
+        f"{span(values(SPEC_JOIN, 'minute_spark_s'), '.2f')} s after"),
 }
+SPEC_JOIN = ("spark_spec_join.json", "spark_spec_join_run2.json")
 
 
 def normalized(text: str) -> str:
