@@ -28,6 +28,7 @@ from components.events import (
     REQUEST_ID,
     SLOT,
     TS,
+    impression_payload,
     impression_readers,
     stream_problems,
 )
@@ -129,5 +130,15 @@ def stream_dataset(stream: str, spec: FeatureSpec) -> PartitionedDataset:
         file_name=EVENT_FILE,
         quarantine_dir=lambda layout, minute: layout.quarantine_events_minute_dir(stream, minute),
         noun=f"{stream} partition", hint="run `ctr-pipeline generate --events` or check the ingest",
+        spec_columns=impression_payload(spec) if stream == IMPRESSIONS else (), spec_name=spec.name,
+        column_names=_footer_columns,
     )
+
+
+def _footer_columns(path: Path) -> list[str] | None:
+    """The column names of a stream partition's Parquet schema; None for a file that is not Parquet."""
+    try:
+        return list(pq.read_schema(path).names)
+    except (OSError, pa.ArrowInvalid):
+        return None
 

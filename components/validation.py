@@ -56,6 +56,11 @@ class DataValidationError(RuntimeError):
     """A raw slice failed validation. The message names the failed expectations and the report's path."""
 
 
+class SpecColumnsError(DataValidationError):
+    """The feature spec reads columns that no partition of an interval holds: the spec's error, not the
+    partitions' (validate_interval raises it before validating or moving anything)."""
+
+
 class PartitionReadError(ValueError):
     """A partition cannot be read into the frame its suite checks (not the file format, wrong schema)."""
 
@@ -94,6 +99,13 @@ class PartitionedDataset:
     # Many partitions read at once: (their frames one after another in one frame or None, and per partition
     # its rows there as (start, stop) or its PartitionReadError). None: `read` each (read_each).
     read_batch: Callable[[list[tuple[Path, datetime]]], BatchRead] | None = None
+    # The columns the feature spec reads that a partition must hold by name, the spec's name, and how to read
+    # the names a partition holds (its header or footer; None for a layout whose columns are by position, or a
+    # file that cannot be read). With them, validate_interval refuses a spec that reads a column no partition
+    # of the interval holds before it validates anything (check_spec_columns).
+    spec_columns: tuple[str, ...] = ()
+    spec_name: str = ""
+    column_names: Callable[[Path], list[str] | None] | None = None
 
 
 BatchRead = tuple[pd.DataFrame | None, list[tuple[int, int] | PartitionReadError]]
@@ -342,6 +354,66 @@ def read_raw_slices_arrow(paths: list[Path], spec: FeatureSpec) -> BatchRead:
         offset += len(single)
     combined = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
     return combined, spans  # type: ignore[return-value]
+
+
+def raw_partition_columns(path: Path, spec: FeatureSpec) -> list[str] | None:
+    """The column names a raw partition holds: its Parquet schema's, or its header line's. None for text without
+    a header (its columns are the spec's, by position) and for a file that cannot be read that way (its
+    validation says why)."""
+    if spec.source.format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except (OSError, pa.ArrowInvalid):
+            return None
+    if not spec.source.header:
+        return None
+    try:
+        with open(path, "rb") as file:
+            line = file.readline().rstrip(b"\r\n")
+        return next(csv.reader([line.decode("utf-8")], delimiter=spec.source.field_delimiter))
+    except (OSError, UnicodeDecodeError, StopIteration, csv.Error):
+        return None
+
+
+def check_spec_columns(dataset: PartitionedDataset, paths: list[Path], interval: str) -> list[str]:
+    """The columns `dataset.spec_columns` names that no readable partition of `paths` holds, when at least two
+    partitions were read (one partition alone cannot tell a spec's misspelt name from a file that lost a
+    column: it is validated, and quarantined, as before). Stops reading at the first partitions that hold them
+    all, so a spec that is right costs a header or a footer. Raises SpecColumnsError with the columns the
+    partitions do hold and the closest names."""
+    import difflib
+
+    if not dataset.spec_columns or dataset.column_names is None:
+        return []
+    missing = dict.fromkeys(dataset.spec_columns)
+    held: dict[str, None] = {}
+    read = 0
+    for path in paths:
+        names = dataset.column_names(path)
+        if names is None:
+            continue
+        read += 1
+        held.update(dict.fromkeys(names))
+        for name in names:
+            missing.pop(name, None)
+        if not missing:
+            return []
+    if read < 2:
+        return []
+    hints = []
+    for name in missing:
+        close = difflib.get_close_matches(name, list(held), n=1)
+        if close:
+            hints.append(f"{name!r}: did you mean {close[0]!r}?")
+    spec = f"feature spec {dataset.spec_name!r}" if dataset.spec_name else "the feature spec"
+    raise SpecColumnsError(
+        f"{spec} reads column(s) {list(missing)} that none of the {read} {dataset.noun}s of {interval} holds "
+        f"({' '.join(hints) + ' ' if hints else ''}their columns: {', '.join(held)}). Nothing was validated or "
+        f"moved to quarantine: this is the spec's error, not the partitions'. Fix the column names the spec "
+        f"reads, or ingest files that hold these columns, and run again.")
 
 
 def _header_columns(line: bytes, spec: FeatureSpec) -> list[str] | None:
@@ -897,6 +969,16 @@ def validate_interval(layout: Layout, minutes: list[datetime], report_path: Path
             state.failed.append({"minute": minute.isoformat(), "quarantined": str(moved)})
         else:
             missing.append(minute.isoformat())
+    if len(present) > 1:
+        interval = f"{present[0][0]:%Y-%m-%d %H:%M}..{present[-1][0]:%Y-%m-%d %H:%M}"
+        try:
+            check_spec_columns(dataset, [path for _, path, _ in present], interval)
+        except SpecColumnsError as err:
+            write_json_atomic(report_path, {
+                "suite": dataset.name, "suite_version": dataset.suite_version, "num_slices": len(minutes),
+                "num_passed": 0, "num_validated_before": 0, "num_rows": 0, "passed": [], "failed": state.failed,
+                "missing": missing, "data_docs": [], "spec_error": str(err)})
+            raise
     done = 0
     while done < len(present):
         chunk, num_bytes = [], 0
@@ -953,4 +1035,6 @@ def click_log_dataset(spec: FeatureSpec) -> PartitionedDataset:
         file_name=spec.source.file_name, quarantine_dir=Layout.quarantine_minute_dir,
         hint="run `ctr generate` (criteo) or `ctr ingest --spec NAME FILE...`",
         read_batch=lambda items: read_raw_slices_arrow([path for path, _ in items], spec),
+        spec_columns=tuple(spec.input_columns), spec_name=spec.name,
+        column_names=lambda path: raw_partition_columns(path, spec),
     )

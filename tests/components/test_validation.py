@@ -660,3 +660,123 @@ def test_a_marker_cut_short_by_a_crash_means_validate_again(tmp_path):
     marker = json.loads((layout.raw_minute_dir(minute(0)) / VALIDATED_MARKER).read_text())
     assert (marker["sha256"], marker["num_rows"]) == (file_sha256(_raw(layout, 0)), 20)
     assert not list(layout.raw_minute_dir(minute(0)).glob(".*.tmp"))
+
+
+def _header_partitions(layout: Layout, spec, contents: list[bytes]) -> list[datetime]:
+    minutes = []
+    for index, content in enumerate(contents):
+        directory = layout.raw_minute_dir(minute(index))
+        directory.mkdir(parents=True)
+        (directory / spec.source.file_name).write_bytes(content)
+        minutes.append(minute(index))
+    return minutes
+
+
+def _ratings_spec(reads: str = "age"):
+    import yaml
+
+    from components.feature_spec import spec_from_dict
+
+    return spec_from_dict(yaml.safe_load(HEADER_SPEC.replace("{name: age,", f"{{name: {reads},")))
+
+
+def _partition_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("part-*"))
+
+
+def test_a_spec_reading_a_column_no_partition_holds_is_refused_with_nothing_moved(tmp_path):
+    """A misspelt column in the spec: every partition would fail its header check and go to quarantine; the
+    interval's check names the spec's column, the closest one the partitions hold, and moves nothing."""
+    from components.validation import SpecColumnsError, click_log_dataset
+
+    spec = _ratings_spec("agee")
+    layout = Layout(tmp_path / "data")
+    minutes = _header_partitions(layout, spec, [HEADER + GOOD] * 3)
+    before = _partition_files(layout.root)
+    report_path = tmp_path / "report.json"
+    with pytest.raises(SpecColumnsError) as raised:
+        validate_interval(layout, minutes, report_path, dataset=click_log_dataset(spec))
+    message = str(raised.value)
+    assert "feature spec 'ratings' reads column(s) ['agee']" in message
+    assert "none of the 3 raw slices of 2026-01-01 00:00..2026-01-01 00:02" in message
+    assert "did you mean 'age'?" in message and "user, item, liked, ts, age, genres" in message
+    assert isinstance(raised.value, DataValidationError)  # the DAG's validate step fails the same way
+    assert _partition_files(layout.root) == before and not (layout.root / "quarantine").exists()
+    assert not list(layout.root.rglob(VALIDATED_MARKER))
+    report = json.loads(report_path.read_text())
+    assert (report["num_passed"], report["failed"], report["spec_error"]) == (0, [], message)
+    # The spec fixed, the same partitions pass where they are.
+    fixed = validate_interval(layout, minutes, tmp_path / "fixed.json", dataset=click_log_dataset(_ratings_spec()))
+    assert (fixed["num_passed"], fixed["num_rows"], fixed["failed"]) == (3, 6, [])
+
+
+def test_a_column_some_partitions_hold_quarantines_only_the_others(tmp_path):
+    """A column that one partition of three holds is the spec's to read: the two without it are the data's
+    error and go to quarantine, as does a single partition without it (one alone cannot tell the two apart)."""
+    from components.validation import click_log_dataset
+
+    spec = _ratings_spec()
+    layout = Layout(tmp_path / "data")
+    lost = b"user,item,liked,ts,genres\n1,10,1,1767225600,Drama\n"
+    minutes = _header_partitions(layout, spec, [lost, HEADER + GOOD, lost])
+    with pytest.raises(DataValidationError, match=r"(?s)2 raw slice\(s\) failed.*lacks columns \['age'\]"):
+        validate_interval(layout, minutes, tmp_path / "report.json", dataset=click_log_dataset(spec))
+    assert [p.split("/")[1:3] for p in _partition_files(layout.root / "quarantine")] == [
+        ["date=2026-01-01", "minute=0000"], ["date=2026-01-01", "minute=0002"]]
+
+    alone = Layout(tmp_path / "alone")
+    _header_partitions(alone, _ratings_spec("agee"), [HEADER + GOOD])
+    with pytest.raises(DataValidationError, match=r"1 raw slice\(s\) failed") as raised:
+        validate_interval(alone, [minute(0)], tmp_path / "alone.json", dataset=click_log_dataset(_ratings_spec("agee")))
+    assert "spec_error" not in json.loads((tmp_path / "alone.json").read_text())
+    assert len(_partition_files(alone.root / "quarantine")) == 1, raised.value
+
+
+def test_a_headerless_layout_has_no_names_to_check_and_reads_one_header_when_the_spec_is_right(tmp_path,
+                                                                                                  monkeypatch):
+    from components import validation
+    from components.validation import check_spec_columns, click_log_dataset, raw_partition_columns
+
+    criteo = load_spec("criteo")
+    generate(GenerateConfig(start="2026-01-01T00:00", minutes=2, rows_per_minute=5, seed=4), Layout(tmp_path))
+    assert raw_partition_columns(next(tmp_path.rglob(RAW_FILE)), criteo) is None  # columns by position
+    spec = _ratings_spec()
+    layout = Layout(tmp_path / "data")
+    minutes = _header_partitions(layout, spec, [HEADER + GOOD] * 4)
+    dataset = click_log_dataset(spec)
+    reads = []
+    monkeypatch.setattr(validation, "raw_partition_columns", lambda path, s: reads.append(path) or HEADER_NAMES)
+    paths = [layout.raw_minute_dir(m) / spec.source.file_name for m in minutes]
+    assert check_spec_columns(dataset, paths, "the day") == [] and len(reads) == 1
+
+
+HEADER_NAMES = HEADER.decode().strip().split(",")
+
+
+def test_impressions_without_a_column_the_spec_reads_are_refused_before_their_suite(tmp_path):
+    """The impressions' footers are read: a spec column none of them holds is the spec's error, with the
+    stream's columns listed; the clicks are not checked against the spec (it reads none of theirs)."""
+    import dataclasses
+
+    from components.config import EventsConfig
+    from components.event_validation import stream_dataset
+    from components.events import CLICKS, IMPRESSIONS, KEY_SCHEMA, generate_events
+    from components.feature_spec import CategoricalFeature
+    from components.validation import SpecColumnsError
+
+    spec = load_spec("events")
+    categorical = next(f for f in spec.features if isinstance(f, CategoricalFeature) and not f.derived_from
+                       and f.column not in KEY_SCHEMA.names)  # a column of the spec's, not one of the join's keys
+    misspelt = dataclasses.replace(spec, features=tuple(
+        dataclasses.replace(f, column=f.column + "_id") if f is categorical else f for f in spec.features))
+    layout = Layout(tmp_path)
+    generate_events(GenerateConfig(start=START.isoformat(), minutes=3, rows_per_minute=20, seed=5), EventsConfig(),
+                    layout)
+    minutes = [minute(i) for i in range(3)]
+    with pytest.raises(SpecColumnsError, match=rf"reads column\(s\) \['{categorical.column}_id'\] that none of the "
+                                               r"3 impressions partitions"):
+        validate_interval(layout, minutes, tmp_path / "impressions.json",
+                          dataset=stream_dataset(IMPRESSIONS, misspelt))
+    assert not (tmp_path / "quarantine").exists()
+    clicks = validate_interval(layout, minutes, tmp_path / "clicks.json", dataset=stream_dataset(CLICKS, misspelt))
+    assert clicks["num_passed"] == 3
