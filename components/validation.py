@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from components.errors import DataValidationError
 from components.feature_spec import (
     CategoricalFeature,
     DenseFeature,
@@ -50,10 +51,6 @@ MAX_UNEXPECTED_SHOWN = 5
 # Results of the last partitions validated on arrival (validate_arrived) that passed, kept in this process for
 # the Data Docs page of the run that uses them.
 ARRIVED_RESULTS_KEPT = 8
-
-
-class DataValidationError(RuntimeError):
-    """A raw slice failed validation. The message names the failed expectations and the report's path."""
 
 
 class SpecColumnsError(DataValidationError):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import ConfigError, PipelineConfig, load_config, parse_override_args
+from components.errors import DataValidationError
 from components.model_store import ModelStoreError
 from components.stopping import call_in_foreground
 from pipelines.stack import StackError
@@ -572,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What main says for each error the commands raise on bad input or an unreachable service, and its exit code.
 ERRORS = {ConfigError: ("configuration error", 2), ModelStoreError: ("model store", 1), StackError: ("stack", 1),
-          TriggerError: ("airflow", 1)}
+          TriggerError: ("airflow", 1), DataValidationError: ("validation", 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ModelStoreError, StackError, TriggerError) as err:
+    except (ConfigError, ModelStoreError, StackError, TriggerError, DataValidationError) as err:
         what, code = next(entry for kind, entry in ERRORS.items() if isinstance(err, kind))
         print(f"{PROG}: {what}: {err}", file=sys.stderr)
         return code

@@ -40,10 +40,11 @@ def error_types() -> dict[str, type[BaseException]]:
     """Errors that keep their type across the wire: the ones Airflow's tasks map to a skip or a failure without
     retries (pipelines.airflow_tasks.run_step_task)."""
     from components.evaluation import DeltaGateError, QualityGateError
-    from components.validation import DataValidationError
+    from components.validation import DataValidationError, SpecColumnsError
     from pipelines.incremental import NothingToLearn
 
-    return {cls.__name__: cls for cls in (NothingToLearn, DataValidationError, QualityGateError, DeltaGateError)}
+    return {cls.__name__: cls for cls in (NothingToLearn, DataValidationError, SpecColumnsError, QualityGateError,
+                                          DeltaGateError)}
 
 
 def send_message(stream, message: dict[str, Any]) -> None:

@@ -780,3 +780,20 @@ def test_impressions_without_a_column_the_spec_reads_are_refused_before_their_su
     assert not (tmp_path / "quarantine").exists()
     clicks = validate_interval(layout, minutes, tmp_path / "clicks.json", dataset=stream_dataset(CLICKS, misspelt))
     assert clicks["num_passed"] == 3
+
+
+def test_the_cli_says_the_specs_error_without_a_traceback(tmp_path, capsys):
+    """`ctr-pipeline run daily` with a misspelt column: exit status 1, one line naming the column, nothing moved."""
+    from pipelines.cli import main as ctr
+
+    spec_path = tmp_path / "ratings.yaml"
+    spec_path.write_text(HEADER_SPEC.replace("{name: age,", "{name: agee,"))
+    layout = Layout(tmp_path / "data")
+    _header_partitions(layout, _ratings_spec(), [HEADER + GOOD] * 2)
+    code = ctr(["run", "daily", "--spec", str(spec_path), "--set", f"paths.data_root={layout.root}",
+                "--start", "2026-01-01T00:00", "--end", "2026-01-01T00:02"])
+    error = capsys.readouterr().err
+    assert code == 1
+    assert error.strip().splitlines()[-1].startswith(
+        "ctr-pipeline: validation: feature spec 'ratings' reads column(s) ['agee'] that none of the 2 raw slices")
+    assert "Traceback" not in error and not (layout.root / "quarantine").exists()

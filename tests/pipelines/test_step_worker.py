@@ -294,3 +294,17 @@ def test_a_worker_catching_up_collects_at_every_second_runs_end():
     finally:
         server.server_close()
         collector.uninstall()
+
+
+def test_every_validation_error_keeps_its_type_across_the_wire():
+    """A subclass of DataValidationError left out of error_types would reach the task as a StepWorkerError,
+    which Airflow retries, instead of a failure that waits for a person."""
+    import inspect
+
+    from components import validation
+    from pipelines.step_client import error_types
+
+    raised = {name for name, cls in inspect.getmembers(validation, inspect.isclass)
+              if issubclass(cls, validation.DataValidationError)}
+    assert raised == {"DataValidationError", "SpecColumnsError"}
+    assert all(error_types()[name] is getattr(validation, name) for name in raised)
