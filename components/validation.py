@@ -370,6 +370,8 @@ def raw_partition_columns(path: Path, spec: FeatureSpec) -> list[str] | None:
     try:
         with open(path, "rb") as file:
             line = file.readline().rstrip(b"\r\n")
+        if not line:  # an empty file has no header to read
+            return None
         return next(csv.reader([line.decode("utf-8")], delimiter=spec.source.field_delimiter))
     except (OSError, UnicodeDecodeError, StopIteration, csv.Error):
         return None

@@ -691,14 +691,14 @@ def test_a_spec_reading_a_column_no_partition_holds_is_refused_with_nothing_move
 
     spec = _ratings_spec("agee")
     layout = Layout(tmp_path / "data")
-    minutes = _header_partitions(layout, spec, [HEADER + GOOD] * 3)
+    minutes = _header_partitions(layout, spec, [HEADER + GOOD] * 3 + [b""])  # an empty file has no names
     before = _partition_files(layout.root)
     report_path = tmp_path / "report.json"
     with pytest.raises(SpecColumnsError) as raised:
         validate_interval(layout, minutes, report_path, dataset=click_log_dataset(spec))
     message = str(raised.value)
     assert "feature spec 'ratings' reads column(s) ['agee']" in message
-    assert "none of the 3 raw slices of 2026-01-01 00:00..2026-01-01 00:02" in message
+    assert "none of the 3 raw slices of 2026-01-01 00:00..2026-01-01 00:03" in message
     assert "did you mean 'age'?" in message and "user, item, liked, ts, age, genres" in message
     assert isinstance(raised.value, DataValidationError)  # the DAG's validate step fails the same way
     assert _partition_files(layout.root) == before and not (layout.root / "quarantine").exists()
@@ -706,8 +706,10 @@ def test_a_spec_reading_a_column_no_partition_holds_is_refused_with_nothing_move
     report = json.loads(report_path.read_text())
     assert (report["num_passed"], report["failed"], report["spec_error"]) == (0, [], message)
     # The spec fixed, the same partitions pass where they are.
-    fixed = validate_interval(layout, minutes, tmp_path / "fixed.json", dataset=click_log_dataset(_ratings_spec()))
-    assert (fixed["num_passed"], fixed["num_rows"], fixed["failed"]) == (3, 6, [])
+    with pytest.raises(DataValidationError, match=r"(?s)1 raw slice\(s\) failed.*is empty"):
+        validate_interval(layout, minutes, tmp_path / "fixed.json", dataset=click_log_dataset(_ratings_spec()))
+    fixed = json.loads((tmp_path / "fixed.json").read_text())
+    assert (fixed["num_passed"], fixed["num_rows"], len(fixed["failed"])) == (3, 6, 1)
 
 
 def test_a_column_some_partitions_hold_quarantines_only_the_others(tmp_path):
