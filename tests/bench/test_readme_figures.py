@@ -172,6 +172,8 @@ def obd(key: str):
 
 SERVING = ("serving_run1.json", "serving_run2.json", "serving_run3.json")  # the load generator's first client
 LOADED = ("serving_run4.json", "serving.json")  # bodies encoded before the run, http.client
+FLOAT32 = ("serving_run6.json", "serving_run7.json")  # alternated with BFLOAT16, one day, one host
+BFLOAT16 = ("serving_bfloat16_run2.json", "serving_bfloat16_run3.json")
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
 S3_PERSISTENCE = ("s3_persistence.json", "s3_persistence_run2.json")
@@ -298,6 +300,14 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(values(LOADED, 'loaded_p50_ms_100'), '.2f')} ms, {sum(values(LOADED, 'failed_requests'))} failed; "
         "the same requests with the earlier client p99 "
         f"{span(values(LOADED, 'loaded_p99_ms_100_previous_client'), '.2f')} ms"),
+    "serving_run6.json, serving_run7.json, serving_bfloat16_run2.json, serving_bfloat16_run3.json": lambda: (
+        f"the model's call took {span(values(BFLOAT16, 'inprocess_p99_ms_100'), '.2f')} ms at p99 in process "
+        f"against {span(values(FLOAT32, 'inprocess_p99_ms_100'), '.2f')} ms for float32, yet under load p99 was "
+        f"{span(values(BFLOAT16, 'loaded_p99_ms_100'), '.2f')} ms against "
+        f"{span(values(FLOAT32, 'loaded_p99_ms_100'), '.2f')} ms"
+        f" (two runs each, alternated: bench/results/serving_run6.json, serving_run7.json, serving_bfloat16_run2.json,"
+        f" serving_bfloat16_run3.json), while one request at a time met the goal in all four (p99 "
+        f"{span(values(FLOAT32 + BFLOAT16, 'p99_ms_100'), '.2f')} ms)"),
     "serving_run1.json, serving_run2.json, serving_run3.json: under load": lambda: (
         f"({span(values(SERVING, 'loaded_rate_per_s'), 'g')} requests/s): p99 "
         f"{span(values(SERVING, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
