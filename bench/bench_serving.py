@@ -31,6 +31,9 @@ Phases, in one run:
   p99 <= 5 ms; skipped requests count as failed), the bodies encoded before the run and sent by http.client;
   then the same 3,000 with the load generator's earlier client (httpx, each body encoded once due:
   `loaded_*_previous_client`), which added its own time to every request's latency;
+- the server's own mean time a request by stage (its /metrics: ctr_request_stage_seconds and
+  ctr_request_duration_seconds) over the paired phase's served requests, one at a time
+  (`paired_stage_mean_ms_100`), and over the loaded phase (`loaded_stage_mean_ms_100`);
 - swaps: an open loop at the same rate while three full models, each followed by a delta on it, are
   published, each 6 s after the one before answered; a swap's window runs from its publish to 3 s after the
   new version's first answer; the p99 of the requests due in the windows (pooled by kind) over the p99 of
@@ -648,6 +651,37 @@ def slow_collections(log: Path, start: int = 0) -> dict[str, dict[str, float]]:
     return out
 
 
+def stage_totals(port: int) -> dict[str, float]:
+    """The server's predict time so far, from /metrics: the sums and counts of ctr_request_duration_seconds and
+    of each stage of ctr_request_stage_seconds (serving.metrics.STAGES)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10.0).text
+    for family in text_string_to_metric_families(text):
+        for item in family.samples:
+            if item.labels.get("endpoint") != "predict" or not item.name.endswith(("_sum", "_count")):
+                continue
+            if item.name.startswith("ctr_request_duration_seconds"):
+                totals[item.name.rsplit("_", 1)[1]] = item.value
+            elif item.name.startswith("ctr_request_stage_seconds"):
+                totals[f"{item.labels['stage']}_{item.name.rsplit('_', 1)[1]}"] = item.value
+    return totals
+
+
+def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The mean ms a predict request spent in each stage between two stage_totals, its whole mean time
+    (`total`), and what the stages leave of it (`rest`: routing, and writing the answer)."""
+    from serving.metrics import STAGES
+
+    means = {stage: 1e3 * (after[f"{stage}_sum"] - before[f"{stage}_sum"])
+             / max(after[f"{stage}_count"] - before[f"{stage}_count"], 1) for stage in STAGES}
+    means["total"] = 1e3 * (after["sum"] - before["sum"]) / max(after["count"] - before["count"], 1)
+    means["rest"] = means["total"] - sum(means[stage] for stage in STAGES)
+    return means
+
+
 def served_version(port: int) -> str:
     """The version the server answers predictions with now: the newest it lists (TF Serving's model status)."""
     import httpx
@@ -771,8 +805,10 @@ def main() -> int:
                   f"{closed_httpx['p99_ms']:.2f} ms; GET /healthz: p50 {floor['p50_ms']:.2f} ms, p99 "
                   f"{floor['p99_ms']:.2f} ms", flush=True)
             print("served requests and the server's call in-process, alternated ...", flush=True)
+            totals = stage_totals(port)
             paired = paired_overhead(url, models["first"], args.precision, instances, bodies[100],
                                      rounds=max(10, 2 * args.requests // PAIRED_BLOCK))
+            paired_stages = stage_means(totals, stage_totals(port))
             print(f"    100 candidates: served p50 {paired['served']['p50_ms']:.2f} ms, p99 "
                   f"{paired['served']['p99_ms']:.2f} ms; in-process p50 {paired['in_process']['p50_ms']:.2f} ms, "
                   f"p99 {paired['in_process']['p99_ms']:.2f} ms", flush=True)
@@ -788,7 +824,12 @@ def main() -> int:
             load_rate = 0.5 * (opened["max_rate_per_s_at_p99_10ms"] or opened["steps"][0]["rate_per_s"])
             time.sleep(2.0)  # the scan's last step went past saturation: its backlog drains first
             print(f"{args.loaded_requests} requests at {load_rate:.1f} req/s ...", flush=True)
+            totals = stage_totals(port)
             under_load = loaded(url, instances, load_rate, args.loaded_requests)
+            under_load["server_stage_mean_ms"] = stage_means(totals, stage_totals(port))
+            print("  the server's mean a request, by stage (ms): one at a time "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in paired_stages.items()) + "; under load "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in under_load["server_stage_mean_ms"].items()), flush=True)
             print(f"  p50 {under_load['p50_ms']:.2f} ms, p99 {under_load['p99_ms']:.2f} ms (from the send: "
                   f"{under_load['service_p99_ms']:.2f} ms), unanswered {under_load['unanswered']}", flush=True)
             print("the same with the earlier client (httpx, bodies encoded once due) ...", flush=True)
@@ -852,6 +893,10 @@ def main() -> int:
         "paired_p99_ms_100": paired["served"]["p99_ms"],
         "paired_inprocess_p50_ms_100": paired["in_process"]["p50_ms"],
         "paired_inprocess_p99_ms_100": paired["in_process"]["p99_ms"],
+        # The server's own mean time a 100-candidate request, by stage (serving.metrics.STAGES), one request at a
+        # time (the paired phase's served requests) and under load: where a request that finds it idle pays.
+        "paired_stage_mean_ms_100": paired_stages,
+        "loaded_stage_mean_ms_100": under_load["server_stage_mean_ms"],
         "overhead_ratio_100_separate_phases": closed[100]["p99_ms"] / inprocess[100][served_call]["p99_ms"],
         "client": "http.client, one keep-alive connection; its garbage collector off while it measures",
         "httpx_p50_ms_100": closed_httpx["p50_ms"],

@@ -101,12 +101,28 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
         params = request.path_params
         return service.model(params["name"], params.get("version"), params.get("label"))
 
-    async def run(request: Request, call: Callable[[LoadedModel, bytes], Any]) -> tuple[LoadedModel, Any]:
+    async def run(request: Request, endpoint: str,
+                  call: Callable[[LoadedModel, bytes], Any]) -> tuple[LoadedModel, Any]:
+        """`call` on the request's model and body in a worker thread; an answered request's stages are timed
+        (ctr_request_stage_seconds)."""
         served_model(request)  # a request for a model that is not served is refused before its body is read
+        started = time.perf_counter()
         body = await read_body(request, config.max_body_bytes)
         params = request.path_params
-        return await run_in_threadpool(
-            service.run, params["name"], params.get("version"), params.get("label"), lambda m: call(m, body))
+        clock: list[float] = [0.0, 0.0]  # the last try's start and end, in the worker thread
+
+        def timed(model: LoadedModel) -> Any:
+            clock[0] = time.perf_counter()
+            result = call(model, body)
+            clock[1] = time.perf_counter()
+            return result
+
+        submitted = time.perf_counter()
+        answered = await run_in_threadpool(
+            service.run, params["name"], params.get("version"), params.get("label"), timed)
+        metrics.observe_stages(endpoint, {"read": submitted - started, "queue": clock[0] - submitted,
+                                          "compute": clock[1] - clock[0], "return": time.perf_counter() - clock[1]})
+        return answered
 
     def answer(model: LoadedModel, payload: dict[str, Any]) -> Response:
         return Response(orjson.dumps(payload), media_type="application/json",
@@ -114,17 +130,19 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
 
     async def predict(request: Request) -> Response:
         model, (key, predictions) = await run(
-            request, lambda m, body: predict_body(m, body, config.max_instances))
+            request, PREDICT_ENDPOINT, lambda m, body: predict_body(m, body, config.max_instances))
         metrics.count_predictions(len(predictions))
         return answer(model, {key: predictions.tolist()})
 
     async def classify(request: Request) -> Response:
-        model, probabilities = await run(request, lambda m, body: m.predict(examples_body(service, body)))
+        model, probabilities = await run(request, CLASSIFY_ENDPOINT,
+                                         lambda m, body: m.predict(examples_body(service, body)))
         metrics.count_predictions(len(probabilities))
         return answer(model, {"result": classes(probabilities)})
 
     async def regress(request: Request) -> Response:
-        model, probabilities = await run(request, lambda m, body: m.predict(examples_body(service, body)))
+        model, probabilities = await run(request, REGRESS_ENDPOINT,
+                                         lambda m, body: m.predict(examples_body(service, body)))
         metrics.count_predictions(len(probabilities))
         return answer(model, {"result": probabilities.tolist()})
 

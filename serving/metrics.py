@@ -5,6 +5,13 @@
     ctr_request_duration_seconds{endpoint}    histogram: responses of any status of the timed endpoints (predict,
                                               classify, regress and their gRPC twins), from request start to
                                               response end
+    ctr_request_stage_seconds{endpoint, stage}  histogram: where an answered REST predict, classify or regress
+                                              request spends its time, stage by stage (STAGES; not gRPC's): `read`
+                                              the body received, `queue` from then until a worker thread starts it,
+                                              `compute` the body read into the model's arguments and the model's
+                                              call (the last try, where a delta moved the model on), `return`
+                                              from its end until the event loop has the result; what is left of
+                                              ctr_request_duration_seconds is routing and writing the answer
     ctr_predictions_total                     counter: instances predicted by successful predict, classify and
                                               regress calls
     ctr_model_loaded                          gauge: 1 while a model is loaded, else 0
@@ -65,6 +72,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Upper bounds in seconds; the +Inf bucket is implied.
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# A request's stages, in order (ctr_request_stage_seconds), and their buckets: a thread hop is tenths of a ms.
+STAGES = ("read", "queue", "compute", "return")
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 SLOW_GC_S = 0.1  # collections at least this long are logged
 
 
@@ -136,13 +146,17 @@ class ServerMetrics:
     """
 
     def __init__(self, timed_endpoints: Iterable[str], buckets: Iterable[float] = DURATION_BUCKETS,
-                 gc_pauses: GcPauses | None = None) -> None:
+                 gc_pauses: GcPauses | None = None, staged_endpoints: Iterable[str] | None = None) -> None:
+        """`staged_endpoints`: the timed endpoints whose stages are timed too (all of them by default)."""
         bounds = tuple(sorted(buckets))
         self.timed_endpoints = frozenset(timed_endpoints)
+        self.staged_endpoints = self.timed_endpoints if staged_endpoints is None else frozenset(staged_endpoints)
         self.gc_pauses = gc_pauses
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, int], int] = {}
         self._durations = {endpoint: _Histogram(bounds) for endpoint in self.timed_endpoints}
+        self._stages = {(endpoint, stage): _Histogram(STAGE_BUCKETS) for endpoint in self.staged_endpoints
+                        for stage in STAGES}
         self._predictions = 0
 
     def count_request(self, endpoint: str, code: int) -> None:
@@ -155,6 +169,17 @@ class ServerMetrics:
             raise ValueError(f"endpoint {endpoint!r} is not timed; the timed ones are {sorted(self._durations)}")
         with self._lock:
             self._durations[endpoint].observe(seconds)
+
+    def observe_stages(self, endpoint: str, seconds: Mapping[str, float]) -> None:
+        """One answered request's time in each of STAGES (seconds by stage; every stage must be there)."""
+        if set(seconds) != set(STAGES):
+            raise ValueError(f"stages {sorted(seconds)} given; a request's stages are {list(STAGES)}")
+        if endpoint not in self.staged_endpoints:
+            raise ValueError(f"endpoint {endpoint!r} is not staged; the staged ones are "
+                             f"{sorted(self.staged_endpoints)}")
+        with self._lock:
+            for stage, value in seconds.items():
+                self._stages[(endpoint, stage)].observe(value)
 
     def count_predictions(self, num_instances: int) -> None:
         with self._lock:
@@ -177,8 +202,14 @@ class ServerMetrics:
                                               "Time from request start to response end.", labels=["endpoint"])
             for endpoint in sorted(self._durations):
                 self._durations[endpoint].add_to(durations, [endpoint])
+            stages = HistogramMetricFamily("ctr_request_stage_seconds",
+                                           "An answered request's time by stage: read, queue, compute, return.",
+                                           labels=["endpoint", "stage"])
+            for endpoint in sorted(self.staged_endpoints):
+                for stage in STAGES:
+                    self._stages[(endpoint, stage)].add_to(stages, [endpoint, stage])
             predictions = CounterMetricFamily("ctr_predictions", "Instances predicted.", value=self._predictions)
-        out = [requests, durations, predictions, *_model_families(model)]
+        out = [requests, durations, stages, predictions, *_model_families(model)]
         if row_cache is not None:
             out += _row_cache_families(row_cache)
         if self.gc_pauses is not None:

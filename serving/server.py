@@ -84,7 +84,8 @@ def build_server(config: PipelineConfig, *, hand_off: Callable[[str], None] | No
         logger.warning("serving.precision is bfloat16 but this CPU has neither AVX512_BF16 nor AMX: its bfloat16 "
                        "matrix products are emulated and slower than float32; set serving.precision=float32")
     gc_pauses = GcPauses()
-    metrics = ServerMetrics(timed_endpoints=[*TIMED_ENDPOINTS, *GRPC_TIMED_ENDPOINTS], gc_pauses=gc_pauses)
+    metrics = ServerMetrics(timed_endpoints=[*TIMED_ENDPOINTS, *GRPC_TIMED_ENDPOINTS], gc_pauses=gc_pauses,
+                            staged_endpoints=TIMED_ENDPOINTS)
     app = create_app(watcher, serving, metrics=metrics, closing=closing, health_fields=health_fields)
     http = uvicorn.Server(uvicorn.Config(app, host=serving.host, port=serving.port, log_level="info",
                                          timeout_graceful_shutdown=HTTP_GRACE_SECONDS))

@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import logging
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -445,12 +446,61 @@ def test_histogram_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
     samples = parse_metrics(metrics.render(None))
 
     assert {
-        dict(pairs)["le"]: value for (name, pairs), value in samples.items() if name.endswith("_bucket")
+        dict(pairs)["le"]: value for (name, pairs), value in samples.items()
+        if name == "ctr_request_duration_seconds_bucket"
     } == {"0.01": 2, "0.1": 2, "1.0": 3, "+Inf": 4}
     assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 4
     assert sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict") == pytest.approx(5.313)
     with pytest.raises(ValueError, match=r"^endpoint 'status' is not timed; the timed ones are \['predict'\]$"):
         metrics.observe_duration("status", 0.1)
+
+
+def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
+        old_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each answered predict is timed in its four stages once; a refused one is not. The work in the worker
+    thread (here the model's call made at least 50 ms long) lands in `compute` and nowhere else."""
+    from serving import app as serving_app
+
+    answered = serving_app.predict_body
+
+    def slow(model, body, max_instances):
+        time.sleep(0.05)
+        return answered(model, body, max_instances)
+
+    monkeypatch.setattr(serving_app, "predict_body", slow)
+    client = TestClient(create_app(FixedSource(old_model), CONFIG, clock=lambda: NOW))
+    for _ in range(3):
+        assert client.post(PREDICT, json={"instances": INSTANCES}).status_code == 200
+    assert client.post(PREDICT, content=b"{not json").status_code == 400
+
+    samples = scrape(client)
+
+    for stage in ("read", "queue", "compute", "return"):
+        assert sample(samples, "ctr_request_stage_seconds_count", endpoint="predict", stage=stage) == 3, stage
+        assert sample(samples, "ctr_request_stage_seconds_count", endpoint="classify", stage=stage) == 0, stage
+    assert sample(samples, "ctr_request_stage_seconds_sum", endpoint="predict", stage="compute") >= 0.15
+    # No compute took under the sleep: none in the buckets up to 25 ms.
+    assert sample(samples, "ctr_request_stage_seconds_bucket", endpoint="predict", stage="compute", le="0.025") == 0
+    # The 400 was timed as a response, not in stages; the answered requests' stages fit inside their durations.
+    assert sample(samples, "ctr_request_duration_seconds_count", endpoint="predict") == 4
+    staged = sum(sample(samples, "ctr_request_stage_seconds_sum", endpoint="predict", stage=stage)
+                 for stage in ("read", "queue", "compute", "return"))
+    assert staged <= sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict")
+
+
+def test_stages_are_all_four_and_only_for_the_staged_endpoints() -> None:
+    metrics = ServerMetrics(timed_endpoints=["predict", "grpc_predict"], staged_endpoints=["predict"])
+    metrics.observe_stages("predict", {"read": 0.0002, "queue": 0.0001, "compute": 0.002, "return": 0.00005})
+    samples = parse_metrics(metrics.render(None))
+    assert sample(samples, "ctr_request_stage_seconds_bucket", endpoint="predict", stage="return", le="0.0001") == 1
+    assert sample(samples, "ctr_request_stage_seconds_bucket", endpoint="predict", stage="compute", le="0.001") == 0
+    assert sample(samples, "ctr_request_stage_seconds_bucket", endpoint="predict", stage="compute", le="0.0025") == 1
+    assert not any(dict(pairs).get("endpoint") == "grpc_predict" for name, pairs in samples
+                   if name.startswith("ctr_request_stage_seconds"))
+    with pytest.raises(ValueError, match=r"stages \['compute', 'read'\] given; a request's stages are "):
+        metrics.observe_stages("predict", {"read": 0.1, "compute": 0.1})
+    with pytest.raises(ValueError, match=r"endpoint 'grpc_predict' is not staged"):
+        metrics.observe_stages("grpc_predict", {"read": 0, "queue": 0, "compute": 0, "return": 0})
 
 
 def test_garbage_collections_are_timed_per_generation_while_installed() -> None:
