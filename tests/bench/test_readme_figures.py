@@ -174,6 +174,7 @@ SERVING = ("serving_run1.json", "serving_run2.json", "serving_run3.json")  # the
 LOADED = ("serving_run4.json", "serving.json")  # bodies encoded before the run, http.client
 FLOAT32 = ("serving_run6.json", "serving_run7.json")  # alternated with BFLOAT16, one day, one host
 BFLOAT16 = ("serving_bfloat16_run2.json", "serving_bfloat16_run3.json")
+STAGED = ("serving_run8.json", "serving_run9.json")  # the server's stages in /metrics
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
 S3_PERSISTENCE = ("s3_persistence.json", "s3_persistence_run2.json")
@@ -308,6 +309,14 @@ FIGURES: dict[str, Callable[[], str]] = {
         f" (two runs each, alternated: bench/results/serving_run6.json, serving_run7.json, serving_bfloat16_run2.json,"
         f" serving_bfloat16_run3.json), while one request at a time met the goal in all four (p99 "
         f"{span(values(FLOAT32 + BFLOAT16, 'p99_ms_100'), '.2f')} ms)"),
+    "serving_run8.json, serving_run9.json: by stage": lambda: (
+        f"under load p99 {span(values(STAGED, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
+        f"{span(values(STAGED, 'loaded_p50_ms_100'), '.2f')} ms, {sum(values(STAGED, 'failed_requests'))} failed "
+        f"(**still over 5 ms**); the server's own mean a request "
+        f"{span(values(STAGED, 'loaded_stage_mean_ms_100.total'), '.2f')} ms under load against "
+        f"{span(values(STAGED, 'paired_stage_mean_ms_100.total'), '.2f')} ms one at a time, the model's call with "
+        f"its input read {span(values(STAGED, 'loaded_stage_mean_ms_100.compute'), '.2f')} against "
+        f"{span(values(STAGED, 'paired_stage_mean_ms_100.compute'), '.2f')} ms"),
     "serving_run1.json, serving_run2.json, serving_run3.json: under load": lambda: (
         f"({span(values(SERVING, 'loaded_rate_per_s'), 'g')} requests/s): p99 "
         f"{span(values(SERVING, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
