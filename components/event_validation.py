@@ -33,7 +33,7 @@ from components.events import (
     stream_problems,
 )
 from components.feature_spec import CategoricalFeature, DenseFeature, FeatureSpec
-from components.validation import PartitionedDataset, PartitionReadError
+from components.validation import PartitionedDataset, PartitionReadError, parquet_columns
 
 SUITE_VERSION = "2"
 OFFSET_COLUMN = "_offset_ms"  # ts - the partition's minute start: a record belongs to its own minute
@@ -131,14 +131,6 @@ def stream_dataset(stream: str, spec: FeatureSpec) -> PartitionedDataset:
         quarantine_dir=lambda layout, minute: layout.quarantine_events_minute_dir(stream, minute),
         noun=f"{stream} partition", hint="run `ctr-pipeline generate --events` or check the ingest",
         spec_columns=impression_payload(spec) if stream == IMPRESSIONS else (), spec_name=spec.name,
-        column_names=_footer_columns,
+        column_names=parquet_columns,
     )
-
-
-def _footer_columns(path: Path) -> list[str] | None:
-    """The column names of a stream partition's Parquet schema; None for a file that is not Parquet."""
-    try:
-        return list(pq.read_schema(path).names)
-    except (OSError, pa.ArrowInvalid):
-        return None
 

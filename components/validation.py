@@ -353,18 +353,24 @@ def read_raw_slices_arrow(paths: list[Path], spec: FeatureSpec) -> BatchRead:
     return combined, spans  # type: ignore[return-value]
 
 
+def parquet_columns(path: Path) -> list[str] | None:
+    """The column names of a Parquet file's schema (its footer alone is read); None for a file that is not
+    Parquet (its validation says why)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(path).names)
+    except (OSError, pa.ArrowInvalid):
+        return None
+
+
 def raw_partition_columns(path: Path, spec: FeatureSpec) -> list[str] | None:
     """The column names a raw partition holds: its Parquet schema's, or its header line's. None for text without
     a header (its columns are the spec's, by position) and for a file that cannot be read that way (its
     validation says why)."""
     if spec.source.format == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            return list(pq.read_schema(path).names)
-        except (OSError, pa.ArrowInvalid):
-            return None
+        return parquet_columns(path)
     if not spec.source.header:
         return None
     try:
@@ -377,16 +383,16 @@ def raw_partition_columns(path: Path, spec: FeatureSpec) -> list[str] | None:
         return None
 
 
-def check_spec_columns(dataset: PartitionedDataset, paths: list[Path], interval: str) -> list[str]:
-    """The columns `dataset.spec_columns` names that no readable partition of `paths` holds, when at least two
-    partitions were read (one partition alone cannot tell a spec's misspelt name from a file that lost a
-    column: it is validated, and quarantined, as before). Stops reading at the first partitions that hold them
-    all, so a spec that is right costs a header or a footer. Raises SpecColumnsError with the columns the
-    partitions do hold and the closest names."""
+def check_spec_columns(dataset: PartitionedDataset, paths: list[Path], interval: str) -> None:
+    """Raises SpecColumnsError, with the columns the partitions do hold and the closest names, when a column
+    `dataset.spec_columns` names is in no readable partition of `paths` and at least two partitions were read
+    (one partition alone cannot tell a spec's misspelt name from a file that lost a column: it is validated,
+    and quarantined, as before). Stops reading at the first partitions that hold them all, so a spec that is
+    right costs a header or a footer."""
     import difflib
 
     if not dataset.spec_columns or dataset.column_names is None:
-        return []
+        return
     missing = dict.fromkeys(dataset.spec_columns)
     held: dict[str, None] = {}
     read = 0
@@ -399,9 +405,9 @@ def check_spec_columns(dataset: PartitionedDataset, paths: list[Path], interval:
         for name in names:
             missing.pop(name, None)
         if not missing:
-            return []
+            return
     if read < 2:
-        return []
+        return
     hints = []
     for name in missing:
         close = difflib.get_close_matches(name, list(held), n=1)
