@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 300
 
 .PHONY: help env test test-unit fuzz-native lint demo lock airflow-ui mlflow-ui serve stack stack-down stack-status test-stack bench-encode bench-input bench-train \
-	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-tier-step bench-updates bench-row-cache bench-row-cache-calls bench-row-cache-eviction bench-native-rows bench-s3-persistence bench-worker-memory clean
+	bench-naive bench-gpu bench-scale bench-real bench-history bench-multi-hash bench-quality bench-quality-reference bench-spark bench-freshness bench-zoo-jax bench-events-quality bench-serving bench-reliability bench-tiers bench-tier-policy bench-tier-step bench-chain-spans bench-updates bench-row-cache bench-row-cache-calls bench-row-cache-eviction bench-native-rows bench-s3-persistence bench-worker-memory clean
 
 help:
 	@echo "make demo      generate data, run ctr_daily through Airflow, serve and query the model"
@@ -82,6 +82,12 @@ bench-multi-hash:
 BENCH_TIERS_ARGS ?=
 bench-tiers:
 	@$(WITH_ENV); $(BENCH) bench/bench_tiers.py $(BENCH_TIERS_ARGS)
+
+# A day of minute checkpoints over one tiered table, with the chain's spans and without: the minute's writes and
+# a table made from the chain late in the day (~10 min).
+BENCH_CHAIN_SPANS_ARGS ?=
+bench-chain-spans:
+	@$(WITH_ENV); $(BENCH) bench/bench_chain_spans.py $(BENCH_CHAIN_SPANS_ARGS)
 
 # LRU against LFU eviction on bench-tiers' stream of ids (no training, no I/O; ~2 min).
 BENCH_TIER_POLICY_ARGS ?=

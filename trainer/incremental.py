@@ -213,18 +213,21 @@ def train_increment(
         checkpoint_dir = Path(checkpoint_dir)
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         weights_file = save_weights(checkpoint_dir, [np.asarray(v) for v in model.weights])  # for the delta export
-        table_files, touched, tier_counters = [], {}, None
+        table_files, touched, tier_counters, chain_inputs, chain_extra, span_rows = [], {}, None, {}, {}, {}
         if tiered is not None:  # per tiered table, the rows the minute's batches read (and reset) with their values
             touched = tiered.touched()
-            table_files = tiered.write_overlays(checkpoint_dir)
+            chain = tiered.write_overlays(checkpoint_dir, parent_checkpoint)
+            table_files, span_rows = chain.files, chain.span_rows
+            chain_inputs, chain_extra = chain.manifest()
         lap("save_weights")
         saved = save_checkpoint(
             model, checkpoint_dir, version=version, extra_files=[weights_file, *table_files],
             spec_hash=(spec or load_spec("criteo")).hash(),
             inputs={"parent_checkpoint": str(parent_checkpoint), "train_files": list(train_files),
-                    "holdout_files": list(holdout_files)},
+                    "holdout_files": list(holdout_files), **chain_inputs},
             row_counts={"train": train_rows, "holdout": holdout_rows},
             extra={"global_step": global_step, "rows_reset": num_reset, "weight_specs": weight_specs(model),
+                   **chain_extra,
                    **({"tiered_tables": {name: table.hot_rows for name, table in spec.tables().items()
                                          if table.tiered}} if tiered is not None and spec is not None else {})})
         if tiered is not None:  # the live stores now hold this checkpoint's tables: the next minute trains them
@@ -237,7 +240,8 @@ def train_increment(
                 "examples_per_second": meter.examples_per_second(), "holdout_logloss": logloss,
                 "parent_holdout_logloss": parent_logloss, "global_step": global_step, "seconds": seconds,
                 **({"tiered_tables": tier_counters, "tiered_live_reused": live_reused,
-                    "tiered_rows_touched": {name: int(len(rows)) for name, rows in touched.items()}}
+                    "tiered_rows_touched": {name: int(len(rows)) for name, rows in touched.items()},
+                    "tiered_span_rows": span_rows}
                    if tiered is not None else {})}
     finally:
         if tiered is not None:  # after release_live, nothing to do; after a failure the next minute rebuilds them

@@ -107,6 +107,24 @@ def preload_rows(vocabularies: Iterable[Any], limit: int, reserved: int = NUM_RE
                           )[:max(0, int(limit))]
 
 
+@dataclasses.dataclass(frozen=True)
+class ChainFiles:
+    """What `TieredTables.write_overlays` wrote into a minute's checkpoint: its files (relative to the checkpoint),
+    its tables' position in their chain (None where the parent's is not known), the checkpoint its spans apply
+    to (None: no span) and each span's rows."""
+
+    files: list[str]
+    position: int | None = None
+    span_parent: Path | None = None
+    span_rows: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def manifest(self) -> tuple[dict[str, str], dict[str, int]]:
+        """(inputs, extra) for the checkpoint's manifest."""
+        inputs = {SPAN_PARENT: str(self.span_parent)} if self.span_parent is not None else {}
+        extra = {CHAIN_POSITION: self.position} if self.position is not None else {}
+        return inputs, extra
+
+
 class TieredTables:
     """The stores and hot tiers of `layer`'s tiered tables (table index -> name in `names`), live in `directory`."""
 
@@ -380,19 +398,17 @@ class TieredTables:
             self.live_lock.close()
             self.live_lock = None
 
-    def write_overlays(self, checkpoint_dir: Path) -> list[str]:
-        """Flushes, then writes into `checkpoint_dir/tables` each tiered table's overlay: the rows `touched` names
-        with their values and accumulators from the live store (a minute's checkpoint: its parent's tables plus
-        these rows). The live stores stay open. Returns the files' names relative to `checkpoint_dir`."""
+    def write_overlays(self, checkpoint_dir: Path, parent_checkpoint: Path | None = None) -> ChainFiles:
+        """Flushes, then writes into `checkpoint_dir/tables` each tiered table's overlay, and its span where the
+        chain places one (`write_minute_table`). The live stores stay open."""
         self.flush()
-        target = Path(checkpoint_dir) / TABLES_DIR
-        target.mkdir(parents=True, exist_ok=True)
-        files = []
         touched = self.touched()
-        for table, name in self.names.items():
-            values, accumulators = self.stores[table].read(touched[name])
-            files.append(write_overlay(target / overlay_name(name), touched[name], values, accumulators))
-        return [f"{TABLES_DIR}/{file}" for file in files]
+        written = [write_minute_table(Path(checkpoint_dir) / TABLES_DIR, name, touched[name], self.stores[table],
+                                      parent_checkpoint) for table, name in self.names.items()]
+        return ChainFiles(files=[file for part in written for file in part.files],
+                          position=next((part.position for part in written), None),
+                          span_parent=next((part.span_parent for part in written if part.span_parent), None),
+                          span_rows={name: rows for part in written for name, rows in part.span_rows.items()})
 
     def commit(self, checkpoint_dir: Path) -> list[str]:
         """Flushes and moves the live stores into `checkpoint_dir/tables` (a rename: no copy); returns their
@@ -475,10 +491,21 @@ LIVE_LOCK = ".lock"
 MAX_CHAIN = 100_000
 # Overlays (bytes of their files) a ChainRows merges in memory; a longer chain is written out as a store.
 CHAIN_MEMORY_BYTES = 64 * 2**20
+SPAN_SUFFIX = ".span.npz"
+# A minute checkpoint's manifest: its tables' position in their chain (minutes past the daily store), and, where
+# it holds spans, the checkpoint they apply to (inputs).
+CHAIN_POSITION = "tables_chain_position"
+SPAN_PARENT = "tables_span_parent"
+# The records (values and accumulators) a span may gather in memory; a larger one is not written.
+SPAN_MEMORY_BYTES = 256 * 2**20
 
 
 def overlay_name(table: str) -> str:
     return table + OVERLAY_SUFFIX
+
+
+def span_name(table: str) -> str:
+    return table + SPAN_SUFFIX
 
 
 def write_overlay(path: Path, rows: np.ndarray, values: np.ndarray, accumulators: np.ndarray) -> str:
@@ -490,6 +517,27 @@ def write_overlay(path: Path, rows: np.ndarray, values: np.ndarray, accumulators
                  accumulators=np.asarray(accumulators, np.float32))
     partial.replace(path)
     return path.name
+
+
+def write_minute_table(target: Path, name: str, rows: np.ndarray, store: RowStore,
+                       parent_checkpoint: Path | None, max_span_bytes: int = SPAN_MEMORY_BYTES) -> ChainFiles:
+    """A minute checkpoint's files of tiered table `name`, into `target` (its `tables` directory): the overlay,
+    `rows` (the rows the minute's batches read, ascending) with their values and accumulators from `store` (the
+    live store, flushed: the table as of this minute); and with `parent_checkpoint`, the span the chain's binary
+    counter places at this minute (`span_pieces`, `write_span`). `files` are relative to the checkpoint."""
+    target.mkdir(parents=True, exist_ok=True)
+    values, accumulators = store.read(rows)
+    files = [write_overlay(target / overlay_name(name), rows, values, accumulators)]
+    if parent_checkpoint is None:
+        return ChainFiles(files=[f"{TABLES_DIR}/{files[0]}"])
+    position, at, pieces = span_pieces(parent_checkpoint, name)
+    span_rows = None
+    if at is not None:
+        span_rows = write_span(target / span_name(name), pieces, rows, store, max_span_bytes)
+    if span_rows is None:
+        return ChainFiles(files=[f"{TABLES_DIR}/{files[0]}"], position=position)
+    return ChainFiles(files=[f"{TABLES_DIR}/{file}" for file in (*files, span_name(name))], position=position,
+                      span_parent=at, span_rows={name: span_rows})
 
 
 def read_overlays(checkpoint_dir: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -559,26 +607,105 @@ def checkpoint_identity(checkpoint_dir: Path) -> dict[str, Any]:
 
 
 def table_chain(checkpoint_dir: Path, name: str) -> tuple[Path, list[Path]]:
-    """Where table `name` of a checkpoint lives: (the base store, the overlays after it, oldest first). A daily
+    """Where table `name` of a checkpoint lives: (the base store, the pieces after it, oldest first). A daily
     checkpoint holds the store; a minute's holds an overlay on its parent checkpoint's table (the manifest's
-    `inputs.parent_checkpoint`), followed back to a store."""
-    from components.manifest import read_manifest
-
-    overlays: list[Path] = []
+    `inputs.parent_checkpoint`), or a span over several minutes (`chain_link`), followed back to a store."""
+    pieces: list[Path] = []
     directory = Path(checkpoint_dir)
     for _ in range(MAX_CHAIN):
-        base = directory / TABLES_DIR / store_name(name)
-        if base.exists():
-            return base, overlays[::-1]
-        overlay = directory / TABLES_DIR / overlay_name(name)
-        parent = read_manifest(directory, kind="checkpoint", verify=False).get("inputs", {}).get("parent_checkpoint")
-        if not overlay.exists() or not parent:
-            raise FileNotFoundError(f"Checkpoint {directory} holds neither a store nor an overlay of tiered table "
-                                    f"{name!r} (tables/{store_name(name)}, tables/{overlay_name(name)}); it was "
-                                    "not written with that table tiered: retrain its daily run")
-        overlays.append(overlay)
-        directory = Path(parent)
+        piece, parent = chain_link(directory, name)
+        if parent is None:
+            return piece, pieces[::-1]
+        pieces.append(piece)
+        directory = parent
     raise ValueError(f"The tables of {checkpoint_dir} chain through more than {MAX_CHAIN} checkpoints")
+
+
+def chain_link(directory: Path, name: str) -> tuple[Path, Path | None]:
+    """One step back along table `name`'s chain from checkpoint `directory`: (the piece it holds, the checkpoint
+    that piece applies to). A daily checkpoint: (its store, None). A minute's with a span (`write_span`): (the
+    span, `inputs.tables_span_parent`), which skips the minutes the span holds; else (its overlay, its parent)."""
+    from components.manifest import read_manifest
+
+    directory = Path(directory)
+    base = directory / TABLES_DIR / store_name(name)
+    if base.exists():
+        return base, None
+    inputs = read_manifest(directory, kind="checkpoint", verify=False).get("inputs", {})
+    span = directory / TABLES_DIR / span_name(name)
+    if inputs.get(SPAN_PARENT) and span.exists():
+        return span, Path(inputs[SPAN_PARENT])
+    overlay = directory / TABLES_DIR / overlay_name(name)
+    parent = inputs.get("parent_checkpoint")
+    if not overlay.exists() or not parent:
+        raise FileNotFoundError(f"Checkpoint {directory} holds neither a store nor an overlay of tiered table "
+                                f"{name!r} (tables/{store_name(name)}, tables/{overlay_name(name)}); it was "
+                                "not written with that table tiered: retrain its daily run")
+    return overlay, Path(parent)
+
+
+def chain_position(checkpoint_dir: Path, name: str) -> int | None:
+    """How many minutes checkpoint `checkpoint_dir`'s table `name` is past its chain's daily store: 0 for the
+    checkpoint that holds the store, a minute's `tables_chain_position` (its manifest) else; None for a minute
+    written without one (before spans were written: its chain gets none)."""
+    from components.manifest import read_manifest
+
+    if (Path(checkpoint_dir) / TABLES_DIR / store_name(name)).exists():
+        return 0
+    position = read_manifest(checkpoint_dir, kind="checkpoint", verify=False).get(CHAIN_POSITION)
+    return int(position) if position is not None else None
+
+
+def span_pieces(parent_checkpoint: Path, name: str) -> tuple[int | None, Path | None, list[Path]]:
+    """For a minute checkpoint written on `parent_checkpoint`: (its position in table `name`'s chain, the
+    checkpoint its span applies to, the pieces of the parent's chain the span replaces), or (position, None, [])
+    where it writes no span.
+
+    The spans follow a binary counter: the minute at position p spans its last p & -p minutes (the lowest set bit
+    of p: minute 1 none, 2 two, 3 none, 4 four, ..., 1,024 the first 1,024), so a chain read from minute p
+    crosses one piece per set bit of p, at most 11 in a day of 1,440 minutes, where without spans it crosses p.
+    Every row a chain holds is written into at most one span per bit: about log2(p) times over a day, each time
+    merged from pieces already written (the minutes between hold no other span that the walk could cross)."""
+    parent_position = chain_position(parent_checkpoint, name)
+    if parent_position is None:
+        return None, None, []
+    position = parent_position + 1
+    length = position & -position
+    if length < 2:
+        return position, None, []
+    target = position - length
+    pieces: list[Path] = []
+    directory = Path(parent_checkpoint)
+    for _ in range(length):
+        at = chain_position(directory, name)
+        if at is None or at < target:
+            return position, None, []  # a chain whose positions do not add up: no span
+        if at == target:
+            return position, directory, pieces
+        piece, parent = chain_link(directory, name)
+        if parent is None:
+            return position, None, []
+        pieces.append(piece)
+        directory = parent
+    return position, None, []
+
+
+def write_span(path: Path, pieces: Sequence[Path], rows: np.ndarray, store: RowStore,
+               max_bytes: int = SPAN_MEMORY_BYTES) -> int | None:
+    """The span at `path`: every row of `pieces` and `rows` (the minute's own), with their values and
+    accumulators read from `store` (the live store, which holds the table as of this minute). Written only when
+    its records fit in `max_bytes` of memory (the records are gathered in memory, as an overlay's are); returns
+    its rows, or None where it is not written (the chain then keeps the minutes the span would hold)."""
+    parts = [np.asarray(rows, np.int64)]
+    for piece in pieces:
+        with np.load(piece, allow_pickle=False) as data:
+            parts.append(data["rows"])
+    union = np.unique(np.concatenate(parts))
+    if len(union) * store.embedding_dim * 4 * 2 > max_bytes:
+        return None
+    values, accumulators = store.read(union)
+    write_overlay(path, union, values, accumulators)
+    return int(len(union))
 
 
 def materialize(checkpoint_dir: Path, name: str, destination: Path) -> None:

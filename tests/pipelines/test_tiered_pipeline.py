@@ -107,7 +107,7 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
     store, layout = chain["store"], chain["layout"]
     versions = store.versions("ctr")
     assert versions[-2:] == ["202601010011", "202601010012"]
-    for minute in chain["outputs"]:
+    for position, minute in enumerate(chain["outputs"], start=1):
         manifest = store.manifest("ctr", Interval.minute(minute).end.strftime("%Y%m%d%H%M"))
         assert manifest["kind"] == DELTA_KIND
         table = next(path for path in manifest["rows_changed"] if path.endswith("embedding/embeddings"))
@@ -116,7 +116,10 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         train = chain["outputs"][minute]["train"]
         assert set(train["tiered_rows_touched"]) == set(TIERED) and min(train["tiered_rows_touched"].values()) > 0
         tables = layout.incremental_dir(Interval.minute(minute)) / "checkpoint" / "tables"
-        assert sorted(p.name for p in tables.iterdir()) == ["C1.overlay.npz", "C2.overlay.npz"]  # rows, no table
+        # Rows, no table: the minute's overlays, and at the chain's second minute the spans of both minutes
+        # (trainer/tiered_tables.py, `span_pieces`).
+        spans = ["C1.span.npz", "C2.span.npz"] if position == 2 else []
+        assert sorted(p.name for p in tables.iterdir()) == sorted(["C1.overlay.npz", "C2.overlay.npz", *spans])
         caches = [spec["path"] for spec in manifest["weight_specs"] if "/tiered_table_" in spec["path"]]
         assert len(caches) == 2 and all(manifest["rows_changed"][path] == 0 for path in caches)  # serving fills them
     # The first minute made the chain's live stores from the daily checkpoint's; the second trained them in place.

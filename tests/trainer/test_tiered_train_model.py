@@ -357,10 +357,26 @@ def test_a_minute_on_a_tiered_parent_keeps_only_the_rows_it_read_and_its_delta_i
     # The next minute trains the live stores the first one left, in place; one made again from the chain (the
     # base store and the first minute's rows) ends with the same table.
     live = live_directory(tmp_path / "m1", "C1")
-    assert minute("m1", "m2", 12)["tiered_live_reused"] is True
+    second = minute("m1", "m2", 12)
+    assert second["tiered_live_reused"] is True
     (live / LIVE_STATE).unlink()
     assert minute("m1", "m2_rebuilt", 12)["tiered_live_reused"] is False
     np.testing.assert_array_equal(chain_rows(tmp_path / "m2", "C1"), chain_rows(tmp_path / "m2_rebuilt", "C1"))
+    # The second minute of the chain spans both (trainer/tiered_tables.py, `span_pieces`): its chain is the daily
+    # store and one piece, the rows either minute read, as of the second.
+    from components.manifest import read_manifest
+    from trainer.tiered_tables import table_chain
+
+    assert result["tiered_span_rows"] == {}  # the first minute spans only itself: no span
+    base, pieces = table_chain(tmp_path / "m2", "C1")
+    assert base == tmp_path / "day" / TABLES_DIR / "C1.rows" and [p.name for p in pieces] == ["C1.span.npz"]
+    both = np.union1d(touched, read_overlays(tmp_path / "m2")["C1"]["rows"])
+    with np.load(pieces[0]) as span:
+        np.testing.assert_array_equal(span["rows"], both)
+    assert second["tiered_span_rows"] == {"C1": len(both)}
+    manifest = read_manifest(tmp_path / "m2", kind="checkpoint")
+    assert manifest["tables_chain_position"] == 2 and "tables/C1.span.npz" in manifest["files"]
+    assert manifest["inputs"]["tables_span_parent"] == str(tmp_path / "day")
     never = np.setdiff1d(untouched, read_overlays(tmp_path / "m2")["C1"]["rows"])  # read by neither minute
     assert len(never) and len(never) < len(day_rows)
     np.testing.assert_array_equal(chain_rows(tmp_path / "m2", "C1")[never], day_rows[never])

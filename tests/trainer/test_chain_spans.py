@@ -1,0 +1,137 @@
+"""A day of minute checkpoints over a tiered table, with the spans the chain's binary counter places: the chain
+read from minute p crosses one piece per set bit of p, and reads as the table does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.manifest import read_manifest, write_manifest
+from trainer.row_store import RowStore
+from trainer.tiered_tables import (
+    ChainRows,
+    chain_position,
+    materialize,
+    span_pieces,
+    table_chain,
+    write_minute_table,
+)
+
+pytestmark = pytest.mark.unit
+
+NUM_ROWS, DIM = 3_000, 4
+
+
+def a_day(root: Path, minutes: int, rows_per_minute: int = 150, max_span_bytes: int = 2**30,
+          spans_from: int = 0) -> tuple[list[Path], list[tuple[np.ndarray, np.ndarray]]]:
+    """A daily checkpoint holding table C1's store, and `minutes` minute checkpoints after it written as a minute
+    run writes them: each minute's rows (Zipf-like: low rows often) written into the live store, then its overlay
+    and span (`write_minute_table`) and its manifest. Minutes before `spans_from` are written as a checkpoint
+    without spans was (no parent given, so no position). Returns the checkpoints (the day first) and the table
+    (values, accumulators) each stands for."""
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(NUM_ROWS, DIM)).astype(np.float32)
+    accumulators = rng.uniform(size=(NUM_ROWS, DIM)).astype(np.float32)
+    day = root / "day"
+    (day / "tables").mkdir(parents=True)
+    (root / "live").mkdir()
+    RowStore.write_new(day / "tables" / "C1.rows", NUM_ROWS, DIM,
+                       iter([(values.copy(), accumulators.copy())])).close()
+    write_manifest(day, kind="checkpoint", version="day", files=["tables/C1.rows"])
+    live = RowStore.write_new(root / "live" / "C1.rows", NUM_ROWS, DIM, iter([(values.copy(), accumulators.copy())]))
+    checkpoints, tables = [day], [(values.copy(), accumulators.copy())]
+    try:
+        for minute in range(1, minutes + 1):
+            rows = np.unique(np.minimum(rng.zipf(1.3, rows_per_minute) - 1, NUM_ROWS - 1))
+            values[rows] = rng.normal(size=(len(rows), DIM)).astype(np.float32)
+            accumulators[rows] = rng.uniform(size=(len(rows), DIM)).astype(np.float32)
+            live.write(rows, values[rows], accumulators[rows])
+            live.flush()
+            directory = root / f"m{minute:04d}"
+            parent = checkpoints[-1] if minute >= spans_from else None
+            chain = write_minute_table(directory / "tables", "C1", rows, live, parent, max_span_bytes)
+            inputs, extra = chain.manifest()
+            write_manifest(directory, kind="checkpoint", version=f"m{minute}", files=chain.files,
+                           inputs={"parent_checkpoint": str(checkpoints[-1]), **inputs}, extra=extra)
+            checkpoints.append(directory)
+            tables.append((values.copy(), accumulators.copy()))
+    finally:
+        live.close()
+    return checkpoints, tables
+
+
+def read_chain(checkpoint: Path) -> tuple[np.ndarray, np.ndarray]:
+    with ChainRows(checkpoint, "C1") as chain:
+        return chain.read(np.arange(NUM_ROWS))
+
+
+def test_the_chain_from_minute_p_crosses_one_piece_per_set_bit_and_reads_as_the_table(tmp_path):
+    checkpoints, tables = a_day(tmp_path, minutes=40)
+    for position, checkpoint in enumerate(checkpoints):
+        assert chain_position(checkpoint, "C1") == position
+        base, pieces = table_chain(checkpoint, "C1")
+        assert base == checkpoints[0] / "tables" / "C1.rows"
+        assert len(pieces) == bin(position).count("1"), (position, [p.parent.parent.name for p in pieces])
+        values, accumulators = read_chain(checkpoint)
+        np.testing.assert_array_equal(values, tables[position][0])
+        np.testing.assert_array_equal(accumulators, tables[position][1])
+    # Minute 40 (binary 101000): minutes 1-32 in minute 32's span, 33-40 in minute 40's.
+    _, pieces = table_chain(checkpoints[40], "C1")
+    assert [(p.parent.parent.name, p.name) for p in pieces] == [("m0032", "C1.span.npz"), ("m0040", "C1.span.npz")]
+    manifest = read_manifest(checkpoints[40], kind="checkpoint")
+    assert manifest["inputs"]["tables_span_parent"] == str(checkpoints[32])
+    assert manifest["tables_chain_position"] == 40 and "tables/C1.span.npz" in manifest["files"]
+    # An odd minute writes no span; its overlay (the minute's own rows, the delta's) is written either way.
+    assert not (checkpoints[39] / "tables" / "C1.span.npz").exists()
+    assert all((c / "tables" / "C1.overlay.npz").exists() for c in checkpoints[1:])
+
+    # A store made from the chain (a minute run in a new process) is the table too.
+    materialize(checkpoints[40], "C1", tmp_path / "made.rows")
+    with RowStore.open(tmp_path / "made.rows", writable=False) as made:
+        np.testing.assert_array_equal(made.read(np.arange(NUM_ROWS))[0], tables[40][0])
+
+
+def test_a_span_holds_the_rows_of_the_minutes_it_replaces(tmp_path):
+    checkpoints, _ = a_day(tmp_path, minutes=8)
+    position, at, pieces = span_pieces(checkpoints[7], "C1")  # for minute 8, written on minute 7
+    assert position == 8 and at == checkpoints[0]
+    assert [(p.parent.parent.name, p.name) for p in pieces] == [
+        ("m0007", "C1.overlay.npz"), ("m0006", "C1.span.npz"), ("m0004", "C1.span.npz")]
+    with np.load(checkpoints[8] / "tables" / "C1.span.npz") as span:
+        rows = span["rows"]
+    minutes = []
+    for checkpoint in checkpoints[1:9]:
+        with np.load(checkpoint / "tables" / "C1.overlay.npz") as overlay:
+            minutes.append(overlay["rows"])
+    np.testing.assert_array_equal(rows, np.unique(np.concatenate(minutes)))
+
+
+def test_spans_too_large_for_memory_are_left_out_and_the_chain_keeps_its_minutes(tmp_path):
+    # A bound that fits a span of two minutes' rows, not of four: spans of 2 written, of 4 and more not.
+    checkpoints, tables = a_day(tmp_path, minutes=12, max_span_bytes=3_800)
+    lengths = [len(table_chain(c, "C1")[1]) for c in checkpoints]
+    with_spans = [bin(p).count("1") for p in range(13)]
+    assert all(length >= short for length, short in zip(lengths, with_spans, strict=True))
+    assert lengths[12] > with_spans[12]  # minute 8's span left out: minutes 1-8 crossed in pieces
+    assert (checkpoints[2] / "tables" / "C1.span.npz").exists()
+    assert not (checkpoints[8] / "tables" / "C1.span.npz").exists()
+    assert "tables_span_parent" not in read_manifest(checkpoints[8], kind="checkpoint")["inputs"]
+    for position, checkpoint in enumerate(checkpoints):
+        np.testing.assert_array_equal(read_chain(checkpoint)[0], tables[position][0])
+
+    # No span at all: one piece a minute, as before spans.
+    checkpoints, tables = a_day(tmp_path / "none", minutes=6, max_span_bytes=1)
+    assert [len(table_chain(c, "C1")[1]) for c in checkpoints] == list(range(7))
+    np.testing.assert_array_equal(read_chain(checkpoints[6])[1], tables[6][1])
+
+
+def test_a_chain_begun_without_positions_gets_no_spans(tmp_path):
+    # Minutes 1-3 written as before spans (no position in their manifests); the minutes after them on that chain
+    # cannot place a span and write none; the chain still reads as the table.
+    checkpoints, tables = a_day(tmp_path, minutes=6, spans_from=4)
+    assert [chain_position(c, "C1") for c in checkpoints] == [0, None, None, None, None, None, None]
+    assert not list(tmp_path.glob("m*/tables/C1.span.npz"))
+    assert len(table_chain(checkpoints[6], "C1")[1]) == 6
+    np.testing.assert_array_equal(read_chain(checkpoints[6])[0], tables[6][0])
