@@ -135,3 +135,29 @@ def test_a_chain_begun_without_positions_gets_no_spans(tmp_path):
     assert not list(tmp_path.glob("m*/tables/C1.span.npz"))
     assert len(table_chain(checkpoints[6], "C1")[1]) == 6
     np.testing.assert_array_equal(read_chain(checkpoints[6])[0], tables[6][0])
+
+
+def test_a_span_is_bounded_by_its_union_not_by_the_rows_its_pieces_repeat(tmp_path):
+    from trainer.tiered_tables import write_overlay, write_span
+
+    values = np.arange(NUM_ROWS * DIM, dtype=np.float32).reshape(NUM_ROWS, DIM)
+    store = RowStore.write_new(tmp_path / "live.rows", NUM_ROWS, DIM, iter([(values, values + 0.5)]))
+    try:
+        pieces = []
+        for index in range(3):  # three pieces of 100 rows, the same 100 rows in each
+            path = tmp_path / f"piece-{index}.npz"
+            write_overlay(path, np.arange(100), values[:100], values[:100])
+            pieces.append(path)
+        record = DIM * 4 * 2
+        # 301 rows named, 101 distinct: under a bound of 120 rows, written.
+        assert write_span(tmp_path / "span.npz", pieces, np.array([2_000]), store, max_bytes=120 * record) == 101
+        with np.load(tmp_path / "span.npz") as span:
+            np.testing.assert_array_equal(span["rows"], [*range(100), 2_000])
+            np.testing.assert_array_equal(span["values"], values[[*range(100), 2_000]])
+        # Under a bound of 100 rows: the union (101) is over it, and nothing is written.
+        assert write_span(tmp_path / "over.npz", pieces, np.array([2_000]), store, max_bytes=100 * record) is None
+        assert not (tmp_path / "over.npz").exists()
+        # A single piece over the bound is enough to give up.
+        assert write_span(tmp_path / "one.npz", pieces, np.array([], np.int64), store, max_bytes=99 * record) is None
+    finally:
+        store.close()
