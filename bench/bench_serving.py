@@ -33,7 +33,10 @@ Phases, in one run:
   `loaded_*_previous_client`), which added its own time to every request's latency;
 - the server's own mean time a request by stage (its /metrics: ctr_request_stage_seconds and
   ctr_request_duration_seconds) over the paired phase's served requests, one at a time
-  (`paired_stage_mean_ms_100`), and over the loaded phase (`loaded_stage_mean_ms_100`);
+  (`paired_stage_mean_ms_100`), and over the loaded phase (`loaded_stage_mean_ms_100`); and the loaded phase's
+  requests one by one, from each answer's Server-Timing header: the slowest 1 % and the middle tenth taken
+  apart into the client's delay before the send, the server's stages and the rest (`loaded_tail_ms_100`),
+  each stage's p99 (`loaded_stage_p99_ms_100`, `loaded_server_stages_p99_ms_100`);
 - swaps: an open loop at the same rate while three full models, each followed by a delta on it, are
   published, each 6 s after the one before answered; a swap's window runs from its publish to 3 s after the
   new version's first answer; the p99 of the requests due in the windows (pooled by kind) over the p99 of
@@ -508,6 +511,7 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
     out = {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
+    out.update(where_time_went(result.records))
     if by_tenths:
         answered = [r for r in sorted(result.records, key=lambda r: r.scheduled_at_s) if r.status == 200]
         tenth = max(1, len(answered) // 10)
@@ -515,6 +519,34 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
         out["tenths"] = [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99))}
                          for t in tenths if t]
     return out
+
+
+def where_time_went(records: list[Any]) -> dict[str, Any]:
+    """Each answered request's latency taken apart by its Server-Timing header (serving/app.py): the server's
+    stages, the client's delay before the send (from the scheduled send time to the actual one), and the rest
+    (the connection and the kernel both ways, the client reading the answer, and the server's routing and
+    writing of the answer, which its stages leave out). Means over the slowest 1 % of the requests (at or over
+    their p99) and over the middle tenth (45th-55th percentiles), beside each stage's own p99; {} when the server
+    sent no Server-Timing."""
+    timed = [r for r in records if r.status == 200 and r.server_ms]
+    if not timed:
+        return {}
+    latency = np.array([r.latency_s * 1e3 for r in timed])
+    stages = list(timed[0].server_ms)
+    parts = {stage: np.array([r.server_ms.get(stage, 0.0) for r in timed]) for stage in stages}
+    delay = np.array([(r.latency_s - r.service_s) * 1e3 for r in timed])
+    server = sum(parts.values())
+
+    def means(chosen: np.ndarray) -> dict[str, float]:
+        return {"requests": int(chosen.sum()), "latency_ms": float(latency[chosen].mean()),
+                "send_delay_ms": float(delay[chosen].mean()), "server_stages_ms": float(server[chosen].mean()),
+                **{f"{stage}_ms": float(parts[stage][chosen].mean()) for stage in stages},
+                "rest_ms": float((latency - delay - server)[chosen].mean())}
+
+    low, high, top = np.percentile(latency, [45, 55, 99])
+    return {"slowest_1pct": means(latency >= top), "middle_tenth": means((latency >= low) & (latency <= high)),
+            "stage_p99_ms": {stage: float(np.percentile(parts[stage], 99)) for stage in stages},
+            "server_stages_p99_ms": float(np.percentile(server, 99)), "timed_requests": len(timed)}
 
 
 def swaps(url: str, port: int, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float,
@@ -832,6 +864,10 @@ def main() -> int:
                   + ", ".join(f"{k} {v:.2f}" for k, v in under_load["server_stage_mean_ms"].items()), flush=True)
             print(f"  p50 {under_load['p50_ms']:.2f} ms, p99 {under_load['p99_ms']:.2f} ms (from the send: "
                   f"{under_load['service_p99_ms']:.2f} ms), unanswered {under_load['unanswered']}", flush=True)
+            for band in ("middle_tenth", "slowest_1pct"):
+                if band in under_load:
+                    print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load[band].items()
+                                                     if k != "requests"), flush=True)
             print("the same with the earlier client (httpx, bodies encoded once due) ...", flush=True)
             under_load_before = loaded(url, instances, load_rate, args.loaded_requests, client="httpx",
                                        build_ahead=False)
@@ -897,6 +933,11 @@ def main() -> int:
         # time (the paired phase's served requests) and under load: where a request that finds it idle pays.
         "paired_stage_mean_ms_100": paired_stages,
         "loaded_stage_mean_ms_100": under_load["server_stage_mean_ms"],
+        # The loaded phase's requests taken apart one by one (their Server-Timing headers): where the slowest 1 %
+        # spent their time, against the middle tenth (`where_time_went`).
+        "loaded_tail_ms_100": {key: under_load.get(key) for key in ("slowest_1pct", "middle_tenth")},
+        "loaded_stage_p99_ms_100": under_load.get("stage_p99_ms"),
+        "loaded_server_stages_p99_ms_100": under_load.get("server_stages_p99_ms"),
         "overhead_ratio_100_separate_phases": closed[100]["p99_ms"] / inprocess[100][served_call]["p99_ms"],
         "client": "http.client, one keep-alive connection; its garbage collector off while it measures",
         "httpx_p50_ms_100": closed_httpx["p50_ms"],

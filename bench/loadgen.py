@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import select
 import socket
 import threading
@@ -44,6 +45,7 @@ import numpy as np
 
 MODEL_VERSION_HEADER = "X-Model-Version"
 JSON_HEADERS = {"Content-Type": "application/json"}
+SERVER_TIMING_HEADER = "Server-Timing"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class RequestRecord:
     error: str = ""  # the exception, for requests that got no response
     scheduled_at_s: float = 0.0  # epoch seconds when the schedule said it should leave
     service_s: float = 0.0  # from when it left until the response: the latency without the client's delays
+    server_ms: dict[str, float] | None = None  # the response's Server-Timing stages (ms), where it had them
 
 
 @dataclass
@@ -113,15 +116,16 @@ CLIENTS = ("http.client", "httpx")
 
 @contextmanager
 def _poster(url: str, client: str, concurrency: int, timeout_s: float
-            ) -> Iterator[Callable[[bytes], tuple[int, str | None]]]:
-    """A function POSTing a JSON body to `url` and returning (status, X-Model-Version) once the response is read
-    whole; callable from `concurrency` threads at once."""
+            ) -> Iterator[Callable[[bytes], tuple[int, str | None, str | None]]]:
+    """A function POSTing a JSON body to `url` and returning (status, X-Model-Version, Server-Timing) once the
+    response is read whole; callable from `concurrency` threads at once."""
     if client == "httpx":
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         with httpx.Client(timeout=timeout_s, limits=limits) as session:
-            def post_httpx(body: bytes) -> tuple[int, str | None]:
+            def post_httpx(body: bytes) -> tuple[int, str | None, str | None]:
                 response = session.post(url, content=body, headers=JSON_HEADERS)
-                return response.status_code, response.headers.get(MODEL_VERSION_HEADER)
+                return (response.status_code, response.headers.get(MODEL_VERSION_HEADER),
+                        response.headers.get(SERVER_TIMING_HEADER))
 
             yield post_httpx
         return
@@ -146,7 +150,7 @@ def _poster(url: str, client: str, concurrency: int, timeout_s: float
                 opened.append(current)
         return current
 
-    def post(body: bytes) -> tuple[int, str | None]:
+    def post(body: bytes) -> tuple[int, str | None, str | None]:
         current = connection()
         try:
             current.request("POST", path, body=body, headers=JSON_HEADERS)
@@ -159,7 +163,7 @@ def _poster(url: str, client: str, concurrency: int, timeout_s: float
         if response.will_close:
             current.close()
             local.connection = None
-        return response.status, response.getheader(MODEL_VERSION_HEADER)
+        return response.status, response.getheader(MODEL_VERSION_HEADER), response.getheader(SERVER_TIMING_HEADER)
 
     try:
         yield post
@@ -167,6 +171,24 @@ def _poster(url: str, client: str, concurrency: int, timeout_s: float
         with opened_lock:
             for each in opened:
                 each.close()
+
+
+def parse_server_timing(value: str | None) -> dict[str, float] | None:
+    """A Server-Timing header's metrics with a duration, {name: milliseconds} (W3C Server Timing: `name;dur=ms`,
+    comma-separated, other parameters ignored); None without the header."""
+    if value is None:
+        return None
+    out = {}
+    for metric in re.split(r',(?=(?:[^"]*"[^"]*")*[^"]*$)', value):  # commas outside quoted strings
+        name, *params = (part.strip() for part in metric.split(";"))
+        for param in params:
+            key, _, number = param.partition("=")
+            if name and key.strip() == "dur":
+                try:
+                    out[name] = float(number.strip().strip('"'))
+                except ValueError:
+                    pass
+    return out
 
 
 def _closed_by_peer(sock: socket.socket | None) -> bool:
@@ -233,7 +255,7 @@ def run_load(
             try:
                 sent_at, started = time.time(), time.perf_counter()
                 try:
-                    status, version = post(body)
+                    status, version, timing = post(body)
                 except (OSError, http.client.HTTPException, httpx.HTTPError) as err:
                     # Timeouts, refused or dropped connections: a failed request.
                     done = time.perf_counter()
@@ -242,7 +264,7 @@ def run_load(
                 else:
                     done = time.perf_counter()
                     record = RequestRecord(sent_at, done - scheduled, status, version, "", scheduled_at,
-                                           done - started)
+                                           done - started, parse_server_timing(timing))
                 with records_lock:
                     records.append(record)
             finally:

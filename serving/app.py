@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,8 @@ from serving.model import SIGNATURE_NAME, LoadedModel
 from serving.service import ModelSource, PredictionService, classes, merge_context
 
 MODEL_VERSION_HEADER = "X-Model-Version"
+# The W3C Server Timing header: `read;dur=0.021, queue;dur=0.104, compute;dur=2.310, return;dur=0.048` (ms).
+SERVER_TIMING_HEADER = "Server-Timing"
 EXPECTED_BODY = 'JSON {"instances": [{"feature": value, ...}, ...]} or {"inputs": {"feature": [...]}}'
 EXPECTED_EXAMPLES = 'JSON {"examples": [{"feature": value, ...}, ...]}, optionally with "context": {"feature": value}'
 _BODY_KEYS = {"instances", "inputs", "signature_name"}
@@ -81,6 +83,12 @@ class PathPartConvertor(StringConvertor):
 
 
 register_url_convertor("part", PathPartConvertor())
+
+
+def server_timing(stages: Mapping[str, float]) -> str:
+    """A Server-Timing header's value for a request's stages (seconds): each stage's name and its duration in
+    milliseconds, in the order given."""
+    return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in stages.items())
 
 
 def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], float] = time.time,
@@ -120,31 +128,37 @@ def create_app(source: ModelSource, config: ServingConfig, clock: Callable[[], f
         submitted = time.perf_counter()
         answered = await run_in_threadpool(
             service.run, params["name"], params.get("version"), params.get("label"), timed)
-        metrics.observe_stages(endpoint, {"read": submitted - started, "queue": clock[0] - submitted,
-                                          "compute": clock[1] - clock[0], "return": time.perf_counter() - clock[1]})
+        stages = {"read": submitted - started, "queue": clock[0] - submitted, "compute": clock[1] - clock[0],
+                  "return": time.perf_counter() - clock[1]}
+        metrics.observe_stages(endpoint, stages)
+        if config.server_timing:
+            request.state.server_timing = server_timing(stages)
         return answered
 
-    def answer(model: LoadedModel, payload: dict[str, Any]) -> Response:
-        return Response(orjson.dumps(payload), media_type="application/json",
-                        headers={MODEL_VERSION_HEADER: model.version})
+    def answer(model: LoadedModel, payload: dict[str, Any], request: Request) -> Response:
+        headers = {MODEL_VERSION_HEADER: model.version}
+        timing = getattr(request.state, "server_timing", None)
+        if timing is not None:
+            headers[SERVER_TIMING_HEADER] = timing
+        return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
 
     async def predict(request: Request) -> Response:
         model, (key, predictions) = await run(
             request, PREDICT_ENDPOINT, lambda m, body: predict_body(m, body, config.max_instances))
         metrics.count_predictions(len(predictions))
-        return answer(model, {key: predictions.tolist()})
+        return answer(model, {key: predictions.tolist()}, request)
 
     async def classify(request: Request) -> Response:
         model, probabilities = await run(request, CLASSIFY_ENDPOINT,
                                          lambda m, body: m.predict(examples_body(service, body)))
         metrics.count_predictions(len(probabilities))
-        return answer(model, {"result": classes(probabilities)})
+        return answer(model, {"result": classes(probabilities)}, request)
 
     async def regress(request: Request) -> Response:
         model, probabilities = await run(request, REGRESS_ENDPOINT,
                                          lambda m, body: m.predict(examples_body(service, body)))
         metrics.count_predictions(len(probabilities))
-        return answer(model, {"result": probabilities.tolist()})
+        return answer(model, {"result": probabilities.tolist()}, request)
 
     async def model_status(request: Request) -> JSONResponse:
         model = served_model(request)

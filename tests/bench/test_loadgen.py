@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bench.loadgen import CLIENTS, run_load
+from bench.loadgen import CLIENTS, parse_server_timing, run_load
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +50,8 @@ def model_server() -> Iterator[FakeModelServer]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.send_header("X-Model-Version", version)
+            if status == 200:
+                self.send_header("Server-Timing", f'compute;dur={len(body["instances"])}.5;desc="model", cache')
             self.end_headers()
             self.wfile.write(payload)
 
@@ -276,3 +278,24 @@ def test_an_error_in_make_instances_propagates(model_server):
     with pytest.raises(KeyError, match="no instance 2"):
         run_load(model_server.url, broken, rate_per_s=100, duration_s=1)
     assert len(model_server.bodies) == 2
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_each_answer_keeps_its_server_timing(model_server, client):
+    result = run_load(model_server.url, lambda i: [{"I1": i}] * (1 + i % 3), rate_per_s=200, duration_s=5,
+                      max_requests=10, client=client)
+    assert len(result.records) == 10
+    for record in result.records:
+        if record.status == 200:
+            assert record.server_ms is not None and record.server_ms["compute"] in (1.5, 2.5, 3.5)
+            assert set(record.server_ms) == {"compute"}  # a metric without a duration is left out
+        else:
+            assert record.server_ms is None
+
+
+def test_server_timing_is_read_as_the_w3c_header_writes_it():
+    assert parse_server_timing(None) is None
+    assert parse_server_timing("") == {}
+    assert parse_server_timing("read;dur=0.021, compute;dur=2.310") == {"read": 0.021, "compute": 2.31}
+    assert parse_server_timing('db;desc="a, b";dur=53, miss, cpu;dur="2.4"') == {"db": 53.0, "cpu": 2.4}
+    assert parse_server_timing("app;dur=nope, total;dur=3") == {"total": 3.0}

@@ -488,6 +488,41 @@ def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
     assert staged <= sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict")
 
 
+def test_an_answer_says_its_stages_in_a_server_timing_header(
+        old_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each answered predict and classify carries `Server-Timing: read;dur=..., queue;dur=..., compute;dur=...,
+    return;dur=...` in milliseconds, the model's call (made at least 50 ms long) in compute; a refused request
+    carries none, and `serving.server_timing=false` leaves it out."""
+    from bench.loadgen import parse_server_timing
+    from serving import app as serving_app
+
+    answered = serving_app.predict_body
+
+    def slow(model, body, max_instances):
+        time.sleep(0.05)
+        return answered(model, body, max_instances)
+
+    monkeypatch.setattr(serving_app, "predict_body", slow)
+    client = TestClient(create_app(FixedSource(old_model), CONFIG, clock=lambda: NOW))
+    response = client.post(PREDICT, json={"instances": INSTANCES})
+    assert response.status_code == 200
+    header = response.headers["Server-Timing"]
+    assert re.fullmatch(r"read;dur=\d+\.\d{3}, queue;dur=\d+\.\d{3}, compute;dur=\d+\.\d{3}, "
+                        r"return;dur=\d+\.\d{3}", header), header
+    stages = parse_server_timing(header)
+    assert list(stages) == ["read", "queue", "compute", "return"]
+    assert 50.0 <= stages["compute"] < 5_000.0 and stages["read"] < 50.0 and stages["return"] < 50.0
+    classified = client.post(f"/v1/models/{MODEL_NAME}:classify", json={"examples": INSTANCES})
+    assert classified.status_code == 200 and "compute;dur=" in classified.headers["Server-Timing"]
+    refused = client.post(PREDICT, content=b"{not json")
+    assert refused.status_code == 400 and "Server-Timing" not in refused.headers
+
+    quiet = TestClient(create_app(FixedSource(old_model), dataclasses.replace(CONFIG, server_timing=False),
+                                  clock=lambda: NOW))
+    response = quiet.post(PREDICT, json={"instances": INSTANCES})
+    assert response.status_code == 200 and "Server-Timing" not in response.headers
+
+
 def test_stages_are_all_four_and_only_for_the_staged_endpoints() -> None:
     metrics = ServerMetrics(timed_endpoints=["predict", "grpc_predict"], staged_endpoints=["predict"])
     metrics.observe_stages("predict", {"read": 0.0002, "queue": 0.0001, "compute": 0.002, "return": 0.00005})
