@@ -181,6 +181,8 @@ LOADED = ("serving_run4.json", "serving.json")  # bodies encoded before the run,
 FLOAT32 = ("serving_run6.json", "serving_run7.json")  # alternated with BFLOAT16, one day, one host
 BFLOAT16 = ("serving_bfloat16_run2.json", "serving_bfloat16_run3.json")
 STAGED = ("serving_run8.json", "serving_run9.json")  # the server's stages in /metrics
+TIMED = ("serving_run10.json", "serving_run11.json")  # each answer's stages (Server-Timing)
+CHAIN_SPANS = ("chain_spans_run1.json", "chain_spans_run2.json", "chain_spans.json")
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
 S3_PERSISTENCE = ("s3_persistence.json", "s3_persistence_run2.json")
@@ -323,6 +325,25 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(values(STAGED, 'paired_stage_mean_ms_100.total'), '.2f')} ms one at a time, the model's call with "
         f"its input read {span(values(STAGED, 'loaded_stage_mean_ms_100.compute'), '.2f')} against "
         f"{span(values(STAGED, 'paired_stage_mean_ms_100.compute'), '.2f')} ms"),
+    "serving_run10.json, serving_run11.json: each request": lambda: (
+        f"under load p99 {span(values(TIMED, 'loaded_p99_ms_100'), '.2f')} ms at "
+        f"{span(values(TIMED, 'loaded_rate_per_s'), '.1f')} requests/s, {sum(values(TIMED, 'failed_requests'))} "
+        f"failed (**not met**); the slowest 1 % took "
+        f"{span(values(TIMED, 'loaded_tail_ms_100.slowest_1pct.latency_ms'), '.2f')} ms on average: the client's "
+        f"delay before the send {span(values(TIMED, 'loaded_tail_ms_100.slowest_1pct.send_delay_ms'), '.2f')} ms, "
+        f"the server's stages {span(values(TIMED, 'loaded_tail_ms_100.slowest_1pct.server_stages_ms'), '.2f')} ms "
+        f"and the rest {span(values(TIMED, 'loaded_tail_ms_100.slowest_1pct.rest_ms'), '.2f')} ms, against "
+        f"{span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.send_delay_ms'), '.2f')}, "
+        f"{span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.server_stages_ms'), '.2f')} and "
+        f"{span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.rest_ms'), '.2f')} ms in the middle tenth "
+        f"(latency {span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.latency_ms'), '.2f')} ms)"),
+    "chain_spans_run1.json, chain_spans_run2.json, chain_spans.json": lambda: (
+        f"made from the chain at minute 1,440 in {span(values(CHAIN_SPANS, 'spans.materialize_s_at_1440'), '.1f')} s "
+        f"with spans against {span(values(CHAIN_SPANS, 'overlays_only.materialize_s_at_1440'), '.1f')} s from "
+        f"{value('chain_spans.json', 'overlays_only.pieces_at_1440'):,} overlays "
+        f"({value('chain_spans.json', 'spans.pieces_at_1440')} pieces), for "
+        f"{value('chain_spans.json', 'write_amplification'):.2f}x the bytes written over the day and minutes "
+        f"that write a large span taking up to {max(values(CHAIN_SPANS, 'spans.write_s_max')):.1f} s longer"),
     "serving_run1.json, serving_run2.json, serving_run3.json: under load": lambda: (
         f"({span(values(SERVING, 'loaded_rate_per_s'), 'g')} requests/s): p99 "
         f"{span(values(SERVING, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
