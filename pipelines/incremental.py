@@ -430,6 +430,7 @@ def train(ctx: RunContext) -> dict:
         epochs=ctx.config.incremental.epochs,
         seed=ctx.config.train.seed, version=plan.version, layout=manifest["layout"],
         num_rows=manifest["row_counts"]["rows"], spec=ctx.spec,
+        span_max_bytes=ctx.config.incremental.tiered_span_max_mib * 2**20,
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
     ctx.tracker.log_metrics({**{f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)},

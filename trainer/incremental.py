@@ -141,9 +141,12 @@ def train_increment(
     parent_checkpoint: Path, train_files: Sequence[str], holdout_files: Sequence[str], checkpoint_dir: Path, *,
     new_rows: Mapping[str, Sequence[int]], batch_size: int, epochs: int, seed: int, version: str,
     layout: str = BLOCK_LAYOUT, num_rows: int | None = None, spec: FeatureSpec | None = None,
+    span_max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Trains the parent checkpoint on `train_files` and writes `checkpoint_dir`. Returns the numbers the gate
-    and the run's log need: rows, speed, holdout logloss of parent and child, the global step.
+    and the run's log need: rows, speed, holdout logloss of parent and child, the global step. `span_max_bytes`:
+    the records a tiered table's span may gather (trainer/tiered_tables.py, `write_span`; None: its default,
+    0: no spans).
 
     On TensorFlow the rows come through tf.data (trainer.input); on JAX (trainer.jax_train runs this in a child
     process with KERAS_BACKEND=jax) through the TensorFlow-free block reader, with the same seeds."""
@@ -216,7 +219,7 @@ def train_increment(
         table_files, touched, tier_counters, chain_inputs, chain_extra, span_rows = [], {}, None, {}, {}, {}
         if tiered is not None:  # per tiered table, the rows the minute's batches read (and reset) with their values
             touched = tiered.touched()
-            chain = tiered.write_overlays(checkpoint_dir, parent_checkpoint)
+            chain = tiered.write_overlays(checkpoint_dir, parent_checkpoint, span_max_bytes)
             table_files, span_rows = chain.files, chain.span_rows
             chain_inputs, chain_extra = chain.manifest()
         lap("save_weights")

@@ -398,13 +398,16 @@ class TieredTables:
             self.live_lock.close()
             self.live_lock = None
 
-    def write_overlays(self, checkpoint_dir: Path, parent_checkpoint: Path | None = None) -> ChainFiles:
+    def write_overlays(self, checkpoint_dir: Path, parent_checkpoint: Path | None = None,
+                       max_span_bytes: int | None = None) -> ChainFiles:
         """Flushes, then writes into `checkpoint_dir/tables` each tiered table's overlay, and its span where the
-        chain places one (`write_minute_table`). The live stores stay open."""
+        chain places one (`write_minute_table`; `max_span_bytes` None: SPAN_MEMORY_BYTES). The live stores stay
+        open."""
         self.flush()
         touched = self.touched()
+        bound = SPAN_MEMORY_BYTES if max_span_bytes is None else max_span_bytes
         written = [write_minute_table(Path(checkpoint_dir) / TABLES_DIR, name, touched[name], self.stores[table],
-                                      parent_checkpoint) for table, name in self.names.items()]
+                                      parent_checkpoint, bound) for table, name in self.names.items()]
         return ChainFiles(files=[file for part in written for file in part.files],
                           position=next((part.position for part in written), None),
                           span_parent=next((part.span_parent for part in written if part.span_parent), None),
@@ -524,7 +527,8 @@ def write_minute_table(target: Path, name: str, rows: np.ndarray, store: RowStor
     """A minute checkpoint's files of tiered table `name`, into `target` (its `tables` directory): the overlay,
     `rows` (the rows the minute's batches read, ascending) with their values and accumulators from `store` (the
     live store, flushed: the table as of this minute); and with `parent_checkpoint`, the span the chain's binary
-    counter places at this minute (`span_pieces`, `write_span`). `files` are relative to the checkpoint."""
+    counter places at this minute (`span_pieces`, `write_span`; none when `max_span_bytes` is 0: the position is
+    recorded all the same). `files` are relative to the checkpoint."""
     target.mkdir(parents=True, exist_ok=True)
     values, accumulators = store.read(rows)
     files = [write_overlay(target / overlay_name(name), rows, values, accumulators)]
@@ -532,7 +536,7 @@ def write_minute_table(target: Path, name: str, rows: np.ndarray, store: RowStor
         return ChainFiles(files=[f"{TABLES_DIR}/{files[0]}"])
     position, at, pieces = span_pieces(parent_checkpoint, name)
     span_rows = None
-    if at is not None:
+    if at is not None and max_span_bytes > 0:
         span_rows = write_span(target / span_name(name), pieces, rows, store, max_span_bytes)
     if span_rows is None:
         return ChainFiles(files=[f"{TABLES_DIR}/{files[0]}"], position=position)

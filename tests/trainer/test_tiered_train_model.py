@@ -377,6 +377,14 @@ def test_a_minute_on_a_tiered_parent_keeps_only_the_rows_it_read_and_its_delta_i
     manifest = read_manifest(tmp_path / "m2", kind="checkpoint")
     assert manifest["tables_chain_position"] == 2 and "tables/C1.span.npz" in manifest["files"]
     assert manifest["inputs"]["tables_span_parent"] == str(tmp_path / "day")
+    # incremental.tiered_span_max_mib=0: no span, the position recorded all the same, the same table.
+    unspanned = train_increment(tmp_path / "m1", minute_files, data["eval"], tmp_path / "m2_unspanned",
+                                new_rows={"C1": [7, 9], "C2": [4]}, batch_size=128, epochs=1, seed=12,
+                                version="2", spec=spec, span_max_bytes=0)
+    assert unspanned["tiered_span_rows"] == {}
+    assert [p.name for p in table_chain(tmp_path / "m2_unspanned", "C1")[1]] == ["C1.overlay.npz"] * 2
+    assert read_manifest(tmp_path / "m2_unspanned", kind="checkpoint")["tables_chain_position"] == 2
+    np.testing.assert_array_equal(chain_rows(tmp_path / "m2_unspanned", "C1"), chain_rows(tmp_path / "m2", "C1"))
     never = np.setdiff1d(untouched, read_overlays(tmp_path / "m2")["C1"]["rows"])  # read by neither minute
     assert len(never) and len(never) < len(day_rows)
     np.testing.assert_array_equal(chain_rows(tmp_path / "m2", "C1")[never], day_rows[never])
