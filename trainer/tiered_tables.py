@@ -15,8 +15,9 @@ memory (trainer/hot_tier.py); the model's CategoricalEmbedding holds only those 
 - `commit(checkpoint_dir)`: the final tables into `<checkpoint>/tables/<table>.rows`, listed in its manifest;
 - for a minute run, `restore_chain` (live stores made from a checkpoint's chain) and `write_overlays`: a
   minute's checkpoint holds, per tiered table, only the rows its batches read (`<table>.overlay.npz`: rows,
-  values, accumulators) on top of its parent checkpoint's table; `table_chain`, `ChainRows` and
-  `materialize` read a table as of any checkpoint (the daily store, then the overlays after it).
+  values, accumulators) on top of its parent checkpoint's table, and where the chain's binary counter places
+  one, a span of its last minutes (`<table>.span.npz`, `write_minute_table`); `table_chain`, `ChainRows` and
+  `materialize` read a table as of any checkpoint (the daily store, then the pieces after it).
 
 `in_memory_model(model, checkpoint_dir, table_names)` is the other way round: the same model with every table in
 memory, its rows read from the checkpoint's tables a chunk at a time, for the export (serving reads a whole
