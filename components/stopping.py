@@ -71,6 +71,27 @@ def stop_on_signals(signals: Iterable[signal.Signals] = STOP_SIGNALS) -> Iterato
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def signals_held(signals: Iterable[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
+    """Within the block, `signals` are noted instead of handled; on leaving, the first one noted is raised again,
+    so that the handler in place outside (`stop_on_signals`' StopRequested) runs once the block's work is whole.
+    For work that a stop must not cut in two: a child process started but not yet recorded would outlive its
+    parent's stop, holding what it inherited (a listening socket). Outside the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum)) for sig in signals
+                if signal.getsignal(sig) != signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if noted:
+            signal.raise_signal(noted[0])
+
+
 def _process_table() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, process group, start time) of every process in /proc that has not exited (zombies are
     left out: they have exited, and only their parent's wait is missing)."""

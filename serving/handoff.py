@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.config import PipelineConfig
-from components.stopping import StopRequested, stop_on_signals
+from components.stopping import StopRequested, signals_held, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -169,15 +169,19 @@ class Supervisor:
         return next((c for c in self.children if c.role == role), None)
 
     def spawn(self, role: str = "standby") -> Child:
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, CONFIG_ENV: json.dumps(self.config.flat()), LISTEN_FD_ENV: str(self.rest.fileno()),
-               CONTROL_FD_ENV: str(theirs.fileno())}
-        process = subprocess.Popen([sys.executable, "-m", "serving.server"], env=env,
-                                   pass_fds=(self.rest.fileno(), theirs.fileno()))
-        theirs.close()
-        child = Child(process, Link(ours), role)
-        self.children.append(child)
-        self.selector.register(ours, selectors.EVENT_READ, child)
+        """A new server process, recorded among the children before a stop signal that arrived meanwhile is
+        handled: one started but not recorded would not be stopped, and would keep the REST socket it inherited
+        answering after this process exited."""
+        with signals_held((signal.SIGTERM, signal.SIGINT)):
+            ours, theirs = socket.socketpair()
+            env = {**os.environ, CONFIG_ENV: json.dumps(self.config.flat()),
+                   LISTEN_FD_ENV: str(self.rest.fileno()), CONTROL_FD_ENV: str(theirs.fileno())}
+            process = subprocess.Popen([sys.executable, "-m", "serving.server"], env=env,
+                                       pass_fds=(self.rest.fileno(), theirs.fileno()))
+            theirs.close()
+            child = Child(process, Link(ours), role)
+            self.children.append(child)
+            self.selector.register(ours, selectors.EVENT_READ, child)
         logger.info("started server process %d (%s)", child.pid, role)
         return child
 

@@ -97,3 +97,25 @@ def test_stopping_a_group_that_is_gone_returns_at_once() -> None:
     process = subprocess.Popen(["true"], start_new_session=True)
     process.wait()
     assert stop_process_group(process.pid, timeout_s=5) is False
+
+
+def test_a_signal_held_over_a_block_is_handled_once_the_block_is_whole() -> None:
+    from components.stopping import signals_held
+
+    steps = []
+    with stop_on_signals():
+        try:
+            with signals_held((signal.SIGTERM, signal.SIGINT)):
+                os.kill(os.getpid(), signal.SIGTERM)
+                _wait_for_signal_delivery()
+                steps.append("the block's work after the signal")
+            steps.append("not reached")
+        except StopRequested as stop:
+            steps.append(stop.signum)
+        # The handler outside is back: a second signal is the stop already under way, not a new one.
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    assert steps == ["the block's work after the signal", signal.SIGTERM]
+
+    with stop_on_signals(), signals_held((signal.SIGTERM,)):  # no signal: nothing raised
+        steps.append("quiet")
+    assert steps[-1] == "quiet"

@@ -219,3 +219,40 @@ def test_the_control_link_keeps_what_arrived_with_the_message_it_returns() -> No
     assert rest == [{"kind": "drain"}]
     assert split == {"kind": "hand_off", "version": "202601010100"}
     assert sender.receive_one() is None
+
+
+def test_a_stop_during_a_childs_start_stops_that_child_too(monkeypatch, tmp_path) -> None:
+    """SIGTERM arriving while the supervisor starts a child (here: right after the fork, before the child is
+    recorded) is handled once the child is recorded, so the stop that follows reaches it; before, the child was
+    left running with the REST socket it inherited, which kept answering after the supervisor exited."""
+    import signal
+
+    from components.config import PipelineConfig
+    from components.stopping import StopRequested, stop_on_signals
+    from serving import handoff
+
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_stop(command, **kwargs):
+        process = real_popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGTERM)  # the stop arrives while the child starts
+        for _ in range(50):
+            time.sleep(0.01)
+        return process
+
+    monkeypatch.setattr(handoff.subprocess, "Popen", popen_then_stop)
+    config = PipelineConfig().with_overrides({"serving.port": "0", "serving.host": "127.0.0.1",
+                                              "paths.data_root": str(tmp_path)})
+    supervisor = handoff.Supervisor(config)
+    try:
+        with stop_on_signals((signal.SIGTERM, signal.SIGINT)), pytest.raises(StopRequested):
+            supervisor.spawn()
+        # Recorded before the stop was handled: the supervisor's stop (run's `finally`) signals it.
+        assert [child.process for child in supervisor.children] == started
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+        supervisor.rest.close()
