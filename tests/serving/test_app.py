@@ -455,10 +455,9 @@ def test_histogram_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
         metrics.observe_duration("status", 0.1)
 
 
-def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
-        old_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each answered predict is timed in its four stages once; a refused one is not. The work in the worker
-    thread (here the model's call made at least 50 ms long) lands in `compute` and nowhere else."""
+@pytest.fixture
+def slow_model_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every predict's model call made at least 50 ms long (the work in the worker thread)."""
     from serving import app as serving_app
 
     answered = serving_app.predict_body
@@ -468,6 +467,12 @@ def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
         return answered(model, body, max_instances)
 
     monkeypatch.setattr(serving_app, "predict_body", slow)
+
+
+def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
+        old_model: LoadedModel, slow_model_call: None) -> None:
+    """Each answered predict is timed in its four stages once; a refused one is not. The work in the worker
+    thread (here the model's call made at least 50 ms long) lands in `compute` and nowhere else."""
     client = TestClient(create_app(FixedSource(old_model), CONFIG, clock=lambda: NOW))
     for _ in range(3):
         assert client.post(PREDICT, json={"instances": INSTANCES}).status_code == 200
@@ -488,21 +493,12 @@ def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
     assert staged <= sample(samples, "ctr_request_duration_seconds_sum", endpoint="predict")
 
 
-def test_an_answer_says_its_stages_in_a_server_timing_header(
-        old_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_answer_says_its_stages_in_a_server_timing_header(old_model: LoadedModel, slow_model_call: None) -> None:
     """Each answered predict and classify carries `Server-Timing: read;dur=..., queue;dur=..., compute;dur=...,
     return;dur=...` in milliseconds, the model's call (made at least 50 ms long) in compute; a refused request
     carries none, and `serving.server_timing=false` leaves it out."""
     from bench.loadgen import parse_server_timing
-    from serving import app as serving_app
 
-    answered = serving_app.predict_body
-
-    def slow(model, body, max_instances):
-        time.sleep(0.05)
-        return answered(model, body, max_instances)
-
-    monkeypatch.setattr(serving_app, "predict_body", slow)
     client = TestClient(create_app(FixedSource(old_model), CONFIG, clock=lambda: NOW))
     response = client.post(PREDICT, json={"instances": INSTANCES})
     assert response.status_code == 200
