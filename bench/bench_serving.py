@@ -29,6 +29,8 @@ Phases, in one run:
   with every request answered (`max_rate_per_s_at_p99_10ms`);
 - under load: 3,000 requests of 100 candidates at half that rate (`loaded_p99_ms_100`, the goal's figure:
   p99 <= 5 ms; skipped requests count as failed), the bodies encoded before the run and sent by http.client;
+  then the same 3,000 sent by a compiled client (bench/native/openloop.c: one C thread, epoll, a timer at each
+  send's time; `loaded_*_compiled_client`), to tell the Python client's own lateness from the server's;
   then the same 3,000 with the load generator's earlier client (httpx, each body encoded once due:
   `loaded_*_previous_client`), which added its own time to every request's latency;
 - the server's own mean time a request by stage (its /metrics: ctr_request_stage_seconds and
@@ -79,6 +81,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from bench.loadgen import run_load
+from bench.native_loadgen import run_load_native
 from bench.provenance import provenance
 from components.config import GenerateConfig, TrainConfig
 from components.delta import delta_arrays, write_delta
@@ -99,6 +102,7 @@ SWAP_WINDOW_S = 3.0  # requests due this long after a new version's first answer
 STEADY_S = 6.0  # steady state before each publish (after the one before was served)
 SWAP_TIMEOUT_S = 60.0  # a version not answering this long after its publish was never served
 LOADED_REQUESTS = 3000  # requests of the loaded phase, at half the highest rate held
+COMPILED_CLIENT = "compiled"  # bench/native/openloop.c (bench.native_loadgen), beside the Python client
 P99_LIMIT_MS = 10.0
 SATURATED_P99_MS = 50.0
 IN_PROCESS_BLOCK = 20
@@ -450,12 +454,17 @@ def grpc_closed_loop(port: int, requests: dict[int, list[Any]], repeats: int) ->
     return out
 
 
-def hundred_bodies(instances: list[dict]) -> Callable[[int], bytes]:
-    """Request i's body of `hundreds(instances)(i)`, every distinct one encoded once, beforehand."""
+def hundred_body_list(instances: list[dict]) -> list[bytes]:
+    """The distinct bodies of `hundreds(instances)`, encoded: request i's is the (i % their number)th."""
     make = hundreds(instances)
     period = (len(instances) - 100) // math.gcd(100, len(instances) - 100)
-    bodies = [json.dumps({"instances": make(index)}).encode() for index in range(period)]
-    return lambda index: bodies[index % period]
+    return [json.dumps({"instances": make(index)}).encode() for index in range(period)]
+
+
+def hundred_bodies(instances: list[dict]) -> Callable[[int], bytes]:
+    """Request i's body of `hundreds(instances)(i)`, every distinct one encoded once, beforehand."""
+    bodies = hundred_body_list(instances)
+    return lambda index: bodies[index % len(bodies)]
 
 
 def hundreds(instances: list[dict]) -> Callable[[int], list[dict]]:
@@ -503,11 +512,16 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
            build_ahead: bool = True, by_tenths: bool = False) -> dict[str, Any]:
     """`requests` requests of 100 candidates at a fixed `rate`, latency from each one's scheduled send time;
     skipped and failed requests counted together as unanswered. `client` and `build_ahead`: bench.loadgen's (with
-    `build_ahead` the bodies are encoded before the run, without it each once its request is due). `by_tenths`:
-    also p50 / p99 over each tenth of the answered requests in the order they were due (`tenths`)."""
-    bodies = {"make_body": hundred_bodies(instances)} if build_ahead else {"make_instances": hundreds(instances)}
-    result = run_load(url, **bodies, rate_per_s=rate, duration_s=requests / rate + 1.0,
-                      max_requests=requests, concurrency=16, timeout_s=10.0, client=client, build_ahead=build_ahead)
+    `build_ahead` the bodies are encoded before the run, without it each once its request is due), or
+    COMPILED_CLIENT (bench.native_loadgen, the same bodies, encoded before the run). `by_tenths`: also p50 / p99
+    over each tenth of the answered requests in the order they were due (`tenths`)."""
+    if client == COMPILED_CLIENT:
+        result = run_load_native(url, hundred_body_list(instances), rate_per_s=rate, requests=requests,
+                                 concurrency=16, timeout_s=10.0)
+    else:
+        bodies = {"make_body": hundred_bodies(instances)} if build_ahead else {"make_instances": hundreds(instances)}
+        result = run_load(url, **bodies, rate_per_s=rate, duration_s=requests / rate + 1.0, max_requests=requests,
+                          concurrency=16, timeout_s=10.0, client=client, build_ahead=build_ahead)
     out = {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
@@ -868,6 +882,15 @@ def main() -> int:
                 if band in under_load:
                     print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load[band].items()
                                                      if k != "requests"), flush=True)
+            print("the same sent by the compiled client (bench/native/openloop.c) ...", flush=True)
+            under_load_compiled = loaded(url, instances, load_rate, args.loaded_requests, client=COMPILED_CLIENT)
+            print(f"  p50 {under_load_compiled['p50_ms']:.2f} ms, p99 {under_load_compiled['p99_ms']:.2f} ms (from "
+                  f"the send: {under_load_compiled['service_p99_ms']:.2f} ms), unanswered "
+                  f"{under_load_compiled['unanswered']}", flush=True)
+            for band in ("middle_tenth", "slowest_1pct"):
+                if band in under_load_compiled:
+                    print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load_compiled[band].items()
+                                                     if k != "requests"), flush=True)
             print("the same with the earlier client (httpx, bodies encoded once due) ...", flush=True)
             under_load_before = loaded(url, instances, load_rate, args.loaded_requests, client="httpx",
                                        build_ahead=False)
@@ -960,6 +983,17 @@ def main() -> int:
         "loaded_requests": under_load["requests"],
         "loaded_service_p99_ms_100": under_load["service_p99_ms"],
         "loaded_client": "http.client, one keep-alive connection per sending thread; bodies encoded before the run",
+        # The same requests at the same rate sent by a compiled client (one C thread, epoll, a timer at each
+        # send's time; bench.native_loadgen), right after: the Python client's own lateness told from the server's.
+        # Beside the goal's figure, not instead of it.
+        "loaded_p50_ms_100_compiled_client": under_load_compiled["p50_ms"],
+        "loaded_p99_ms_100_compiled_client": under_load_compiled["p99_ms"],
+        "loaded_service_p99_ms_100_compiled_client": under_load_compiled["service_p99_ms"],
+        "loaded_unanswered_compiled_client": under_load_compiled["unanswered"],
+        "loaded_tail_ms_100_compiled_client": {key: under_load_compiled.get(key)
+                                               for key in ("slowest_1pct", "middle_tenth")},
+        "loaded_compiled_client": "bench/native/openloop.c: one thread, epoll, 16 keep-alive connections opened "
+                                  "before the run; bodies encoded before the run",
         "loaded_p50_ms_100_previous_client": under_load_before["p50_ms"],
         "loaded_p99_ms_100_previous_client": under_load_before["p99_ms"],
         "loaded_service_p99_ms_100_previous_client": under_load_before["service_p99_ms"],
@@ -980,6 +1014,7 @@ def main() -> int:
         + paired["failed_requests"]
         + opened["failed_requests"]
         + under_load["unanswered"]
+        + under_load_compiled["unanswered"]
         + under_load_before["unanswered"]
         + swapped["unanswered"]
         + after_deltas["failed_requests"],
@@ -996,6 +1031,7 @@ def main() -> int:
         "in_process": {str(k): v for k, v in inprocess.items()},
         "open_loop": opened,
         "loaded": under_load,
+        "loaded_compiled": under_load_compiled,
         "swaps": swapped,
         "model": {"name": "dcnv2", **{k: v for k, v in models.items() if k not in ("first", "rounds")}},
         "server": {"cores": [SERVER_CORE] if cores > 1 else "all", "pinned_with": "taskset" if shutil.which("taskset")

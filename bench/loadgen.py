@@ -71,6 +71,23 @@ class LoadResult:
     elapsed_s: float
     records: list[RequestRecord] = field(default_factory=list)  # every sent request, by send time
 
+    @classmethod
+    def of(cls, records: list[RequestRecord], *, skipped: int, elapsed_s: float) -> LoadResult:
+        """The result of a run that sent `records` (every sent request, any order) and skipped `skipped`."""
+        records = sorted(records, key=lambda r: r.sent_at_s)
+        answered = [r for r in records if r.status == 200]
+        latencies_ms = np.array([r.latency_s * 1000.0 for r in answered])
+        return cls(
+            num_requests=len(records),
+            failed_requests=len(records) - len(answered),
+            skipped=skipped,
+            latency_p50_ms=float(np.percentile(latencies_ms, 50)) if answered else None,
+            latency_p99_ms=float(np.percentile(latencies_ms, 99)) if answered else None,
+            versions=[(r.sent_at_s, r.version) for r in answered],
+            elapsed_s=elapsed_s,
+            records=records,
+        )
+
     @property
     def unanswered(self) -> int:
         """Requests due that got no 200: the skipped ones and the failed ones."""
@@ -310,16 +327,4 @@ def run_load(
     for future in futures:
         future.result()  # a bug in `send` surfaces here instead of as a request missing from the counts
 
-    records.sort(key=lambda r: r.sent_at_s)
-    answered = [r for r in records if r.status == 200]
-    latencies_ms = np.array([r.latency_s * 1000.0 for r in answered])
-    return LoadResult(
-        num_requests=num_sent,
-        failed_requests=len(records) - len(answered),
-        skipped=skipped,
-        latency_p50_ms=float(np.percentile(latencies_ms, 50)) if answered else None,
-        latency_p99_ms=float(np.percentile(latencies_ms, 99)) if answered else None,
-        versions=[(r.sent_at_s, r.version) for r in answered],
-        elapsed_s=elapsed_s,
-        records=records,
-    )
+    return LoadResult.of(records, skipped=skipped, elapsed_s=elapsed_s)
