@@ -79,6 +79,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import psutil
 
 from bench.loadgen import run_load
 from bench.native_loadgen import run_load_native
@@ -515,6 +516,7 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
     `build_ahead` the bodies are encoded before the run, without it each once its request is due), or
     COMPILED_CLIENT (bench.native_loadgen, the same bodies, encoded before the run). `by_tenths`: also p50 / p99
     over each tenth of the answered requests in the order they were due (`tenths`)."""
+    times = psutil.cpu_times()
     if client == COMPILED_CLIENT:
         result = run_load_native(url, hundred_body_list(instances), rate_per_s=rate, requests=requests,
                                  concurrency=16, timeout_s=10.0)
@@ -525,6 +527,7 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
     out = {"rate_per_s": rate, "requests": result.num_requests + result.skipped, "p50_ms": result.latency_p50_ms,
            "p99_ms": result.latency_p99_ms, "service_p99_ms": result.service_percentile_ms(99),
            "skipped": result.skipped, "failed": result.failed_requests, "unanswered": result.unanswered}
+    out["host_steal_share"] = steal_share(times, psutil.cpu_times())
     out.update(where_time_went(result.records))
     if by_tenths:
         answered = [r for r in sorted(result.records, key=lambda r: r.scheduled_at_s) if r.status == 200]
@@ -533,6 +536,19 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
         out["tenths"] = [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99))}
                          for t in tenths if t]
     return out
+
+
+def steal_share(before: Any, after: Any) -> float | None:
+    """The share of the host's CPU time between two `psutil.cpu_times()` that the hypervisor gave to other
+    guests (steal): how much this machine's neighbours took while it measured. None where the kernel does not
+    say (no `steal` field)."""
+    if not hasattr(after, "steal"):
+        return None
+    # Linux's fields; guest time is counted in user's already.
+    counted = [name for name in ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+               if hasattr(after, name)]
+    total = sum(getattr(after, name) - getattr(before, name) for name in counted)
+    return (after.steal - before.steal) / total if total > 0 else None
 
 
 def where_time_went(records: list[Any]) -> dict[str, Any]:
@@ -808,6 +824,7 @@ def main() -> int:
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     started = time.perf_counter()
+    run_times = psutil.cpu_times()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-serving-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -986,6 +1003,11 @@ def main() -> int:
         # The same requests at the same rate sent by a compiled client (one C thread, epoll, a timer at each
         # send's time; bench.native_loadgen), right after: the Python client's own lateness told from the server's.
         # Beside the goal's figure, not instead of it.
+        # The share of the host's CPU time its hypervisor gave other guests (steal): the whole run, and each
+        # loaded phase (the noise of a shared host, measured beside the latencies it moves).
+        "host_steal_share": steal_share(run_times, psutil.cpu_times()),
+        "loaded_host_steal_share": under_load["host_steal_share"],
+        "loaded_host_steal_share_compiled_client": under_load_compiled["host_steal_share"],
         "loaded_p50_ms_100_compiled_client": under_load_compiled["p50_ms"],
         "loaded_p99_ms_100_compiled_client": under_load_compiled["p99_ms"],
         "loaded_service_p99_ms_100_compiled_client": under_load_compiled["service_p99_ms"],
