@@ -7,7 +7,8 @@ bench/results/chain_spans.json.
 
     make bench-chain-spans                     a day of 1,440 minutes over a table of 4 M rows (~10 min)
 
-Keys, per chain (`spans`, `overlays_only`):
+Keys, per chain (`spans`: spans read from the live store; `spans_from_pieces`: the same spans merged from the
+pieces they replace; `overlays_only`):
 
     write_s_p50, write_s_p99, write_s_max   a minute's checkpoint files of the table, written (seconds)
     write_s_max_minute                      the minute that took the longest
@@ -20,7 +21,11 @@ Keys, per chain (`spans`, `overlays_only`):
                                             they are read from the page cache
 
 and `write_amplification` (the spans' bytes_written over the overlays'), `materialize_ratio_at_<p>` (overlays
-over spans) and `same_table` (both chains' tables at the last minute equal, row for row).
+over spans), `same_table` (each span chain's table equal to the overlays' at every minute made, row for row)
+and `span_minutes_pieces_over_store` (the minutes that write a span: a minute's files with its span merged from
+the pieces over the same minute's read from the store; the median ratio, the ratio of the sums, and each way's
+slowest minute). Each minute writes the three chains in this order, so the pieces were written minutes ago at
+most and are read from the page cache, as a minute run's recent pieces would be.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from trainer.row_store import RowStore
 from trainer.tiered_tables import materialize, table_chain, write_minute_table
 
 RESULT = Path(__file__).parent / "results" / "chain_spans.json"
-CHAINS = ("spans", "overlays_only")
+CHAINS = ("spans", "spans_from_pieces", "overlays_only")
+SPAN_FROM = {"spans": "store", "spans_from_pieces": "pieces"}  # where each chain's spans read their records
 TABLE = "C1"
 CHUNK_ROWS = 1 << 20
 
@@ -113,7 +119,8 @@ def run(work: Path, num_rows: int, dim: int, minutes: int, lookups: int, exponen
                 directory = work / chain / f"m{minute:04d}"
                 start = time.perf_counter()
                 files = write_minute_table(directory / "tables", TABLE, rows, live,
-                                           parents[chain] if chain == "spans" else None)
+                                           parents[chain] if chain in SPAN_FROM else None,
+                                           span_from=SPAN_FROM.get(chain, "store"))
                 inputs, extra = files.manifest()
                 write_manifest(directory, kind="checkpoint", version=f"m{minute}", files=files.files,
                                inputs={"parent_checkpoint": str(parents[chain]), **inputs}, extra=extra)
@@ -130,16 +137,20 @@ def run(work: Path, num_rows: int, dim: int, minutes: int, lookups: int, exponen
                                          f"materialize_s_at_{minute}": time.perf_counter() - start})
                 same = tables_equal(work / f"made-spans-{minute}.rows", work / f"made-overlays_only-{minute}.rows",
                                     num_rows)
+                same_pieces = tables_equal(work / f"made-spans_from_pieces-{minute}.rows",
+                                           work / f"made-overlays_only-{minute}.rows", num_rows)
                 for chain in CHAINS:
                     (work / f"made-{chain}-{minute}.rows").unlink()
                 facts["spans"][f"same_table_at_{minute}"] = same
+                facts["spans_from_pieces"][f"same_table_at_{minute}"] = same_pieces
                 print(json.dumps({"minute": minute, **{chain: {k: v for k, v in facts[chain].items()
                                                                if k.endswith(f"_{minute}")} for chain in CHAINS}}),
                       flush=True)
             elif minute % 60 == 0:
                 print(f"[bench-chain-spans] minute {minute}/{minutes}: a minute's files written in "
-                      f"{seconds['spans'][-1]:.3f} s with spans, {seconds['overlays_only'][-1]:.3f} s without",
-                      flush=True)
+                      f"{seconds['spans'][-1]:.3f} s with spans from the store, "
+                      f"{seconds['spans_from_pieces'][-1]:.3f} s from the pieces, "
+                      f"{seconds['overlays_only'][-1]:.3f} s without", flush=True)
     finally:
         live.close()
     result: dict[str, Any] = {}
@@ -153,7 +164,13 @@ def run(work: Path, num_rows: int, dim: int, minutes: int, lookups: int, exponen
     for minute in at:
         result[f"materialize_ratio_at_{minute}"] = (result["overlays_only"][f"materialize_s_at_{minute}"]
                                                     / result["spans"][f"materialize_s_at_{minute}"])
-    result["same_table"] = all(result["spans"][f"same_table_at_{minute}"] for minute in at)
+    result["same_table"] = all(result[chain][f"same_table_at_{minute}"] for minute in at for chain in SPAN_FROM)
+    # The two ways of writing a span, minute by minute in the same run (the minutes that write one).
+    spanning = [m - 1 for m in range(1, minutes + 1) if (m & -m) >= 2]
+    store_s, pieces_s = (np.asarray(seconds[chain])[spanning] for chain in SPAN_FROM)
+    result["span_minutes_pieces_over_store"] = {
+        "p50": float(np.percentile(pieces_s / store_s, 50)), "sum": float(pieces_s.sum() / store_s.sum()),
+        "max_s_store": float(store_s.max()), "max_s_pieces": float(pieces_s.max())}
     return result
 
 

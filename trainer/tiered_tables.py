@@ -502,6 +502,8 @@ CHAIN_POSITION = "tables_chain_position"
 SPAN_PARENT = "tables_span_parent"
 # The records (values and accumulators) a span may gather in memory; a larger one is not written.
 SPAN_MEMORY_BYTES = 256 * 2**20
+# Where a span's records come from (`write_minute_table`): the live store, or the pieces it replaces.
+SPAN_SOURCES = ("store", "pieces")
 
 
 def overlay_name(table: str) -> str:
@@ -524,12 +526,16 @@ def write_overlay(path: Path, rows: np.ndarray, values: np.ndarray, accumulators
 
 
 def write_minute_table(target: Path, name: str, rows: np.ndarray, store: RowStore,
-                       parent_checkpoint: Path | None, max_span_bytes: int = SPAN_MEMORY_BYTES) -> ChainFiles:
+                       parent_checkpoint: Path | None, max_span_bytes: int = SPAN_MEMORY_BYTES,
+                       span_from: str = "store") -> ChainFiles:
     """A minute checkpoint's files of tiered table `name`, into `target` (its `tables` directory): the overlay,
     `rows` (the rows the minute's batches read, ascending) with their values and accumulators from `store` (the
     live store, flushed: the table as of this minute); and with `parent_checkpoint`, the span the chain's binary
-    counter places at this minute (`span_pieces`, `write_span`; none when `max_span_bytes` is 0: the position is
-    recorded all the same). `files` are relative to the checkpoint."""
+    counter places at this minute (`span_pieces`; none when `max_span_bytes` is 0: the position is recorded all
+    the same), its records read from the live store (`span_from` "store": `write_span`) or merged from the
+    pieces it replaces ("pieces": `merge_span`). `files` are relative to the checkpoint."""
+    if span_from not in SPAN_SOURCES:
+        raise ValueError(f"span_from must be one of {', '.join(SPAN_SOURCES)}, got {span_from!r}")
     target.mkdir(parents=True, exist_ok=True)
     values, accumulators = store.read(rows)
     files = [write_overlay(target / overlay_name(name), rows, values, accumulators)]
@@ -538,7 +544,10 @@ def write_minute_table(target: Path, name: str, rows: np.ndarray, store: RowStor
     position, at, pieces = span_pieces(parent_checkpoint, name)
     span_rows = None
     if at is not None and max_span_bytes > 0:
-        span_rows = write_span(target / span_name(name), pieces, rows, store, max_span_bytes)
+        if span_from == "pieces":
+            span_rows = merge_span(target / span_name(name), [target / overlay_name(name), *pieces], max_span_bytes)
+        else:
+            span_rows = write_span(target / span_name(name), pieces, rows, store, max_span_bytes)
     if span_rows is None:
         return ChainFiles(files=[f"{TABLES_DIR}/{files[0]}"], position=position)
     return ChainFiles(files=[f"{TABLES_DIR}/{file}" for file in (*files, span_name(name))], position=position,
@@ -702,27 +711,62 @@ def write_span(path: Path, pieces: Sequence[Path], rows: np.ndarray, store: RowS
     its records fit in `max_bytes` of memory (the records are gathered in memory, as an overlay's are); returns
     its rows, or None where it is not written (the chain then keeps the minutes the span would hold). The rows
     are counted before anything is read from the store, and a union that grows over the bound is given up at
-    once: a span left out costs its pieces' row ids, not their union (4.2 s for minute 1,024's in
-    bench-chain-spans' first run, which took the whole union first)."""
+    once (`span_union`)."""
     max_rows = max_bytes // (store.embedding_dim * 4 * 2)
-    parts = [np.asarray(rows, np.int64)]
+    parts = pieces_rows(pieces, max_rows)
+    union = None if parts is None else span_union([np.asarray(rows, np.int64), *parts], max_rows)
+    if union is None:
+        return None
+    values, accumulators = store.read(union)
+    write_overlay(path, union, values, accumulators)
+    return int(len(union))
+
+
+def merge_span(path: Path, pieces: Sequence[Path], max_bytes: int = SPAN_MEMORY_BYTES) -> int | None:
+    """The same span as `write_span`, merged from the pieces themselves: `pieces` newest first (the minute's own
+    overlay, then its parent's chain as `span_pieces` gives it), each row's newest values and accumulators. A
+    row's values in the live store change only in a minute that reads it, and that minute's overlay holds them,
+    so the newest piece holding a row holds its values as of this minute: the span needs no live store, and
+    any process can write it once the minute's overlay is written. Same bound and return as `write_span`."""
+    if not pieces:
+        return None
+    with np.load(pieces[0], allow_pickle=False) as data:
+        width = max(1, int(data["values"].shape[-1]))
+    max_rows = max_bytes // (width * 4 * 2)
+    parts = pieces_rows(pieces, max_rows)
+    if parts is None or span_union(parts, max_rows) is None:
+        return None
+    merged = RowOverlay.merged(read_overlay(piece) for piece in reversed(pieces))
+    write_overlay(path, merged.rows, merged.arrays["values"], merged.arrays["accumulators"])
+    return int(len(merged))
+
+
+def pieces_rows(pieces: Sequence[Path], max_rows: int) -> list[np.ndarray] | None:
+    """Each piece's row ids (the largest file first), or None as soon as one alone is over `max_rows`."""
+    parts = []
     for piece in sorted(pieces, key=lambda path: path.stat().st_size, reverse=True):
         with np.load(piece, allow_pickle=False) as data:
             parts.append(data["rows"])
         if len(parts[-1]) > max_rows:
             return None
+    return parts
+
+
+def span_union(parts: Sequence[np.ndarray], max_rows: int) -> np.ndarray | None:
+    """The union of `parts` (row ids), or None as soon as it is known to be over `max_rows`: a part over the
+    bound alone, then the union grown from the largest part down. A span left out costs its pieces' row ids, not
+    their union (4.2 s for minute 1,024's in bench-chain-spans' first run, which took the whole union first)."""
+    if any(len(part) > max_rows for part in parts):
+        return None
     if sum(len(part) for part in parts) <= max_rows:
-        union = np.unique(np.concatenate(parts))
-    else:  # the largest first, given up as soon as the union is over the bound
-        parts.sort(key=len, reverse=True)
-        union = np.unique(parts[0])
-        for part in parts[1:]:
-            union = np.union1d(union, part)
-            if len(union) > max_rows:
-                return None
-    values, accumulators = store.read(union)
-    write_overlay(path, union, values, accumulators)
-    return int(len(union))
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    ordered = sorted(parts, key=len, reverse=True)
+    union = np.unique(ordered[0])
+    for part in ordered[1:]:
+        union = np.union1d(union, part)
+        if len(union) > max_rows:
+            return None
+    return union
 
 
 def materialize(checkpoint_dir: Path, name: str, destination: Path) -> None:

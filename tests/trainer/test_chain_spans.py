@@ -25,12 +25,12 @@ NUM_ROWS, DIM = 3_000, 4
 
 
 def a_day(root: Path, minutes: int, rows_per_minute: int = 150, max_span_bytes: int = 2**30,
-          spans_from: int = 0) -> tuple[list[Path], list[tuple[np.ndarray, np.ndarray]]]:
+          spans_from: int = 0, span_from: str = "store") -> tuple[list[Path], list[tuple[np.ndarray, np.ndarray]]]:
     """A daily checkpoint holding table C1's store, and `minutes` minute checkpoints after it written as a minute
     run writes them: each minute's rows (Zipf-like: low rows often) written into the live store, then its overlay
     and span (`write_minute_table`) and its manifest. Minutes before `spans_from` are written as a checkpoint
-    without spans was (no parent given, so no position). Returns the checkpoints (the day first) and the table
-    (values, accumulators) each stands for."""
+    without spans was (no parent given, so no position); `span_from` is `write_minute_table`'s. Returns the
+    checkpoints (the day first) and the table (values, accumulators) each stands for."""
     rng = np.random.default_rng(5)
     values = rng.normal(size=(NUM_ROWS, DIM)).astype(np.float32)
     accumulators = rng.uniform(size=(NUM_ROWS, DIM)).astype(np.float32)
@@ -51,7 +51,7 @@ def a_day(root: Path, minutes: int, rows_per_minute: int = 150, max_span_bytes: 
             live.flush()
             directory = root / f"m{minute:04d}"
             parent = checkpoints[-1] if minute >= spans_from else None
-            chain = write_minute_table(directory / "tables", "C1", rows, live, parent, max_span_bytes)
+            chain = write_minute_table(directory / "tables", "C1", rows, live, parent, max_span_bytes, span_from)
             inputs, extra = chain.manifest()
             write_manifest(directory, kind="checkpoint", version=f"m{minute}", files=chain.files,
                            inputs={"parent_checkpoint": str(checkpoints[-1]), **inputs}, extra=extra)
@@ -67,8 +67,9 @@ def read_chain(checkpoint: Path) -> tuple[np.ndarray, np.ndarray]:
         return chain.read(np.arange(NUM_ROWS))
 
 
-def test_the_chain_from_minute_p_crosses_one_piece_per_set_bit_and_reads_as_the_table(tmp_path):
-    checkpoints, tables = a_day(tmp_path, minutes=40)
+@pytest.mark.parametrize("span_from", ["store", "pieces"])
+def test_the_chain_from_minute_p_crosses_one_piece_per_set_bit_and_reads_as_the_table(tmp_path, span_from):
+    checkpoints, tables = a_day(tmp_path, minutes=40, span_from=span_from)
     for position, checkpoint in enumerate(checkpoints):
         assert chain_position(checkpoint, "C1") == position
         base, pieces = table_chain(checkpoint, "C1")
@@ -161,3 +162,42 @@ def test_a_span_is_bounded_by_its_union_not_by_the_rows_its_pieces_repeat(tmp_pa
         assert write_span(tmp_path / "one.npz", pieces, np.array([], np.int64), store, max_bytes=99 * record) is None
     finally:
         store.close()
+
+
+def test_a_span_merged_from_its_pieces_is_the_span_read_from_the_live_store(tmp_path):
+    """Every span of 40 minutes, merged from the pieces it replaces (no live store), holds the same rows, values
+    and accumulators as the one read from the live store: a row's newest piece holds its values as of the
+    minute."""
+    from trainer.tiered_tables import read_overlay
+
+    from_store, _ = a_day(tmp_path / "store", minutes=40)
+    from_pieces, _ = a_day(tmp_path / "pieces", minutes=40, span_from="pieces")
+    spans = 0
+    for left, right in zip(from_store[1:], from_pieces[1:], strict=True):
+        span = Path("tables") / "C1.span.npz"
+        assert (left / span).exists() == (right / span).exists()
+        if (left / span).exists():
+            spans += 1
+            (rows, fields), (other_rows, other_fields) = read_overlay(left / span), read_overlay(right / span)
+            np.testing.assert_array_equal(rows, other_rows)
+            for name in ("values", "accumulators"):
+                np.testing.assert_array_equal(fields[name], other_fields[name])
+    assert spans == 20  # the even minutes
+
+
+def test_a_span_merged_from_pieces_keeps_the_bound_and_the_newest_values(tmp_path):
+    from trainer.tiered_tables import merge_span, read_overlay, write_overlay
+
+    record = DIM * 4 * 2
+    ones, twos = np.ones((3, DIM), np.float32), np.full((2, DIM), 2.0, np.float32)
+    older = write_overlay(tmp_path / "older.npz", np.array([1, 5, 9]), ones, ones)
+    newer = write_overlay(tmp_path / "newer.npz", np.array([5, 7]), twos, twos)
+    pieces = [tmp_path / newer, tmp_path / older]  # newest first, as span_pieces gives them
+    assert merge_span(tmp_path / "span.npz", pieces, max_bytes=4 * record) == 4
+    rows, fields = read_overlay(tmp_path / "span.npz")
+    np.testing.assert_array_equal(rows, [1, 5, 7, 9])
+    np.testing.assert_array_equal(fields["values"][:, 0], [1.0, 2.0, 2.0, 1.0])  # row 5: the newer piece's
+    assert merge_span(tmp_path / "over.npz", pieces, max_bytes=3 * record) is None  # a union of 4 over 3
+    assert not (tmp_path / "over.npz").exists()
+    with pytest.raises(ValueError, match="span_from must be one of store, pieces, got 'disk'"):
+        write_minute_table(tmp_path / "tables", "C1", np.array([1]), None, None, span_from="disk")
