@@ -49,6 +49,10 @@ Phases, in one run:
 - closed loop at 100 candidates again after the swaps, on the last version published, a delta on a full model
   (`after_deltas_*`): what a server of minute-level deltas answers with most of the time.
 
+The share of the host's CPU time its hypervisor gave other guests (steal, from psutil's CPU times) is recorded
+over the run and each loaded phase (`host_steal_share`, `loaded_host_steal_share*`): the noise of a shared host,
+beside the latencies it moves.
+
 The server runs in its own process (`python -m serving.server`) under `taskset -c 0`; this process (the client)
 pins itself to the other core. Latency is wall time at the client, HTTP included. The client's garbage collector
 is off while it measures: it holds TensorFlow's modules, whose collections stalled its requests.
@@ -82,6 +86,7 @@ import numpy as np
 import psutil
 
 from bench.loadgen import run_load
+from bench.native_loadgen import available as native_loadgen_available
 from bench.native_loadgen import run_load_native
 from bench.provenance import provenance
 from components.config import GenerateConfig, TrainConfig
@@ -825,6 +830,7 @@ def main() -> int:
     cores = os.cpu_count() or 1
     started = time.perf_counter()
     run_times = psutil.cpu_times()
+    compiled_missing = native_loadgen_available()  # None, or why the compiled client cannot be built here
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-serving-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -899,15 +905,19 @@ def main() -> int:
                 if band in under_load:
                     print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load[band].items()
                                                      if k != "requests"), flush=True)
-            print("the same sent by the compiled client (bench/native/openloop.c) ...", flush=True)
-            under_load_compiled = loaded(url, instances, load_rate, args.loaded_requests, client=COMPILED_CLIENT)
-            print(f"  p50 {under_load_compiled['p50_ms']:.2f} ms, p99 {under_load_compiled['p99_ms']:.2f} ms (from "
-                  f"the send: {under_load_compiled['service_p99_ms']:.2f} ms), unanswered "
-                  f"{under_load_compiled['unanswered']}", flush=True)
-            for band in ("middle_tenth", "slowest_1pct"):
-                if band in under_load_compiled:
-                    print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load_compiled[band].items()
-                                                     if k != "requests"), flush=True)
+            under_load_compiled: dict[str, Any] = {"unanswered": 0}
+            if compiled_missing is not None:
+                print(f"the compiled client is not run: {compiled_missing}", flush=True)
+            else:
+                print("the same sent by the compiled client (bench/native/openloop.c) ...", flush=True)
+                under_load_compiled = loaded(url, instances, load_rate, args.loaded_requests, client=COMPILED_CLIENT)
+                print(f"  p50 {under_load_compiled['p50_ms']:.2f} ms, p99 {under_load_compiled['p99_ms']:.2f} ms "
+                      f"(from the send: {under_load_compiled['service_p99_ms']:.2f} ms), unanswered "
+                      f"{under_load_compiled['unanswered']}", flush=True)
+                for band in ("middle_tenth", "slowest_1pct"):
+                    if band in under_load_compiled:
+                        print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load_compiled[band].items()
+                                                         if k != "requests"), flush=True)
             print("the same with the earlier client (httpx, bodies encoded once due) ...", flush=True)
             under_load_before = loaded(url, instances, load_rate, args.loaded_requests, client="httpx",
                                        build_ahead=False)
@@ -1000,22 +1010,23 @@ def main() -> int:
         "loaded_requests": under_load["requests"],
         "loaded_service_p99_ms_100": under_load["service_p99_ms"],
         "loaded_client": "http.client, one keep-alive connection per sending thread; bodies encoded before the run",
-        # The same requests at the same rate sent by a compiled client (one C thread, epoll, a timer at each
-        # send's time; bench.native_loadgen), right after: the Python client's own lateness told from the server's.
-        # Beside the goal's figure, not instead of it.
         # The share of the host's CPU time its hypervisor gave other guests (steal): the whole run, and each
         # loaded phase (the noise of a shared host, measured beside the latencies it moves).
         "host_steal_share": steal_share(run_times, psutil.cpu_times()),
         "loaded_host_steal_share": under_load["host_steal_share"],
-        "loaded_host_steal_share_compiled_client": under_load_compiled["host_steal_share"],
-        "loaded_p50_ms_100_compiled_client": under_load_compiled["p50_ms"],
-        "loaded_p99_ms_100_compiled_client": under_load_compiled["p99_ms"],
-        "loaded_service_p99_ms_100_compiled_client": under_load_compiled["service_p99_ms"],
-        "loaded_unanswered_compiled_client": under_load_compiled["unanswered"],
+        "loaded_host_steal_share_compiled_client": under_load_compiled.get("host_steal_share"),
+        # The same requests at the same rate sent by a compiled client (one C thread, epoll, a timer at each
+        # send's time; bench.native_loadgen), right after: the Python client's own lateness told from the server's.
+        # Beside the goal's figure, not instead of it; None where no C compiler could build the client.
+        "loaded_p50_ms_100_compiled_client": under_load_compiled.get("p50_ms"),
+        "loaded_p99_ms_100_compiled_client": under_load_compiled.get("p99_ms"),
+        "loaded_service_p99_ms_100_compiled_client": under_load_compiled.get("service_p99_ms"),
+        "loaded_unanswered_compiled_client": under_load_compiled.get("unanswered"),
         "loaded_tail_ms_100_compiled_client": {key: under_load_compiled.get(key)
                                                for key in ("slowest_1pct", "middle_tenth")},
-        "loaded_compiled_client": "bench/native/openloop.c: one thread, epoll, 16 keep-alive connections opened "
-                                  "before the run; bodies encoded before the run",
+        "loaded_compiled_client": ("bench/native/openloop.c: one thread, epoll, 16 keep-alive connections opened "
+                                   "before the run; bodies encoded before the run") if compiled_missing is None
+        else f"not run: {compiled_missing}",
         "loaded_p50_ms_100_previous_client": under_load_before["p50_ms"],
         "loaded_p99_ms_100_previous_client": under_load_before["p99_ms"],
         "loaded_service_p99_ms_100_previous_client": under_load_before["service_p99_ms"],

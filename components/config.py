@@ -346,9 +346,10 @@ class IncrementalConfig:
     # A minute over a tiered table (storage: tiered) at position p of its chain also writes the rows of its last
     # p & -p minutes as one span, so a table made from the chain (a minute run in a new process, the next daily
     # run's warm start) reads one piece per set bit of p instead of one overlay a minute (trainer/tiered_tables.py;
-    # docs/tiers.md, "Spans over a day of minutes"). A span gathers its records in memory, at most this many MiB,
-    # and is written on the minute's own time (a span of 256 minutes over 1.5-2 M rows took 12-14 s in
-    # bench-chain-spans); a larger one is left out. 0: no spans, one overlay a minute.
+    # docs/tiers.md, "Spans over a day of minutes"). A span gathers its records in memory, at most this many MiB
+    # (a larger one is left out), and is merged from the pieces it replaces by the minute run's last step, after
+    # its publish (a span of 256 minutes over 1.5-2 M rows took 12-14 s in bench-chain-spans, on the minute's own
+    # time before it moved there). 0: no spans, one overlay a minute.
     tiered_span_max_mib: int = 256
 
 

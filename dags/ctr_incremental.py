@@ -29,7 +29,7 @@ CONFIG = load_config()
 
 with DAG(
     dag_id="ctr_incremental",
-    description="minute -> validate -> Spark features/samples -> warm-start train -> delta -> gate -> publish",
+    description="minute -> validate -> Spark features/samples -> warm-start train -> delta -> gate -> publish -> spans",
     schedule=LeadingCronTimetable("* * * * *", timezone="UTC", lead_s=CONFIG.incremental.run_lead_s),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

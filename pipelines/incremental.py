@@ -430,7 +430,7 @@ def train(ctx: RunContext) -> dict:
         epochs=ctx.config.incremental.epochs,
         seed=ctx.config.train.seed, version=plan.version, layout=manifest["layout"],
         num_rows=manifest["row_counts"]["rows"], spec=ctx.spec,
-        span_max_bytes=ctx.config.incremental.tiered_span_max_mib * 2**20,
+        span_max_bytes=0,  # the chain's spans are written after the publish, by the spans step
     )
     write_json_atomic(_dir(ctx) / EVALUATION_FILE, result)
     ctx.tracker.log_metrics({**{f"train.{k}": v for k, v in result.items() if isinstance(v, int | float)},
@@ -594,10 +594,30 @@ def publish(ctx: RunContext) -> dict:
     ctx.tracker.log_metrics({"publish.freshness_s": freshness, "delta.bytes": manifest["delta_bytes"]})
     ctx.tracker.set_tags({"model.version": plan.version, "model.uri": uri, "model.parent": plan.parent})
     _log_freshness_plot(ctx, history)
-    ctx.tracker.end("FINISHED")
     ctx.progress("publish: version %s (parent %s) in %s, %.1f s after its newest minute closed", plan.version,
                  plan.parent, uri, freshness)
     return {"version": plan.version, "uri": uri, "freshness_s": freshness}
+
+
+def spans(ctx: RunContext) -> dict:
+    """After the publish, off the minute's freshness: the spans the chain's binary counter places at this minute's
+    checkpoint, one per tiered table, merged from the pieces they replace (trainer/tiered_tables.py
+    `write_spans`), so that a table read from the chain later crosses one piece per set bit of its position. Until
+    they are written the chain crosses the minutes' overlays, the same table. Nothing for a model without tiered
+    tables."""
+    from trainer.tiered_tables import write_spans
+
+    started = time.monotonic()
+    rows = {}
+    if any(table.tiered for table in ctx.spec.tables().values()):
+        rows = write_spans(_dir(ctx) / "checkpoint", ctx.config.incremental.tiered_span_max_mib * 2**20)
+    seconds = time.monotonic() - started
+    if rows:
+        ctx.progress("spans: %s, %.1f s", ", ".join(f"{name} {count:,} rows" for name, count in rows.items()),
+                     seconds)
+        ctx.tracker.log_metrics({"spans.seconds": seconds, **{f"spans.rows.{k}": v for k, v in rows.items()}})
+    ctx.tracker.end("FINISHED")  # the run's last step
+    return {"span_rows": rows, "seconds": seconds}
 
 
 def _record_freshness(ctx: RunContext, version: str, data_end: str, published_at: datetime) -> dict[str, Any]:
@@ -641,5 +661,7 @@ STEPS: tuple[Step, ...] = (
     Step("gate", "finite values, embedding norms, holdout logloss vs the parent", gate),
     Step("publish", "the delta into the model store (objects first, manifest last); freshness", publish,
          outlets=("model",)),
+    Step("spans", "tiered tables: the chain's spans at this minute, merged from the pieces they replace, after "
+                  "the publish", spans),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)

@@ -16,7 +16,8 @@ memory (trainer/hot_tier.py); the model's CategoricalEmbedding holds only those 
 - for a minute run, `restore_chain` (live stores made from a checkpoint's chain) and `write_overlays`: a
   minute's checkpoint holds, per tiered table, only the rows its batches read (`<table>.overlay.npz`: rows,
   values, accumulators) on top of its parent checkpoint's table, and where the chain's binary counter places
-  one, a span of its last minutes (`<table>.span.npz`, `write_minute_table`); `table_chain`, `ChainRows` and
+  one, a span of its last minutes (`<table>.span.npz`, `write_minute_table`), or, written after the minute's
+  publish, in `tables/spans/` with a manifest of its own (`write_spans`); `table_chain`, `ChainRows` and
   `materialize` read a table as of any checkpoint (the daily store, then the pieces after it).
 
 `in_memory_model(model, checkpoint_dir, table_names)` is the other way round: the same model with every table in
@@ -504,6 +505,9 @@ SPAN_PARENT = "tables_span_parent"
 SPAN_MEMORY_BYTES = 256 * 2**20
 # Where a span's records come from (`write_minute_table`): the live store, or the pieces it replaces.
 SPAN_SOURCES = ("store", "pieces")
+# A minute checkpoint's spans written after its publish (`write_spans`): `tables/spans/`, with their manifest.
+SPANS_DIR = "spans"
+SPANS_KIND = "spans"
 
 
 def overlay_name(table: str) -> str:
@@ -649,6 +653,9 @@ def chain_link(directory: Path, name: str) -> tuple[Path, Path | None]:
     span = directory / TABLES_DIR / span_name(name)
     if inputs.get(SPAN_PARENT) and span.exists():
         return span, Path(inputs[SPAN_PARENT])
+    later = written_spans(directory)
+    if later is not None and span_name(name) in later["files"]:
+        return directory / TABLES_DIR / SPANS_DIR / span_name(name), Path(later["inputs"][SPAN_PARENT])
     overlay = directory / TABLES_DIR / overlay_name(name)
     parent = inputs.get("parent_checkpoint")
     if not overlay.exists() or not parent:
@@ -668,6 +675,53 @@ def chain_position(checkpoint_dir: Path, name: str) -> int | None:
         return 0
     position = read_manifest(checkpoint_dir, kind="checkpoint", verify=False).get(CHAIN_POSITION)
     return int(position) if position is not None else None
+
+
+def written_spans(checkpoint_dir: Path) -> dict[str, Any] | None:
+    """The manifest of the spans written into minute checkpoint `checkpoint_dir` after its publish
+    (`write_spans`), or None where there is none yet: its span files count only once it is written, last."""
+    from components.manifest import MANIFEST_NAME, read_manifest
+
+    directory = Path(checkpoint_dir) / TABLES_DIR / SPANS_DIR
+    if not (directory / MANIFEST_NAME).is_file():
+        return None
+    return read_manifest(directory, kind=SPANS_KIND, verify=False)
+
+
+def write_spans(checkpoint_dir: Path, max_span_bytes: int = SPAN_MEMORY_BYTES) -> dict[str, int]:
+    """The spans the chain's binary counter places at minute checkpoint `checkpoint_dir`, one per tiered table
+    (its overlays name them), merged from the pieces each replaces (`merge_span`: the minute's overlay and its
+    parent's chain; no live store), into `tables/spans/` with a manifest of their own (kind "spans": the
+    checkpoint they apply to, their rows), written last. A chain read before that crosses the minutes' overlays,
+    one read after it the span (`chain_link`): the table is the same either way, so this can run after the
+    minute's delta is published, off its time (pipelines/incremental.py, the `spans` step). Returns each span
+    written and its rows; {} where the minute places none (an odd position, a chain without positions, spans
+    over `max_span_bytes`, or 0), or where the checkpoint holds its spans already (written with them)."""
+    from components.manifest import read_manifest, write_manifest
+
+    checkpoint_dir = Path(checkpoint_dir)
+    manifest = read_manifest(checkpoint_dir, kind="checkpoint", verify=False)
+    parent = manifest.get("inputs", {}).get("parent_checkpoint")
+    tables = checkpoint_dir / TABLES_DIR
+    names = sorted(path.name[:-len(OVERLAY_SUFFIX)] for path in tables.glob("*" + OVERLAY_SUFFIX))
+    if not parent or max_span_bytes <= 0 or manifest.get("inputs", {}).get(SPAN_PARENT):
+        return {}
+    directory = tables / SPANS_DIR
+    rows: dict[str, int] = {}
+    applies_to: Path | None = None
+    for name in names:
+        _, at, pieces = span_pieces(Path(parent), name)
+        if at is None:
+            continue
+        directory.mkdir(exist_ok=True)
+        written = merge_span(directory / span_name(name), [tables / overlay_name(name), *pieces], max_span_bytes)
+        if written is not None:
+            rows[name], applies_to = written, at
+    if rows:
+        write_manifest(directory, kind=SPANS_KIND, version=str(manifest.get("version", "")),
+                       files=[span_name(name) for name in rows], inputs={SPAN_PARENT: str(applies_to)},
+                       extra={"span_rows": rows})
+    return rows
 
 
 def span_pieces(parent_checkpoint: Path, name: str) -> tuple[int | None, Path | None, list[Path]]:

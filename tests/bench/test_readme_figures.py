@@ -182,6 +182,7 @@ FLOAT32 = ("serving_run6.json", "serving_run7.json")  # alternated with BFLOAT16
 BFLOAT16 = ("serving_bfloat16_run2.json", "serving_bfloat16_run3.json")
 STAGED = ("serving_run8.json", "serving_run9.json")  # the server's stages in /metrics
 TIMED = ("serving_run10.json", "serving_run11.json")  # each answer's stages (Server-Timing)
+COMPILED = ("serving_run12.json", "serving_run13.json", "serving_run14.json")  # a compiled client beside
 CHAIN_SPANS = ("chain_spans_run1.json", "chain_spans_run2.json", "chain_spans.json")
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
@@ -337,6 +338,13 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.server_stages_ms'), '.2f')} and "
         f"{span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.rest_ms'), '.2f')} ms in the middle tenth "
         f"(latency {span(values(TIMED, 'loaded_tail_ms_100.middle_tenth.latency_ms'), '.2f')} ms)"),
+    "serving_run12.json, serving_run13.json, serving_run14.json: the compiled client": lambda: (
+        f"p99 {span(values(COMPILED, 'loaded_p99_ms_100_compiled_client'), '.2f')} ms against the load "
+        f"generator's\n{span(values(COMPILED, 'loaded_p99_ms_100'), '.2f')} ms, "
+        f"{sum(values(COMPILED, 'failed_requests'))} failed (**not met**); the compiled client's slowest 1 % spent "
+        f"{span(values(COMPILED, 'loaded_tail_ms_100_compiled_client.slowest_1pct.server_stages_ms'), '.2f')} ms "
+        f"in the server's\nstages and "
+        f"{span(values(COMPILED, 'loaded_tail_ms_100_compiled_client.slowest_1pct.rest_ms'), '.2f')} ms in the rest"),
     "chain_spans_run1.json, chain_spans_run2.json, chain_spans.json": lambda: (
         f"made from the chain at minute 1,440 in {span(values(CHAIN_SPANS, 'spans.materialize_s_at_1440'), '.1f')} s "
         f"with spans against {span(values(CHAIN_SPANS, 'overlays_only.materialize_s_at_1440'), '.1f')} s from "

@@ -88,8 +88,8 @@ def test_incremental_dag_runs_every_minute_one_at_a_time_over_the_minute_pipelin
     # Validation and the Spark samples job run side by side after planning; training waits for both.
     assert dag["upstream"] == {"wait_for_data": [], "plan": ["wait_for_data"], "validate": ["plan"],
                                "samples": ["plan"], "train": ["samples", "validate"], "export_delta": ["train"],
-                               "gate": ["export_delta"], "publish": ["gate"]}
-    assert dag["tasks"][:2] == ["wait_for_data", "plan"] and dag["tasks"][-3:] == ["export_delta", "gate", "publish"]
+                               "gate": ["export_delta"], "publish": ["gate"], "spans": ["publish"]}
+    assert dag["tasks"][:2] == ["wait_for_data", "plan"] and dag["tasks"][-3:] == ["gate", "publish", "spans"]
     # The wait for the minute's data is a sensor that frees its worker slot between pokes.
     assert dag["modes"]["wait_for_data"] == "reschedule"
     # Created before the minute closes (pipelines/timetables.py), with the cron timetable's intervals.

@@ -46,7 +46,7 @@ def test_a_sensors_yes_starts_the_steps_after_it_in_the_dags_order():
 def test_every_step_runs_ahead_once_and_its_task_takes_it_once():
     ahead = RunAhead(pipeline_steps)
     ran = run_through(ahead)
-    assert list(ran) == ["plan", "validate", "samples", "train", "export_delta", "gate", "publish"]
+    assert list(ran) == ["plan", "validate", "samples", "train", "export_delta", "gate", "publish", "spans"]
     taken = ahead.claim({**RUN, "step": "train"})
     assert taken is ran["train"] and taken.claimed
     assert [m["output"] for m in taken.messages()] == [{"step": "train"}]

@@ -116,10 +116,17 @@ def test_each_minute_publishes_the_rows_its_batches_read_and_serving_answers_as_
         train = chain["outputs"][minute]["train"]
         assert set(train["tiered_rows_touched"]) == set(TIERED) and min(train["tiered_rows_touched"].values()) > 0
         tables = layout.incremental_dir(Interval.minute(minute)) / "checkpoint" / "tables"
-        # Rows, no table: the minute's overlays, and at the chain's second minute the spans of both minutes
-        # (trainer/tiered_tables.py, `span_pieces`).
-        spans = ["C1.span.npz", "C2.span.npz"] if position == 2 else []
-        assert sorted(p.name for p in tables.iterdir()) == sorted(["C1.overlay.npz", "C2.overlay.npz", *spans])
+        # Rows, no table: the minute's overlays, and at the chain's second minute the spans of both minutes,
+        # written by the step after the publish into tables/spans/ (trainer/tiered_tables.py, `write_spans`).
+        assert sorted(p.name for p in tables.iterdir()) == sorted(
+            ["C1.overlay.npz", "C2.overlay.npz", *(["spans"] if position == 2 else [])])
+        spans = chain["outputs"][minute]["spans"]["span_rows"]
+        if position == 2:
+            assert sorted(p.name for p in (tables / "spans").iterdir()) == [
+                "C1.span.npz", "C2.span.npz", "manifest.json"]
+            assert set(spans) == set(TIERED) and min(spans.values()) >= min(train["tiered_rows_touched"].values())
+        else:
+            assert spans == {}
         caches = [spec["path"] for spec in manifest["weight_specs"] if "/tiered_table_" in spec["path"]]
         assert len(caches) == 2 and all(manifest["rows_changed"][path] == 0 for path in caches)  # serving fills them
     # The first minute made the chain's live stores from the daily checkpoint's; the second trained them in place.

@@ -17,6 +17,7 @@ from trainer.tiered_tables import (
     span_pieces,
     table_chain,
     write_minute_table,
+    write_spans,
 )
 
 pytestmark = pytest.mark.unit
@@ -25,12 +26,15 @@ NUM_ROWS, DIM = 3_000, 4
 
 
 def a_day(root: Path, minutes: int, rows_per_minute: int = 150, max_span_bytes: int = 2**30,
-          spans_from: int = 0, span_from: str = "store") -> tuple[list[Path], list[tuple[np.ndarray, np.ndarray]]]:
+          spans_from: int = 0, span_from: str = "store", spans_after: bool = False
+          ) -> tuple[list[Path], list[tuple[np.ndarray, np.ndarray]]]:
     """A daily checkpoint holding table C1's store, and `minutes` minute checkpoints after it written as a minute
     run writes them: each minute's rows (Zipf-like: low rows often) written into the live store, then its overlay
     and span (`write_minute_table`) and its manifest. Minutes before `spans_from` are written as a checkpoint
-    without spans was (no parent given, so no position); `span_from` is `write_minute_table`'s. Returns the
-    checkpoints (the day first) and the table (values, accumulators) each stands for."""
+    without spans was (no parent given, so no position); `span_from` is `write_minute_table`'s. With
+    `spans_after` each minute is written without its span, which `write_spans` then writes, as the minute run's
+    step after its publish does. Returns the checkpoints (the day first) and the table (values, accumulators)
+    each stands for."""
     rng = np.random.default_rng(5)
     values = rng.normal(size=(NUM_ROWS, DIM)).astype(np.float32)
     accumulators = rng.uniform(size=(NUM_ROWS, DIM)).astype(np.float32)
@@ -51,10 +55,13 @@ def a_day(root: Path, minutes: int, rows_per_minute: int = 150, max_span_bytes: 
             live.flush()
             directory = root / f"m{minute:04d}"
             parent = checkpoints[-1] if minute >= spans_from else None
-            chain = write_minute_table(directory / "tables", "C1", rows, live, parent, max_span_bytes, span_from)
+            chain = write_minute_table(directory / "tables", "C1", rows, live, parent,
+                                       0 if spans_after else max_span_bytes, span_from)
             inputs, extra = chain.manifest()
             write_manifest(directory, kind="checkpoint", version=f"m{minute}", files=chain.files,
                            inputs={"parent_checkpoint": str(checkpoints[-1]), **inputs}, extra=extra)
+            if spans_after:
+                write_spans(directory, max_span_bytes)
             checkpoints.append(directory)
             tables.append((values.copy(), accumulators.copy()))
     finally:
@@ -201,3 +208,47 @@ def test_a_span_merged_from_pieces_keeps_the_bound_and_the_newest_values(tmp_pat
     assert not (tmp_path / "over.npz").exists()
     with pytest.raises(ValueError, match="span_from must be one of store, pieces, got 'disk'"):
         write_minute_table(tmp_path / "tables", "C1", np.array([1]), None, None, span_from="disk")
+
+
+def test_spans_written_after_the_minute_make_the_same_chain(tmp_path):
+    """Each minute written without its span, then `write_spans` (the minute run's step after its publish): the
+    chain from minute p crosses one piece per set bit of p and reads as the table, the spans under tables/spans/
+    with their own manifest; and before a minute's spans are written, its chain crosses the overlays instead,
+    the same table."""
+    checkpoints, tables = a_day(tmp_path, minutes=24, spans_after=True)
+    for position, checkpoint in enumerate(checkpoints):
+        _, pieces = table_chain(checkpoint, "C1")
+        assert len(pieces) == bin(position).count("1"), position
+        values, accumulators = read_chain(checkpoint)
+        np.testing.assert_array_equal(values, tables[position][0])
+        np.testing.assert_array_equal(accumulators, tables[position][1])
+    _, pieces = table_chain(checkpoints[24], "C1")  # 11000: minutes 1-16, then 17-24
+    assert [(p.parent.parent.parent.name, p.parent.name, p.name) for p in pieces] == [
+        ("m0016", "spans", "C1.span.npz"), ("m0024", "spans", "C1.span.npz")]
+    spans = read_manifest(checkpoints[24] / "tables" / "spans", kind="spans")
+    assert spans["inputs"]["tables_span_parent"] == str(checkpoints[16])
+    assert list(spans["files"]) == ["C1.span.npz"] and spans["span_rows"]["C1"] > 0
+    # The checkpoint's own manifest names no span: the spans have theirs.
+    manifest = read_manifest(checkpoints[24], kind="checkpoint")
+    assert "tables_span_parent" not in manifest["inputs"] and manifest["tables_chain_position"] == 24
+
+    # Minute 24's spans taken away but for their file: without the manifest, written last, they do not count.
+    (checkpoints[24] / "tables" / "spans" / "manifest.json").unlink()
+    _, pieces = table_chain(checkpoints[24], "C1")
+    # Minute 23's chain (the spans of 16, 20 and 22, minute 23's overlay), then minute 24's overlay.
+    assert [(p.parent.parent.name if p.parent.name == "tables" else p.parent.parent.parent.name, p.name)
+            for p in pieces] == [("m0016", "C1.span.npz"), ("m0020", "C1.span.npz"), ("m0022", "C1.span.npz"),
+                                 ("m0023", "C1.overlay.npz"), ("m0024", "C1.overlay.npz")]
+    np.testing.assert_array_equal(read_chain(checkpoints[24])[0], tables[24][0])
+    # Written again (a retried step), the same span.
+    assert write_spans(checkpoints[24]) == {"C1": spans["span_rows"]["C1"]}
+    assert len(table_chain(checkpoints[24], "C1")[1]) == 2
+
+
+def test_write_spans_writes_nothing_where_the_minute_places_no_span(tmp_path):
+    checkpoints, _ = a_day(tmp_path, minutes=4, spans_after=True)
+    assert write_spans(checkpoints[3]) == {}  # an odd position
+    assert not (checkpoints[3] / "tables" / "spans").exists()
+    assert write_spans(checkpoints[4], max_span_bytes=0) == {}  # spans off
+    with_spans, _ = a_day(tmp_path / "in_train", minutes=2)
+    assert write_spans(with_spans[2]) == {}  # written with its span already
