@@ -352,6 +352,11 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"({value('chain_spans.json', 'spans.pieces_at_1440')} pieces), for "
         f"{value('chain_spans.json', 'write_amplification'):.2f}x the bytes written over the day and minutes "
         f"that write a large span taking up to {max(values(CHAIN_SPANS, 'spans.write_s_max')):.1f} s longer"),
+    "chain_spans_run3.json": lambda: (
+        f"spans merged from their pieces "
+        f"{value('chain_spans_run3.json', 'span_minutes_pieces_over_store.p50'):.2f}x of the time of spans read from "
+        f"the store at the median, a minute's overlays p99 "
+        f"{value('chain_spans_run3.json', 'overlays_only.write_s_p99'):.3f} s"),
     "serving_run1.json, serving_run2.json, serving_run3.json: under load": lambda: (
         f"({span(values(SERVING, 'loaded_rate_per_s'), 'g')} requests/s): p99 "
         f"{span(values(SERVING, 'loaded_p99_ms_100'), '.2f')} ms, p50 "
