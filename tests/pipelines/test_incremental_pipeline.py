@@ -301,7 +301,7 @@ def test_the_step_worker_runs_a_minute_for_airflow_tasks_and_keeps_their_outcome
     assert taken["samples"]["train"] + taken["samples"]["holdout"] == 2000
     assert [line.split(" of ")[0].split(": ")[-1] for line in lines if "started ahead of its task" in line] == [
         "incremental/plan", "incremental/validate", "incremental/samples", "incremental/train",
-        "incremental/export_delta", "incremental/gate", "incremental/publish"]
+        "incremental/export_delta", "incremental/gate", "incremental/publish", "incremental/spans"]
     # A retry of a task (or one cleared after the run) runs its step again, and nothing after it runs ahead.
     lines.clear()
     assert step_client.run_on_worker(layout.root, {**ahead, "step": "gate"},

@@ -251,9 +251,10 @@ def test_the_worker_collects_garbage_after_warming_up_and_after_a_failed_step_wh
 def test_a_run_ends_with_its_pipelines_last_step():
     server = step_worker.StepServer(("127.0.0.1", 0), None, secret=SECRET)
     try:
-        assert server.ends_run({"pipeline": "incremental", "step": "publish"})
+        assert server.ends_run({"pipeline": "incremental", "step": "spans"})
+        assert not server.ends_run({"pipeline": "incremental", "step": "publish"})
         assert not server.ends_run({"pipeline": "incremental", "step": "train"})
-        assert not server.ends_run({"pipeline": "nope", "step": "publish"})
+        assert not server.ends_run({"pipeline": "nope", "step": "spans"})
     finally:
         server.server_close()
 
