@@ -392,7 +392,8 @@ def instances_from(path: Path, count: int) -> list[dict[str, Any]]:
 def airflow_timeline(db: Path) -> dict[str, Any]:
     """Where a minute run's time goes, from Airflow's metadata DB (SQLite): per task, the median of its run
     time and of the wait before it starts (the last earlier task of the run ended -> this one running), the
-    delay from the minute's close to the run's first task starting, and the runs by final state."""
+    delay from the minute's close to the run's first task starting, to its last task's end and to the publish
+    task's end, and the runs by final state."""
     import sqlite3
 
     def ts(value: str | None) -> float | None:
@@ -408,7 +409,7 @@ def airflow_timeline(db: Path) -> dict[str, Any]:
             states[state] = states.get(state, 0) + 1
     run_s: dict[str, list[float]] = {}
     wait_s: dict[str, list[float]] = {}
-    start_delay, total = [], []
+    start_delay, total, published = [], [], []
     by_run: dict[str, list[tuple]] = {}
     for run_id, task_id, start, end, state in rows:
         if state == "success" and start and end:
@@ -423,12 +424,16 @@ def airflow_timeline(db: Path) -> dict[str, Any]:
         if runs.get(run_id) and len(tasks) > 1:
             start_delay.append(tasks[0][1] - runs[run_id])
             total.append(tasks[-1][2] - runs[run_id])
+            published += [end - runs[run_id] for task_id, _, end in tasks if task_id == "publish"]
     median = lambda values: round(statistics.median(values), 1) if values else None  # noqa: E731
     return {"dag_runs": states,
             "task_run_s": {task: median(v) for task, v in run_s.items()},
             "task_wait_s": {task: median(v) for task, v in wait_s.items()},
             "first_task_start_after_close_s": median(start_delay),
             "last_task_end_after_close_s": median(total),
+            # The publish task's end: the last task's until the minute DAG gained its `spans` step after it, so
+            # runs before and after that change compare on this key.
+            "publish_task_end_after_close_s": median(published),
             "runs": len(by_run)}
 
 

@@ -20,6 +20,8 @@ def test_timeline_waits_follow_each_tasks_upstream(tmp_path):
             ("r1", "validate", "00:01:04", "00:01:14", "success"),
             ("r1", "samples", "00:01:04", "00:01:20", "success"),
             ("r1", "train", "00:01:21", "00:01:31", "success"),
+            ("r1", "publish", "00:01:32", "00:01:33", "success"),
+            ("r1", "spans", "00:01:33", "00:01:35", "success"),
             ("r2", "plan", "00:02:04", "00:02:05", "success"),
             ("r2", "validate", "00:02:07", "00:02:08", "failed"),
         ]
@@ -28,11 +30,13 @@ def test_timeline_waits_follow_each_tasks_upstream(tmp_path):
             for run, task, start, end, state in tasks])
     timeline = airflow_timeline(db)
     assert timeline["dag_runs"] == {"success": 1, "failed": 1}
-    assert timeline["task_run_s"] == {"plan": 1.0, "validate": 10.0, "samples": 16.0, "train": 10.0}
+    assert timeline["task_run_s"] == {"plan": 1.0, "validate": 10.0, "samples": 16.0, "train": 10.0,
+                                      "publish": 1.0, "spans": 2.0}
     # train waited from samples' end (its last upstream), not from validate's
-    assert timeline["task_wait_s"] == {"validate": 1.0, "samples": 1.0, "train": 1.0}
+    assert timeline["task_wait_s"] == {"validate": 1.0, "samples": 1.0, "train": 1.0, "publish": 1.0, "spans": 0.0}
     assert timeline["first_task_start_after_close_s"] == 2.0  # plan of r1; r2 has one successful task only
-    assert timeline["last_task_end_after_close_s"] == 31.0
+    assert timeline["last_task_end_after_close_s"] == 35.0  # the spans step, after the publish
+    assert timeline["publish_task_end_after_close_s"] == 33.0  # the last task's before the spans step
     assert timeline["runs"] == 2
 
 
