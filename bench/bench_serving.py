@@ -38,7 +38,10 @@ Phases, in one run:
   (`paired_stage_mean_ms_100`), and over the loaded phase (`loaded_stage_mean_ms_100`); and the loaded phase's
   requests one by one, from each answer's Server-Timing header: the slowest 1 % and the middle tenth taken
   apart into the client's delay before the send, the server's stages and the rest (`loaded_tail_ms_100`),
-  each stage's p99 (`loaded_stage_p99_ms_100`, `loaded_server_stages_p99_ms_100`);
+  each stage's p99 (`loaded_stage_p99_ms_100`, `loaded_server_stages_p99_ms_100`), and how many of each band
+  left while an earlier request was unanswered, and how long until it was (`sent_behind_share`, `behind_ms`);
+  what a first-in-first-out queue of one server makes of the same schedule with the times of the requests
+  that found the server idle (`loaded_queued_alone_100`): the tail that waiting one's turn on one core gives;
 - swaps: an open loop at the same rate while three full models, each followed by a delta on it, are
   published, each 6 s after the one before answered; a swap's window runs from its publish to 3 s after the
   new version's first answer; the p99 of the requests due in the windows (pooled by kind) over the p99 of
@@ -543,6 +546,19 @@ def loaded(url: str, instances: list[dict], rate: float, requests: int, client: 
     return out
 
 
+def print_tail(phase: dict[str, Any]) -> None:
+    """A loaded phase's bands (where_time_went) and what queueing alone would make of its schedule."""
+    for band in ("middle_tenth", "slowest_1pct"):
+        if band in phase:
+            print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in phase[band].items() if k != "requests"),
+                  flush=True)
+    alone = phase.get("queued_alone")
+    if alone:
+        print(f"  one server's queue, the same schedule, idle-server times (p50 {alone['idle_service_p50_ms']:.2f} "
+              f"ms): p50 {alone['p50_ms']:.2f} ms, p99 {alone['p99_ms']:.2f} ms; sent behind another: "
+              f"{phase['sent_behind_share']:.1%}", flush=True)
+
+
 def steal_share(before: Any, after: Any) -> float | None:
     """The share of the host's CPU time between two `psutil.cpu_times()` that the hypervisor gave to other
     guests (steal): how much this machine's neighbours took while it measured. None where the kernel does not
@@ -556,16 +572,59 @@ def steal_share(before: Any, after: Any) -> float | None:
     return (after.steal - before.steal) / total if total > 0 else None
 
 
+def sent_behind(records: list[Any]) -> dict[int, float]:
+    """For each sent request (by its index in `records`), how long it still had to wait, when it left the
+    client, for the requests sent before it to be answered (seconds; 0 when none was in flight): on a server of
+    one core, the time it queues behind them. A request without an answer counts as in flight until its
+    timeout or error (its `service_s`)."""
+    order = sorted(range(len(records)), key=lambda i: records[i].sent_at_s)
+    behind, last_done = {}, float("-inf")
+    for i in order:
+        record = records[i]
+        behind[i] = max(0.0, last_done - record.sent_at_s)
+        last_done = max(last_done, record.sent_at_s + record.service_s)
+    return behind
+
+
+def queued_alone(records: list[Any], seed: int = 0) -> dict[str, float] | None:
+    """What queueing alone would make of the run's schedule: a first-in-first-out queue of one server, the
+    requests arriving at their scheduled send times, each served in a time drawn (seeded) from the answered
+    requests that left to an idle server (sent_behind 0, their time from the send). Its p50 / p99 (ms) beside the
+    drawn times' own; None with fewer than 100 such requests. Measured latency over this is what the server adds
+    under load beyond waiting its turn; this over the drawn times' is what the turn costs."""
+    behind = sent_behind(records)
+    idle = np.array([r.service_s for i, r in enumerate(records) if r.status == 200 and behind[i] == 0.0])
+    if len(idle) < 100:
+        return None
+    scheduled = np.sort(np.array([r.scheduled_at_s for r in records]))
+    service = np.random.default_rng(seed).choice(idle, size=len(scheduled))
+    latency, free_at = np.empty(len(scheduled)), float("-inf")
+    for n, (due, takes) in enumerate(zip(scheduled, service, strict=True)):
+        free_at = max(due, free_at) + takes
+        latency[n] = free_at - due
+    return {"p50_ms": float(np.percentile(latency, 50) * 1e3), "p99_ms": float(np.percentile(latency, 99) * 1e3),
+            "idle_service_p50_ms": float(np.percentile(idle, 50) * 1e3),
+            "idle_service_p99_ms": float(np.percentile(idle, 99) * 1e3), "idle_requests": len(idle)}
+
+
 def where_time_went(records: list[Any]) -> dict[str, Any]:
     """Each answered request's latency taken apart by its Server-Timing header (serving/app.py): the server's
     stages, the client's delay before the send (from the scheduled send time to the actual one), and the rest
     (the connection and the kernel both ways, the client reading the answer, and the server's routing and
     writing of the answer, which its stages leave out). Means over the slowest 1 % of the requests (at or over
     their p99) and over the middle tenth (45th-55th percentiles), beside each stage's own p99; {} when the server
-    sent no Server-Timing."""
-    timed = [r for r in records if r.status == 200 and r.server_ms]
-    if not timed:
+    sent no Server-Timing.
+
+    Beside them, in each band, how many of its requests left while an earlier one was still unanswered
+    (`sent_behind_share`) and the mean time until the earlier ones' last answer (`behind_ms`, 0 for a request
+    sent to an idle server; sent_behind): what queueing behind other requests explains of the band's latency.
+    `sent_behind_share` over all answered requests is the run's own."""
+    behind_of = sent_behind(records)
+    timed_at = [i for i, r in enumerate(records) if r.status == 200 and r.server_ms]
+    if not timed_at:
         return {}
+    timed = [records[i] for i in timed_at]
+    behind = np.array([behind_of[i] * 1e3 for i in timed_at])
     latency = np.array([r.latency_s * 1e3 for r in timed])
     stages = list(timed[0].server_ms)
     parts = {stage: np.array([r.server_ms.get(stage, 0.0) for r in timed]) for stage in stages}
@@ -576,12 +635,14 @@ def where_time_went(records: list[Any]) -> dict[str, Any]:
         return {"requests": int(chosen.sum()), "latency_ms": float(latency[chosen].mean()),
                 "send_delay_ms": float(delay[chosen].mean()), "server_stages_ms": float(server[chosen].mean()),
                 **{f"{stage}_ms": float(parts[stage][chosen].mean()) for stage in stages},
-                "rest_ms": float((latency - delay - server)[chosen].mean())}
+                "rest_ms": float((latency - delay - server)[chosen].mean()),
+                "sent_behind_share": float((behind[chosen] > 0).mean()), "behind_ms": float(behind[chosen].mean())}
 
     low, high, top = np.percentile(latency, [45, 55, 99])
     return {"slowest_1pct": means(latency >= top), "middle_tenth": means((latency >= low) & (latency <= high)),
             "stage_p99_ms": {stage: float(np.percentile(parts[stage], 99)) for stage in stages},
-            "server_stages_p99_ms": float(np.percentile(server, 99)), "timed_requests": len(timed)}
+            "server_stages_p99_ms": float(np.percentile(server, 99)), "timed_requests": len(timed),
+            "sent_behind_share": float((behind > 0).mean()), "queued_alone": queued_alone(records)}
 
 
 def swaps(url: str, port: int, instances: list[dict], store: LocalModelStore, models: dict[str, Any], rate: float,
@@ -901,10 +962,7 @@ def main() -> int:
                   + ", ".join(f"{k} {v:.2f}" for k, v in under_load["server_stage_mean_ms"].items()), flush=True)
             print(f"  p50 {under_load['p50_ms']:.2f} ms, p99 {under_load['p99_ms']:.2f} ms (from the send: "
                   f"{under_load['service_p99_ms']:.2f} ms), unanswered {under_load['unanswered']}", flush=True)
-            for band in ("middle_tenth", "slowest_1pct"):
-                if band in under_load:
-                    print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load[band].items()
-                                                     if k != "requests"), flush=True)
+            print_tail(under_load)
             under_load_compiled: dict[str, Any] = {"unanswered": 0}
             if compiled_missing is not None:
                 print(f"the compiled client is not run: {compiled_missing}", flush=True)
@@ -914,10 +972,7 @@ def main() -> int:
                 print(f"  p50 {under_load_compiled['p50_ms']:.2f} ms, p99 {under_load_compiled['p99_ms']:.2f} ms "
                       f"(from the send: {under_load_compiled['service_p99_ms']:.2f} ms), unanswered "
                       f"{under_load_compiled['unanswered']}", flush=True)
-                for band in ("middle_tenth", "slowest_1pct"):
-                    if band in under_load_compiled:
-                        print(f"  {band}: " + ", ".join(f"{k} {v:.2f}" for k, v in under_load_compiled[band].items()
-                                                         if k != "requests"), flush=True)
+                print_tail(under_load_compiled)
             print("the same with the earlier client (httpx, bodies encoded once due) ...", flush=True)
             under_load_before = loaded(url, instances, load_rate, args.loaded_requests, client="httpx",
                                        build_ahead=False)
@@ -986,6 +1041,12 @@ def main() -> int:
         # The loaded phase's requests taken apart one by one (their Server-Timing headers): where the slowest 1 %
         # spent their time, against the middle tenth (`where_time_went`).
         "loaded_tail_ms_100": {key: under_load.get(key) for key in ("slowest_1pct", "middle_tenth")},
+        # What a queue of one server alone makes of the loaded phase's schedule, with the times of the requests
+        # that found the server idle (`queued_alone`), and the share of requests sent while another was in flight.
+        "loaded_queued_alone_100": under_load.get("queued_alone"),
+        "loaded_queued_alone_100_compiled_client": under_load_compiled.get("queued_alone"),
+        "loaded_sent_behind_share_100": under_load.get("sent_behind_share"),
+        "loaded_sent_behind_share_100_compiled_client": under_load_compiled.get("sent_behind_share"),
         "loaded_stage_p99_ms_100": under_load.get("stage_p99_ms"),
         "loaded_server_stages_p99_ms_100": under_load.get("server_stages_p99_ms"),
         "overhead_ratio_100_separate_phases": closed[100]["p99_ms"] / inprocess[100][served_call]["p99_ms"],
