@@ -183,6 +183,7 @@ BFLOAT16 = ("serving_bfloat16_run2.json", "serving_bfloat16_run3.json")
 STAGED = ("serving_run8.json", "serving_run9.json")  # the server's stages in /metrics
 TIMED = ("serving_run10.json", "serving_run11.json")  # each answer's stages (Server-Timing)
 COMPILED = ("serving_run12.json", "serving_run13.json", "serving_run14.json")  # a compiled client beside
+QUEUED = ("serving_run15.json", "serving_run16.json")  # requests sent behind another, another host
 CHAIN_SPANS = ("chain_spans_run1.json", "chain_spans_run2.json", "chain_spans.json")
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
@@ -345,6 +346,16 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{span(values(COMPILED, 'loaded_tail_ms_100_compiled_client.slowest_1pct.server_stages_ms'), '.2f')} ms "
         f"in the server's\nstages and "
         f"{span(values(COMPILED, 'loaded_tail_ms_100_compiled_client.slowest_1pct.rest_ms'), '.2f')} ms in the rest"),
+    "serving_run15.json, serving_run16.json: queued or alone": lambda: (
+        f"{span(values(QUEUED, 'loaded_sent_behind_share_100_compiled_client'), '.1f', scale=0.01)} % of the "
+        f"compiled client's requests were sent behind another; p99 "
+        f"{span(values(QUEUED, 'loaded_p99_ms_100_compiled_client'), '.2f')} ms from the compiled client, "
+        f"{span(values(QUEUED, 'loaded_p99_ms_100'), '.2f')} ms from the load generator, "
+        f"{sum(values(QUEUED, 'failed_requests'))} failed (**not met**); at "
+        f"{value('serving_run16.json', 'loaded_rate_per_s'):.1f} requests/s (run 16, whose scan missed early) p50 "
+        f"{value('serving_run16.json', 'loaded_p50_ms_100_compiled_client'):.2f} ms against "
+        f"{value('serving_run15.json', 'loaded_p50_ms_100_compiled_client'):.2f} ms at "
+        f"{value('serving_run15.json', 'loaded_rate_per_s'):.1f} requests/s"),
     "chain_spans_run1.json, chain_spans_run2.json, chain_spans.json": lambda: (
         f"made from the chain at minute 1,440 in {span(values(CHAIN_SPANS, 'spans.materialize_s_at_1440'), '.1f')} s "
         f"with spans against {span(values(CHAIN_SPANS, 'overlays_only.materialize_s_at_1440'), '.1f')} s from "
