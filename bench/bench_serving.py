@@ -99,7 +99,7 @@ from components.feature_state import DenseTransform, FeatureState, Vocabulary, s
 from components.manifest import write_manifest
 from components.model_store import LocalModelStore
 from components.synthetic import generate_minute
-from serving.metrics import SLOW_GC_S
+from serving.metrics import APP_TIMING, SLOW_GC_S
 
 MODEL_NAME = "ctr"
 SIZES = (1, 100, 1000)
@@ -613,7 +613,9 @@ def where_time_went(records: list[Any]) -> dict[str, Any]:
     (the connection and the kernel both ways, the client reading the answer, and the server's routing and
     writing of the answer, which its stages leave out). Means over the slowest 1 % of the requests (at or over
     their p99) and over the middle tenth (45th-55th percentiles), beside each stage's own p99; {} when the server
-    sent no Server-Timing.
+    sent no Server-Timing. Where the header also says the request's whole time in the app (serving.app's
+    APP_TIMING), the rest is split into the app's part outside the stages (`rest_in_app_ms`) and the part
+    outside the app (`rest_outside_app_ms`).
 
     Beside them, in each band, how many of its requests left while an earlier one was still unanswered
     (`sent_behind_share`) and the mean time until the earlier ones' last answer (`behind_ms`, 0 for a request
@@ -626,17 +628,27 @@ def where_time_went(records: list[Any]) -> dict[str, Any]:
     timed = [records[i] for i in timed_at]
     behind = np.array([behind_of[i] * 1e3 for i in timed_at])
     latency = np.array([r.latency_s * 1e3 for r in timed])
-    stages = list(timed[0].server_ms)
+    stages = [stage for stage in timed[0].server_ms if stage != APP_TIMING]
     parts = {stage: np.array([r.server_ms.get(stage, 0.0) for r in timed]) for stage in stages}
     delay = np.array([(r.latency_s - r.service_s) * 1e3 for r in timed])
     server = sum(parts.values())
+    # The request's whole time in the app until its answer started, where the server says it (serving.app).
+    app = np.array([r.server_ms.get(APP_TIMING, np.nan) for r in timed])
 
     def means(chosen: np.ndarray) -> dict[str, float]:
-        return {"requests": int(chosen.sum()), "latency_ms": float(latency[chosen].mean()),
-                "send_delay_ms": float(delay[chosen].mean()), "server_stages_ms": float(server[chosen].mean()),
-                **{f"{stage}_ms": float(parts[stage][chosen].mean()) for stage in stages},
-                "rest_ms": float((latency - delay - server)[chosen].mean()),
-                "sent_behind_share": float((behind[chosen] > 0).mean()), "behind_ms": float(behind[chosen].mean())}
+        out = {"requests": int(chosen.sum()), "latency_ms": float(latency[chosen].mean()),
+               "send_delay_ms": float(delay[chosen].mean()), "server_stages_ms": float(server[chosen].mean()),
+               **{f"{stage}_ms": float(parts[stage][chosen].mean()) for stage in stages},
+               "rest_ms": float((latency - delay - server)[chosen].mean()),
+               "sent_behind_share": float((behind[chosen] > 0).mean()), "behind_ms": float(behind[chosen].mean())}
+        if not np.isnan(app[chosen]).any():
+            # The rest split in two: the app's own outside the stages (routing, building the answer), and
+            # outside the app (the server's HTTP parsing and its event loop before the app, writing the
+            # answer, the kernel both ways and the client).
+            out["app_ms"] = float(app[chosen].mean())
+            out["rest_in_app_ms"] = float((app - server)[chosen].mean())
+            out["rest_outside_app_ms"] = float((latency - delay - app)[chosen].mean())
+        return out
 
     low, high, top = np.percentile(latency, [45, 55, 99])
     return {"slowest_1pct": means(latency >= top), "middle_tenth": means((latency >= low) & (latency <= high)),

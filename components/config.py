@@ -411,8 +411,9 @@ class ServingConfig:
     # preload's most counted rows, evicted only after the rows read once. 0: a plain LRU cache.
     row_cache_protected_share: float = 0.8
     # A `Server-Timing` header on every answered predict, classify and regress request (REST): the request's stages
-    # in the server, in milliseconds (read, queue, compute, return: ctr_request_stage_seconds), which a browser's
-    # or a load generator's client reads beside its own time. false: the stages stay in /metrics only.
+    # in the server, in milliseconds (read, queue, compute, return: ctr_request_stage_seconds), then its whole time
+    # in the app until the answer starts (app), which a browser's or a load generator's client reads beside its
+    # own time. false: the stages stay in /metrics only.
     server_timing: bool = True
 
 

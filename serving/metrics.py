@@ -74,6 +74,9 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # A request's stages, in order (ctr_request_stage_seconds), and their buckets: a thread hop is tenths of a ms.
 STAGES = ("read", "queue", "compute", "return")
+# After the stages in a REST answer's Server-Timing header (serving.app): the request's whole time in the app
+# until its answer started.
+APP_TIMING = "app"
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 SLOW_GC_S = 0.1  # collections at least this long are logged
 

@@ -3,6 +3,8 @@ time a request waited behind the requests sent before it (bench.bench_serving.se
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bench.bench_serving import queued_alone, sent_behind, where_time_went
@@ -78,3 +80,18 @@ def test_queueing_alone_adds_the_wait_of_requests_due_while_the_server_is_busy()
 
 def test_queueing_alone_needs_a_hundred_requests_that_found_the_server_idle():
     assert queued_alone([record(i * 0.010, 0.002) for i in range(99)]) is None
+
+
+def test_the_rest_is_split_at_the_app_where_the_server_says_its_whole_time():
+    # Each answer: stages 1.4 ms, 2.0 ms in the app (0.6 outside the stages), 3.0 ms from the send: 1.0 outside.
+    records = []
+    for i in range(100):
+        timed = record(i * 0.010, 0.003, delay=0.0005)
+        records.append(dataclasses.replace(timed, server_ms={**timed.server_ms, "app": 2.0}))
+    middle = where_time_went(records)["middle_tenth"]
+    assert middle["server_stages_ms"] == pytest.approx(1.4)  # the app's time is not a stage
+    assert middle["app_ms"] == pytest.approx(2.0)
+    assert middle["rest_in_app_ms"] == pytest.approx(0.6) and middle["rest_outside_app_ms"] == pytest.approx(1.0)
+    assert middle["rest_ms"] == pytest.approx(middle["rest_in_app_ms"] + middle["rest_outside_app_ms"])
+    # A server that does not say it (an earlier version): the rest stays whole.
+    assert "app_ms" not in where_time_went([record(i * 0.010, 0.003) for i in range(100)])["middle_tenth"]

@@ -495,8 +495,9 @@ def test_an_answered_requests_stages_are_timed_and_the_model_call_is_in_compute(
 
 def test_an_answer_says_its_stages_in_a_server_timing_header(old_model: LoadedModel, slow_model_call: None) -> None:
     """Each answered predict and classify carries `Server-Timing: read;dur=..., queue;dur=..., compute;dur=...,
-    return;dur=...` in milliseconds, the model's call (made at least 50 ms long) in compute; a refused request
-    carries none, and `serving.server_timing=false` leaves it out."""
+    return;dur=..., app;dur=...` in milliseconds, the model's call (made at least 50 ms long) in compute, the
+    request's whole time in the app last; a refused request carries none, and `serving.server_timing=false`
+    leaves it out."""
     from bench.loadgen import parse_server_timing
 
     client = TestClient(create_app(FixedSource(old_model), CONFIG, clock=lambda: NOW))
@@ -504,10 +505,13 @@ def test_an_answer_says_its_stages_in_a_server_timing_header(old_model: LoadedMo
     assert response.status_code == 200
     header = response.headers["Server-Timing"]
     assert re.fullmatch(r"read;dur=\d+\.\d{3}, queue;dur=\d+\.\d{3}, compute;dur=\d+\.\d{3}, "
-                        r"return;dur=\d+\.\d{3}", header), header
+                        r"return;dur=\d+\.\d{3}, app;dur=\d+\.\d{3}", header), header
     stages = parse_server_timing(header)
-    assert list(stages) == ["read", "queue", "compute", "return"]
+    assert list(stages) == ["read", "queue", "compute", "return", "app"]
     assert 50.0 <= stages["compute"] < 5_000.0 and stages["read"] < 50.0 and stages["return"] < 50.0
+    # The app's whole time holds the stages, and not much more for a body this small.
+    staged = sum(stages[stage] for stage in ("read", "queue", "compute", "return"))
+    assert staged <= stages["app"] < staged + 50.0
     classified = client.post(f"/v1/models/{MODEL_NAME}:classify", json={"examples": INSTANCES})
     assert classified.status_code == 200 and "compute;dur=" in classified.headers["Server-Timing"]
     refused = client.post(PREDICT, content=b"{not json")
