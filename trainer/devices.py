@@ -12,9 +12,10 @@ A batch that is split must hold a multiple of the device count of rows: training
 the model directly, which takes any number of rows (`held_out_metrics`), so no held-out row is left out.
 
 Tiered tables (storage: tiered) train the same way: their hot slots (one HotTable variable each, rows on disk
-behind it) are sharded row-wise like the table when a tier holds more than `shard_table_rows` slots, else
-replicated; the hot tier's plans stay one per table in this process (the host decides which row goes into which
-slot of the whole variable, and a slot write lands on the device that holds that slot).
+behind it, and one more of width 1 in a model with a linear part) are sharded row-wise like the table when a
+tier holds more than `shard_table_rows` slots, else replicated; the hot tier's plans stay one per table in this
+process (the host decides which row goes into which slot of the whole variable, and a slot write lands on the
+device that holds that slot).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from components.evaluation import log_loss, roc_auc
 DEVICE_AXIS = "devices"
 # The path of CategoricalEmbedding's table variable in every model of the zoo.
 TABLE_PATH = r"(.*/)?embedding/embeddings"
-# The paths of its tiered tables' hot slots (HotTable's variable, one per tiered table).
-HOT_TABLE_PATH = r"(.*/)?embedding/tiered_table_\d+/embeddings"
+# The paths of its tiered tables' hot slots (HotTable's variable, one per tiered table), and of the linear part's
+# hot slots of the same tables (LinearLogit's `value_weights`, in DeepFM and Wide & Deep).
+HOT_TABLE_PATH = r"(.*/)?(embedding|value_weights)/tiered_table_\d+/embeddings"
 
 
 def resolve_devices(requested: int) -> int:
@@ -112,17 +114,23 @@ def shard_rows(model: Any) -> dict[str, Any]:
     """Rows of the embedding table (`table`) and of the optimizer state of its shape (`optimizer`) that each
     device holds, read from the live variables: [rows] on one device, [rows / n] * n when sharded. With tiered
     tables, the same for each one's hot slots and their Adagrad accumulator (`hot_tables`, `hot_optimizer`:
-    table index -> rows per device)."""
-    from trainer.tiered_training import accumulator_of
+    table index -> rows per device), and for the linear part's hot slots where the model has one
+    (`linear_hot_tables`, `linear_hot_optimizer`)."""
+    from trainer.tiered_training import accumulator_of, linear_part
 
     def rows(variable: Any) -> list[int]:
         return [int(shard.data.shape[0]) for shard in variable.value.addressable_shards]
 
-    layer = model.embedding
+    def per_device(prefix: str, hot: dict[str, Any]) -> dict[str, Any]:
+        return {f"{prefix}hot_tables": {table: rows(variable) for table, variable in hot.items()},
+                f"{prefix}hot_optimizer": {table: rows(accumulator_of(model.optimizer, variable))
+                                           for table, variable in hot.items()}} if hot else {}
+
+    layer, linear = model.embedding, linear_part(model)
     hot = {str(table): layer.hot_table(table).embeddings for table in getattr(layer, "tiered_tables", {})}
-    tiered = {"hot_tables": {table: rows(variable) for table, variable in hot.items()},
-              "hot_optimizer": {table: rows(accumulator_of(model.optimizer, variable))
-                                for table, variable in hot.items()}} if hot else {}
+    linear_hot = {str(table): linear.hot_table(table).embeddings
+                  for table in getattr(linear, "tiered_tables", {})} if linear is not None else {}
+    tiered = {**per_device("", hot), **per_device("linear_", linear_hot)}
     table = getattr(layer, "embeddings", None)
     if table is None:  # every feature multi-hashed or tiered: no table
         return {"table": [], "optimizer": [], **tiered}

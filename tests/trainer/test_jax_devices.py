@@ -179,3 +179,47 @@ def test_a_tiered_table_on_four_devices_shards_its_hot_slots_and_trains_to_the_w
     assert len(four.eval_predictions) == 1001
     np.testing.assert_allclose(four.eval_predictions, one.eval_predictions, atol=1e-5)
     assert four.history["val_auc"] == pytest.approx(one.history["val_auc"], abs=2e-3)  # exact vs Keras'
+
+
+@pytest.fixture(scope="module")
+def tiered_deepfm_one_and_four(tmp_path_factory):
+    """tiered_one_and_four's runs with a DeepFM, whose linear part keeps hot slots of the same table (width 1)."""
+    from tests.trainer.synthetic import table_sizes
+    from tests.trainer.test_tiered_train_model import NUM_VALUES, tiered_spec
+    from trainer.jax_train import train_in_jax_process
+
+    root = tmp_path_factory.mktemp("tiered-deepfm-devices")
+    train = write_block_files(random_rows(3072, NUM_VALUES, seed=1), root / "train", num_files=1, block_rows=512)
+    held_out = write_block_files(random_rows(1001, NUM_VALUES, seed=2), root / "eval", num_files=1, block_rows=500)
+    config = dataclasses.replace(CONFIG, model="deepfm", batch_size=128, epochs=2, early_stopping_patience=0,
+                                 calibrate=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XLA_FLAGS", FOUR)
+        return {devices: (train_in_jax_process(dataclasses.replace(config, devices=devices, shard_table_rows=0),
+                                               table_sizes(NUM_VALUES), train, held_out, root / f"d{devices}",
+                                               num_rows=3072, spec=tiered_spec(HOT_ROWS)), root / f"d{devices}")
+                for devices in (1, 4)}
+
+
+@pytest.mark.integration
+def test_a_tiered_deepfm_on_four_devices_shards_its_linear_hot_slots_too_and_trains_to_the_weights_of_one(
+        tiered_deepfm_one_and_four):
+    from tests.trainer.test_tiered_train_model import store_rows
+
+    (one, one_dir), (four, four_dir) = tiered_deepfm_one_and_four[1], tiered_deepfm_one_and_four[4]
+    # The linear part's hot slots (width 1) and their accumulator split like the embedding's: a quarter each.
+    shards = four.speed_flags["shard_rows"]
+    assert shards["hot_tables"] == shards["linear_hot_tables"] == {"0": [41] * 4}
+    assert shards["linear_hot_optimizer"] == {"0": [41] * 4}
+    assert one.speed_flags["shard_rows"]["linear_hot_tables"] == {"0": [HOT_ROWS]}
+    assert one.global_step == four.global_step and one.num_train_examples == four.num_train_examples == 3072
+    # The records on disk (each row's values and its linear weight) and every other weight: the one-device
+    # run's, to float32's reordered sums.
+    np.testing.assert_allclose(store_rows(four_dir, "C1"), store_rows(one_dir, "C1"), rtol=1e-4, atol=1e-5)
+    for single, sharded in zip(one.model.weights, four.model.weights, strict=True):
+        assert single.path == sharded.path
+        expected, got = np.asarray(single), np.asarray(sharded)
+        if got.shape != expected.shape:  # a padded variable: the rows past the one-device run's are never read
+            got = got[:expected.shape[0]]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=single.path)
+    np.testing.assert_allclose(four.eval_predictions, one.eval_predictions, atol=1e-5)
