@@ -42,6 +42,8 @@ Phases, in one run:
   left while an earlier request was unanswered, and how long until it was (`sent_behind_share`, `behind_ms`);
   what a first-in-first-out queue of one server makes of the same schedule with the times of the requests
   that found the server idle (`loaded_queued_alone_100`): the tail that waiting one's turn on one core gives;
+- one request at a time after idle gaps of 0, 1, 3, 10 and 30 ms, taken in turn, 200 requests each
+  (`idle_gaps_100`): what the idle gap before a request costs it, by the gap, with its stages;
 - swaps: an open loop at the same rate while three full models, each followed by a delta on it, are
   published, each 6 s after the one before answered; a swap's window runs from its publish to 3 s after the
   new version's first answer; the p99 of the requests due in the windows (pooled by kind) over the p99 of
@@ -355,6 +357,62 @@ def poster(url: str, client: str) -> Iterator[Callable[[bytes], int]]:
         yield post
     finally:
         connection.close()
+
+
+IDLE_GAPS_MS = (0.0, 1.0, 3.0, 10.0, 30.0)  # the idle gaps before a request, one request at a time
+IDLE_GAP_REQUESTS = 200  # requests after each gap
+
+
+def idle_gaps(url: str, bodies: list[bytes], gaps_ms: Sequence[float] = IDLE_GAPS_MS,
+              requests: int = IDLE_GAP_REQUESTS) -> dict[str, Any]:
+    """What an idle gap before a request costs it: one request at a time on one keep-alive connection, each sent
+    `gap` ms after the answer before it, the gaps taken in turn request by request (so that every gap sees the
+    same minutes of the host), `requests` per gap after 10 to warm. Per gap (its key the gap in ms): p50 / p99
+    of the latency, the gap actually left (mean), and the means of the server's stages, its time in the app
+    and the rest outside the app, from each answer's Server-Timing header (serving/app.py)."""
+    import http.client
+
+    from bench.loadgen import SERVER_TIMING_HEADER, parse_server_timing
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30.0)
+    seen: dict[float, list[tuple[float, float, dict[str, float]]]] = {gap: [] for gap in gaps_ms}
+    failed = 0
+    try:
+        answered = time.perf_counter()
+        for index in range(10 + requests * len(gaps_ms)):
+            gap = gaps_ms[index % len(gaps_ms)]
+            due = answered + gap / 1000.0
+            while (left := due - time.perf_counter()) > 0:
+                time.sleep(left - 0.001 if left > 0.002 else 0)  # sleep most of it, then yield until due
+            sent = time.perf_counter()
+            connection.request("POST", parts.path, body=bodies[index % len(bodies)],
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            answered = time.perf_counter()
+            if response.status != 200:
+                failed += 1
+            elif index >= 10:
+                seen[gap].append(((sent - due) * 1e3 + gap, (answered - sent) * 1e3,
+                                  parse_server_timing(response.getheader(SERVER_TIMING_HEADER)) or {}))
+    finally:
+        connection.close()
+    out: dict[str, Any] = {"failed_requests": failed}
+    for gap, rows in seen.items():
+        latency = np.array([row[1] for row in rows])
+        timed = [row[2] for row in rows if row[2]]
+        entry = {"requests": len(rows), "gap_ms": float(np.mean([row[0] for row in rows])) if rows else None,
+                 **percentiles(list(latency))}
+        if timed and all(APP_TIMING in t for t in timed):
+            stages = np.array([sum(v for k, v in t.items() if k != APP_TIMING) for t in timed])
+            app = np.array([t[APP_TIMING] for t in timed])
+            answered_latency = np.array([row[1] for row in rows if row[2]])
+            entry.update({"compute_ms": float(np.mean([t.get("compute", 0.0) for t in timed])),
+                          "server_stages_ms": float(stages.mean()), "app_ms": float(app.mean()),
+                          "rest_outside_app_ms": float((answered_latency - app).mean())})
+        out[f"{gap:g}"] = entry
+    return out
 
 
 def paired_overhead(url: str, directory: Path, precision: str, instances: list[dict], bodies: list[bytes],
@@ -954,6 +1012,14 @@ def main() -> int:
             print(f"    100 candidates: served p50 {paired['served']['p50_ms']:.2f} ms, p99 "
                   f"{paired['served']['p99_ms']:.2f} ms; in-process p50 {paired['in_process']['p50_ms']:.2f} ms, "
                   f"p99 {paired['in_process']['p99_ms']:.2f} ms", flush=True)
+            print("one request at a time after idle gaps ...", flush=True)
+            gapped = idle_gaps(url, bodies[100])
+            for gap in IDLE_GAPS_MS:
+                entry = gapped[f"{gap:g}"]
+                compute, outside = entry.get("compute_ms", math.nan), entry.get("rest_outside_app_ms", math.nan)
+                print(f"  after {entry['gap_ms']:5.1f} ms idle: p50 {entry['p50_ms']:.2f} ms, p99 "
+                      f"{entry['p99_ms']:.2f} ms, the model's call with its input read {compute:.2f} ms, "
+                      f"outside the app {outside:.2f} ms (means)", flush=True)
             print("closed loop over gRPC ...", flush=True)
             closed_grpc = grpc_closed_loop(grpc_port, grpc_requests, args.requests)
             for size in SIZES:
@@ -1050,6 +1116,9 @@ def main() -> int:
         # time (the paired phase's served requests) and under load: where a request that finds it idle pays.
         "paired_stage_mean_ms_100": paired_stages,
         "loaded_stage_mean_ms_100": under_load["server_stage_mean_ms"],
+        # One request at a time after idle gaps of IDLE_GAPS_MS, taken in turn (`idle_gaps`): what the gap before
+        # a request costs it, by the gap.
+        "idle_gaps_100": gapped,
         # The loaded phase's requests taken apart one by one (their Server-Timing headers): where the slowest 1 %
         # spent their time, against the middle tenth (`where_time_went`).
         "loaded_tail_ms_100": {key: under_load.get(key) for key in ("slowest_1pct", "middle_tenth")},

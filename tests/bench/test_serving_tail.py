@@ -95,3 +95,18 @@ def test_the_rest_is_split_at_the_app_where_the_server_says_its_whole_time():
     assert middle["rest_ms"] == pytest.approx(middle["rest_in_app_ms"] + middle["rest_outside_app_ms"])
     # A server that does not say it (an earlier version): the rest stays whole.
     assert "app_ms" not in where_time_went([record(i * 0.010, 0.003) for i in range(100)])["middle_tenth"]
+
+
+def test_idle_gaps_are_left_before_each_request_in_turn_and_the_answers_taken_apart(model_server):
+    """Against a real HTTP server on loopback (tests/bench/conftest.py) that answers every 5th request 500 and
+    sends a Server-Timing header without APP_TIMING: each gap gets its requests, the gap it left is at least the
+    gap asked, and without the app's time no split is made."""
+    from bench.bench_serving import idle_gaps
+
+    body = b'{"instances": [{"a": 1}, {"a": 2}]}'
+    out = idle_gaps(model_server.url, [body], gaps_ms=(0.0, 20.0), requests=10)
+    assert len(model_server.bodies) == 10 + 2 * 10
+    answered = out["0"]["requests"] + out["20"]["requests"]
+    assert out["failed_requests"] == 6 and answered == 20 - 4  # requests 5, 10, ...: 2 of the 10 warm ones
+    assert 0.0 <= out["0"]["gap_ms"] < 5.0 and 20.0 <= out["20"]["gap_ms"] < 30.0
+    assert out["20"]["p50_ms"] > 0 and "compute_ms" not in out["20"]  # the fake's header has no `app`
