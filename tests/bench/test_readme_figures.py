@@ -185,6 +185,7 @@ TIMED = ("serving_run10.json", "serving_run11.json")  # each answer's stages (Se
 COMPILED = ("serving_run12.json", "serving_run13.json", "serving_run14.json")  # a compiled client beside
 QUEUED = ("serving_run15.json", "serving_run16.json")  # requests sent behind another, another host
 APP_SPLIT = ("serving_run17.json", "serving_run18.json")  # each answer's whole time in the app
+GAPS = ("serving_run19.json", "serving_run20.json")  # one request at a time after fixed idle gaps
 CHAIN_SPANS = ("chain_spans_run1.json", "chain_spans_run2.json", "chain_spans.json")
 SCALE = ("scale.json", "scale_run2.json")
 HISTORY = ("history.json", "history_run2.json")
@@ -365,6 +366,10 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"outside its stages to the compiled client's slowest 1 %, which spent "
         f"{span(values(APP_SPLIT, 'loaded_tail_ms_100_compiled_client.slowest_1pct.rest_outside_app_ms'), '.2f')} "
         f"ms outside the app"),
+    "serving_run19.json, serving_run20.json: idle gaps": lambda: (
+        f"p50 {span(values(GAPS, 'idle_gaps_100.1.p50_ms'), '.2f')} ms after 1 ms idle, "
+        f"{span(values(GAPS, 'idle_gaps_100.10.p50_ms'), '.2f')} ms after 10 ms and "
+        f"{span(values(GAPS, 'idle_gaps_100.30.p50_ms'), '.2f')} ms after 30 ms"),
     "chain_spans_run1.json, chain_spans_run2.json, chain_spans.json": lambda: (
         f"made from the chain at minute 1,440 in {span(values(CHAIN_SPANS, 'spans.materialize_s_at_1440'), '.1f')} s "
         f"with spans against {span(values(CHAIN_SPANS, 'overlays_only.materialize_s_at_1440'), '.1f')} s from "
