@@ -125,25 +125,30 @@ def test_more_devices_than_the_host_shows_is_refused():
 HOT_ROWS = 162  # not a multiple of 4: the hot variable gets 164 slots, the tier hands out 162
 
 
-@pytest.fixture(scope="module")
-def tiered_one_and_four(tmp_path_factory):
+def train_tiered_one_and_four(root, model: str):
     """A spec whose C1 table is tiered (fewer hot slots than its 402 rows, so rows are evicted and loaded
-    again), trained on one device and on four with every table and hot tier sharded (`shard_table_rows=0`), on
-    the same batches (one training file: one reader process; 3,072 rows, so both take batches of 128)."""
+    again), trained with `model` on one device and on four with every table and hot tier sharded
+    (`shard_table_rows=0`), on the same batches (one training file: one reader process; 3,072 rows, so both take
+    batches of 128): {devices: (result, checkpoint directory)}."""
     from tests.trainer.synthetic import table_sizes
     from tests.trainer.test_tiered_train_model import NUM_VALUES, tiered_spec
     from trainer.jax_train import train_in_jax_process
 
-    root = tmp_path_factory.mktemp("tiered-devices")
     train = write_block_files(random_rows(3072, NUM_VALUES, seed=1), root / "train", num_files=1, block_rows=512)
     held_out = write_block_files(random_rows(1001, NUM_VALUES, seed=2), root / "eval", num_files=1, block_rows=500)
-    config = dataclasses.replace(CONFIG, batch_size=128, epochs=2, early_stopping_patience=0, calibrate=False)
+    config = dataclasses.replace(CONFIG, model=model, batch_size=128, epochs=2, early_stopping_patience=0,
+                                 calibrate=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XLA_FLAGS", FOUR)
         return {devices: (train_in_jax_process(dataclasses.replace(config, devices=devices, shard_table_rows=0),
                                                table_sizes(NUM_VALUES), train, held_out, root / f"d{devices}",
                                                num_rows=3072, spec=tiered_spec(HOT_ROWS)), root / f"d{devices}")
                 for devices in (1, 4)}
+
+
+@pytest.fixture(scope="module")
+def tiered_one_and_four(tmp_path_factory):
+    return train_tiered_one_and_four(tmp_path_factory.mktemp("tiered-devices"), CONFIG.model)
 
 
 @pytest.mark.integration
@@ -184,21 +189,7 @@ def test_a_tiered_table_on_four_devices_shards_its_hot_slots_and_trains_to_the_w
 @pytest.fixture(scope="module")
 def tiered_deepfm_one_and_four(tmp_path_factory):
     """tiered_one_and_four's runs with a DeepFM, whose linear part keeps hot slots of the same table (width 1)."""
-    from tests.trainer.synthetic import table_sizes
-    from tests.trainer.test_tiered_train_model import NUM_VALUES, tiered_spec
-    from trainer.jax_train import train_in_jax_process
-
-    root = tmp_path_factory.mktemp("tiered-deepfm-devices")
-    train = write_block_files(random_rows(3072, NUM_VALUES, seed=1), root / "train", num_files=1, block_rows=512)
-    held_out = write_block_files(random_rows(1001, NUM_VALUES, seed=2), root / "eval", num_files=1, block_rows=500)
-    config = dataclasses.replace(CONFIG, model="deepfm", batch_size=128, epochs=2, early_stopping_patience=0,
-                                 calibrate=False)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XLA_FLAGS", FOUR)
-        return {devices: (train_in_jax_process(dataclasses.replace(config, devices=devices, shard_table_rows=0),
-                                               table_sizes(NUM_VALUES), train, held_out, root / f"d{devices}",
-                                               num_rows=3072, spec=tiered_spec(HOT_ROWS)), root / f"d{devices}")
-                for devices in (1, 4)}
+    return train_tiered_one_and_four(tmp_path_factory.mktemp("tiered-deepfm-devices"), "deepfm")
 
 
 @pytest.mark.integration
