@@ -358,6 +358,10 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"{value('serving_run16.json', 'loaded_p50_ms_100_compiled_client'):.2f} ms against "
         f"{value('serving_run15.json', 'loaded_p50_ms_100_compiled_client'):.2f} ms at "
         f"{value('serving_run15.json', 'loaded_rate_per_s'):.1f} requests/s"),
+    "serving_bfloat16_run4.json: bfloat16 on the same host": lambda: (
+        f"p99 {value('serving_bfloat16_run4.json', 'loaded_p99_ms_100'):.2f} ms, "
+        f"{value('serving_bfloat16_run4.json', 'loaded_p99_ms_100_compiled_client'):.2f} ms from the compiled "
+        f"client, at {value('serving_bfloat16_run4.json', 'loaded_rate_per_s'):.1f} requests/s (**not met**)"),
     "serving_run17.json, serving_run18.json: the rest split at the app": lambda: (
         f"p99 {span(values(APP_SPLIT, 'loaded_p99_ms_100'), '.2f')} ms, "
         f"{span(values(APP_SPLIT, 'loaded_p99_ms_100_compiled_client'), '.2f')} ms from the compiled client, "
