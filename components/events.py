@@ -3,8 +3,8 @@
 An impression carries the join's keys (KEY_SCHEMA: a request id, its event time `ts` in epoch milliseconds UTC,
 a user and an item) and whatever further columns the feature spec reads (impression_payload); the join checks
 those by the spec (impression_problems) and carries them to its samples. The generator here writes the `events`
-preset's: context (ad slot, device) and the Criteo fields I1..I13, C1..C26 drawn by
-`components.synthetic.generate_minute`.
+preset's: context (ad slot, device) and the click-log generator's columns (its default spec's, the Criteo
+fields) drawn by `components.synthetic.generate_minute`.
 Its click probability is the planted model's, plus a position effect and a user-item affinity: every item
 belongs to one of NUM_TOPICS topics, every user prefers one topic, and a share of each user's impressions
 shows items of that topic. A user's clicked items reveal the preferred topic, which is what makes behaviour
@@ -54,8 +54,7 @@ from components.feature_spec import (
 )
 from components.interval import parse_time
 from components.layout import Layout
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
-from components.synthetic import SUCCESS_MARKER, generate_minute, hex8, splitmix64
+from components.synthetic import SUCCESS_MARKER, default_shape, generate_minute, hex8, splitmix64
 
 IMPRESSIONS = "impressions"
 CLICKS = "clicks"
@@ -77,12 +76,14 @@ HISTORY = "history"
 # The columns the join reads from every impression stream, with their types; the rest is named by the spec.
 KEY_SCHEMA = pa.schema([(REQUEST_ID, pa.string()), (TS, pa.int64()), (USER_ID, pa.string()),
                         (ITEM_ID, pa.string())])
-# What the generator writes (the `events` preset's columns).
+# What the generator writes (the `events` preset's columns): the keys, the context and the click-log generator's
+# own columns (its default spec's dense and categorical ones).
+BASE_SHAPE = default_shape()
 IMPRESSION_SCHEMA = pa.schema(
     [(REQUEST_ID, pa.string()), (TS, pa.int64()), (USER_ID, pa.string()), (ITEM_ID, pa.string()),
      (SLOT, pa.int32()), (DEVICE, pa.string())]
-    + [(name, pa.int64()) for name in DENSE_FEATURES]
-    + [(name, pa.string()) for name in CATEGORICAL_FEATURES]
+    + [(name, pa.int64()) for name in BASE_SHAPE.dense]
+    + [(name, pa.string()) for name in BASE_SHAPE.categorical]
 )
 CLICK_SCHEMA = pa.schema([(REQUEST_ID, pa.string()), (TS, pa.int64())])
 
@@ -304,7 +305,7 @@ def generate_event_minute(generate: GenerateConfig, events: EventsConfig, minute
                           minute: datetime) -> EventMinute:
     """The impressions of one minute, every click on them, and the planted truth behind both."""
     check_events_config(generate, events)
-    base = generate_minute(generate, minute_index, minute)  # the Criteo fields and their planted probability
+    base = generate_minute(generate, minute_index, minute, BASE_SHAPE)  # the base fields, planted probability
     n = generate.rows_per_minute
     rng = np.random.default_rng([generate.seed, minute_index, 0xE7])
     minute_ms = int(minute.timestamp() * 1000)
@@ -343,7 +344,7 @@ def generate_event_minute(generate: GenerateConfig, events: EventsConfig, minute
         SLOT: pa.array(slot, pa.int32()),
         DEVICE: pa.array(np.array(DEVICES)[device], pa.string()),
     }
-    for name in (*DENSE_FEATURES, *CATEGORICAL_FEATURES):
+    for name in (*BASE_SHAPE.dense, *BASE_SHAPE.categorical):
         columns[name] = base.table.column(name).combine_chunks()
     every_impression = pa.table(columns, schema=IMPRESSION_SCHEMA)
     delivered = np.flatnonzero(~lost)

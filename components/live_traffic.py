@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from components.config import GenerateConfig
 from components.layout import Layout
-from components.synthetic import write_minute
+from components.synthetic import RawShape, write_minute
 
 MINUTE_S = 60
 
@@ -31,9 +31,10 @@ def live_minute_index(minute: datetime) -> int:
     return seconds // MINUTE_S
 
 
-def write_live_minute(config: GenerateConfig, layout: Layout, minute: datetime) -> None:
-    """Writes one wall-clock minute's partition (and its planted probabilities); idempotent."""
-    write_minute(config, layout, live_minute_index(minute), minute)
+def write_live_minute(config: GenerateConfig, layout: Layout, minute: datetime, shape: RawShape | None = None) -> None:
+    """Writes one wall-clock minute's partition (and its planted probabilities) in `shape`'s columns (the
+    generator's default if unset); idempotent."""
+    write_minute(config, layout, live_minute_index(minute), minute, shape)
 
 
 def write_live_minutes(
@@ -44,11 +45,13 @@ def write_live_minutes(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     on_minute: Callable[[datetime, float], None] | None = None,
+    shape: RawShape | None = None,
 ) -> list[datetime]:
     """Writes `num_minutes` consecutive minutes, starting with the one open now, each once it has closed.
 
     `clock` gives epoch seconds; `sleep` waits. After each write, `on_minute(minute, seconds_after_close)` is
-    called. A writer that falls behind (a write or a sleep that overruns) still writes every minute, in order,
+    called. `shape`: the columns written (components.synthetic.RawShape; the generator's default if unset). A
+    writer that falls behind (a write or a sleep that overruns) still writes every minute, in order,
     and the lag shows in `seconds_after_close`. Returns the minutes written (UTC).
     """
     if num_minutes < 1:
@@ -61,7 +64,7 @@ def write_live_minutes(
         while (now := clock()) < close_s:
             sleep(close_s - now)
         minute = datetime.fromtimestamp(start_s, UTC)
-        write_live_minute(config, layout, minute)
+        write_live_minute(config, layout, minute, shape)
         written.append(minute)
         if on_minute is not None:
             on_minute(minute, clock() - close_s)

@@ -1,14 +1,21 @@
-"""Synthetic click logs in the Criteo layout, with labels drawn from a planted model.
+"""Synthetic click logs in a feature spec's layout (the criteo preset's unless another is named), with labels
+drawn from a planted model.
 
 Because the true click probability of every row is known, the best achievable AUC on any slice is known too:
 the generator saves the planted probabilities beside (not inside) the raw logs, and `planted_auc` scores a
 slice with them. The data has what makes real CTR logs hard: Zipf-distributed categorical values of very
 different cardinalities, values never seen before appearing every minute, heavy-tailed integer fields with
 negative values and missing entries, and pairwise feature interactions.
+
+The columns come from the spec (`RawShape`): its label, its dense and single-valued categorical columns (a value
+drawn per row; categorical features of dtype int get integer ids), its timestamp column (the row's time in the
+minute, in the spec's format) and any other column its source names (written empty). A spec with multi-valued or
+sequence columns is refused: their rows come from real logs (`ctr ingest`) or from the event generator.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Iterable
@@ -20,15 +27,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from components.config import GenerateConfig
+from components.config import ConfigError, GenerateConfig
+from components.feature_spec import FeatureSpec, SourceSpec, TimestampFeature, load_spec
 from components.interval import parse_time
 from components.layout import Layout
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, LABEL, NUM_CATEGORICAL, NUM_DENSE
 
-RAW_FILE = "part-00000.tsv"
 SUCCESS_MARKER = "_SUCCESS"
+# The spec the generator writes when none is named.
+DEFAULT_SPEC = "criteo"
 
-# Distinct values per categorical feature, shaped like Criteo's (from 3 to 100 K).
+# Distinct values per categorical feature, shaped like Criteo's (from 3 to 100 K); a spec with more categorical
+# columns takes them again from the start.
 CARDINALITIES = (
     1000, 500, 100_000, 50_000, 300, 20, 10_000, 600, 3, 50_000, 5_000, 80_000, 3_000,
     25, 10_000, 60_000, 10, 4_000, 2_000, 4, 70_000, 15, 15, 30_000, 60, 20_000,
@@ -42,6 +51,8 @@ CATEGORICAL_MISSING_RATE = np.array([0.0, 0.0, 0.03, 0.03, 0.0, 0.1, 0.0, 0.0, 0
 DENSE_MISSING_RATE = np.array([0.45, 0.0, 0.2, 0.2, 0.03, 0.22, 0.04, 0.0, 0.04, 0.45, 0.04, 0.77, 0.2])
 # Pairs of categorical features whose values interact in the planted logit.
 INTERACTIONS = ((5, 13), (8, 19), (16, 21))
+# Share of the categorical features with no planted effect (6 of Criteo's 26), as in real logs.
+UNINFORMATIVE_SHARE = 6 / 26
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -73,28 +84,94 @@ def hex8(values: np.ndarray) -> np.ndarray:
     return chars.view("S8").ravel()
 
 
+class GenerateSpecError(ConfigError):
+    """A feature spec the generator cannot write rows for."""
+
+
+@dataclass(frozen=True)
+class RawShape:
+    """The raw columns the generator draws for a feature spec, and how its partition files are written."""
+
+    spec_name: str
+    label: str
+    dense: tuple[str, ...]  # raw columns of the dense features
+    categorical: tuple[str, ...]  # raw columns of the single-valued categorical features (not derived ones)
+    integer_categorical: frozenset[str]  # those of dtype int
+    timestamp: TimestampFeature | None
+    columns: tuple[str, ...]  # the file's columns, in order
+    source: SourceSpec
+
+    @classmethod
+    def of(cls, spec: FeatureSpec) -> RawShape:
+        """The spec's columns, or GenerateSpecError when it reads a column the generator does not draw."""
+        lists = [f for f in spec.lists if getattr(f, "history", None) is None]
+        if lists:
+            names = ", ".join(f"{f.name} ({f.kind})" for f in lists)
+            raise GenerateSpecError(
+                f"the generator draws dense, categorical and timestamp columns; feature spec {spec.name!r} also "
+                f"reads list columns ({names}): ingest real rows (ctr ingest), or generate the events preset's "
+                "impression and click streams (--events)")
+        dense = _unique(f.column for f in spec.dense)
+        categorical = _unique(f.column for f in spec.categorical if not f.derived_from)
+        if not dense and not categorical:
+            raise GenerateSpecError(f"feature spec {spec.name!r} has no dense or categorical column to draw")
+        columns = spec.source.columns or spec.input_columns
+        unknown = [c for c in spec.input_columns if c not in columns]
+        if unknown:  # spec_from_dict checks this; a hand-built spec may not have been
+            raise GenerateSpecError(f"feature spec {spec.name!r} reads {unknown}, which its source.columns lack")
+        return cls(spec_name=spec.name, label=spec.label.column, dense=dense, categorical=categorical,
+                   integer_categorical=frozenset(f.column for f in spec.categorical
+                                                 if not f.derived_from and f.dtype == "int"),
+                   timestamp=spec.timestamp, columns=tuple(columns), source=spec.source)
+
+
+def _unique(names) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+@functools.cache
+def default_shape() -> RawShape:
+    """The shape of DEFAULT_SPEC (the criteo preset)."""
+    return RawShape.of(load_spec(DEFAULT_SPEC))
+
+
+# The partition file of DEFAULT_SPEC's layout (a spec's own: spec.source.file_name).
+RAW_FILE = default_shape().source.file_name
+
+
 @dataclass(frozen=True)
 class PlantedModel:
     """The true click model. Effects are pure functions of ids, so any minute can be generated alone."""
 
     seed: int
     bias: float
-    categorical_scale: np.ndarray  # [26] effect scale of each categorical feature
-    dense_weight: np.ndarray  # [13]
-    dense_missing_effect: np.ndarray  # [13]
+    categorical_scale: np.ndarray  # [categorical columns] effect scale of each categorical feature
+    dense_weight: np.ndarray  # [dense columns]
+    dense_missing_effect: np.ndarray  # [dense columns]
     interaction_scale: float
 
+    @property
+    def interactions(self) -> tuple[tuple[int, int], ...]:
+        """INTERACTIONS' pairs of features this model has."""
+        return tuple((a, b) for a, b in INTERACTIONS if b < len(self.categorical_scale))
+
     @classmethod
-    def create(cls, seed: int) -> PlantedModel:
+    def create(cls, seed: int, num_categorical: int | None = None, num_dense: int | None = None) -> PlantedModel:
+        """The model of `seed` for a spec of `num_categorical` and `num_dense` columns (default_shape's if
+        unset)."""
+        shape = default_shape()
+        num_categorical = len(shape.categorical) if num_categorical is None else num_categorical
+        num_dense = len(shape.dense) if num_dense is None else num_dense
         rng = np.random.default_rng([seed, 0xC7])
-        scale = rng.uniform(0.1, 0.5, NUM_CATEGORICAL)
-        scale[rng.choice(NUM_CATEGORICAL, 6, replace=False)] = 0.0  # uninformative features, as in real logs
+        scale = rng.uniform(0.1, 0.5, num_categorical)
+        # uninformative features, as in real logs
+        scale[rng.choice(num_categorical, round(num_categorical * UNINFORMATIVE_SHARE), replace=False)] = 0.0
         return cls(
             seed=seed,
             bias=-1.2,
             categorical_scale=scale,
-            dense_weight=rng.normal(0.0, 0.25, NUM_DENSE),
-            dense_missing_effect=rng.normal(0.0, 0.2, NUM_DENSE),
+            dense_weight=rng.normal(0.0, 0.25, num_dense),
+            dense_missing_effect=rng.normal(0.0, 0.2, num_dense),
             interaction_scale=0.35,
         )
 
@@ -106,15 +183,16 @@ class PlantedModel:
 
     def logit(self, ids: np.ndarray, ranks: np.ndarray, dense: np.ndarray) -> np.ndarray:
         logit = np.full(len(ids), self.bias)
-        for f in range(NUM_CATEGORICAL):
+        for f in range(ids.shape[1]):
             logit += self.categorical_effect(f, ids[:, f], ranks[:, f])
         missing = np.isnan(dense)
         scaled = np.where(missing, 0.0, np.sign(dense) * np.log1p(np.abs(dense)))
         centered = (scaled - 2.0) / 1.5
         logit += (np.where(missing, 0.0, centered) * self.dense_weight).sum(axis=1)
         logit += (missing * self.dense_missing_effect).sum(axis=1)
-        logit += 0.3 * np.tanh(np.where(missing[:, 1], 0.0, centered[:, 1]) * centered[:, 4])  # non-linear
-        for a, b in INTERACTIONS:
+        if dense.shape[1] > 4:  # non-linear
+            logit += 0.3 * np.tanh(np.where(missing[:, 1], 0.0, centered[:, 1]) * centered[:, 4])
+        for a, b in self.interactions:
             head = (ranks[:, a] < HEAD_VALUES) & (ranks[:, b] < HEAD_VALUES) & (ids[:, a] >= 0) & (ids[:, b] >= 0)
             ua = _hash_normal(self.seed, a, ids[:, a], salt=1)
             ub = _hash_normal(self.seed, b, ids[:, b], salt=2)
@@ -137,13 +215,18 @@ def _zipf_cdf(cardinality: int) -> np.ndarray:
 _CDFS: dict[int, np.ndarray] = {}
 
 
-def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime) -> MinuteSlice:
-    planted = PlantedModel.create(config.seed)
+def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
+                    shape: RawShape | None = None) -> MinuteSlice:
+    """One minute of rows in `shape`'s columns (default_shape's if unset), drawn from (seed, minute_index)."""
+    shape = shape or default_shape()
+    num_categorical, num_dense = len(shape.categorical), len(shape.dense)
+    planted = PlantedModel.create(config.seed, num_categorical, num_dense)
     rng = np.random.default_rng([config.seed, minute_index])
     n = config.rows_per_minute
-    ids = np.empty((n, NUM_CATEGORICAL), dtype=np.int64)
-    ranks = np.empty((n, NUM_CATEGORICAL), dtype=np.int64)
-    for f, cardinality in enumerate(CARDINALITIES):
+    ids = np.empty((n, num_categorical), dtype=np.int64)
+    ranks = np.empty((n, num_categorical), dtype=np.int64)
+    for f in range(num_categorical):
+        cardinality = CARDINALITIES[f % len(CARDINALITIES)]
         cdf = _CDFS.setdefault(cardinality, _zipf_cdf(cardinality))
         rank = np.minimum(np.searchsorted(cdf, rng.random(n)), cardinality - 1)
         # A value's id is a fixed permutation of its popularity rank.
@@ -152,36 +235,68 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime)
         new_ids = (1 << 31) + minute_index * 100_000 + rng.integers(0, max(1, int(n * config.new_value_rate)), n)
         value_id = np.where(new, new_ids, value_id)
         rank = np.where(new, cardinality + 1, rank)
-        missing = rng.random(n) < CATEGORICAL_MISSING_RATE[f]
+        missing = rng.random(n) < CATEGORICAL_MISSING_RATE[f % len(CATEGORICAL_MISSING_RATE)]
         ids[:, f] = np.where(missing, -1, value_id)
         ranks[:, f] = rank
-    dense = np.empty((n, NUM_DENSE))
-    for j in range(NUM_DENSE):
+    dense = np.empty((n, num_dense))
+    for j in range(num_dense):
         values = np.floor(rng.lognormal(mean=0.5 + 0.4 * j % 3, sigma=1.2 + 0.15 * j, size=n))
         if j == 1:  # like Criteo's I2: small negative values occur
             values = values - 3.0 * (rng.random(n) < 0.1)
-        values[rng.random(n) < DENSE_MISSING_RATE[j]] = np.nan
+        values[rng.random(n) < DENSE_MISSING_RATE[j % len(DENSE_MISSING_RATE)]] = np.nan
         dense[:, j] = values
     probability = 1.0 / (1.0 + np.exp(-planted.logit(ids, ranks, dense)))
     labels = (rng.random(n) < probability).astype(np.int8)
 
-    columns: dict[str, pa.Array] = {LABEL: pa.array(labels)}
-    for j, name in enumerate(DENSE_FEATURES):
+    drawn: dict[str, pa.Array] = {shape.label: pa.array(labels)}
+    for j, name in enumerate(shape.dense):
         column = dense[:, j]
-        columns[name] = pa.array(np.nan_to_num(column).astype(np.int64), mask=np.isnan(column))
-    for f, name in enumerate(CATEGORICAL_FEATURES):
+        drawn[name] = pa.array(np.nan_to_num(column).astype(np.int64), mask=np.isnan(column))
+    for f, name in enumerate(shape.categorical):
         hashed = splitmix64(ids[:, f].astype(np.uint64) + np.uint64(f << 40)) & np.uint64(0xFFFFFFFF)
+        if name in shape.integer_categorical:
+            drawn[name] = pa.array(hashed.astype(np.int64), mask=ids[:, f] < 0)
+            continue
         text = pa.array(hex8(hashed.astype(np.uint32)), pa.binary()).cast(pa.string())
-        columns[name] = pa.array(text.to_numpy(zero_copy_only=False), pa.string(), mask=ids[:, f] < 0)
+        drawn[name] = pa.array(text.to_numpy(zero_copy_only=False), pa.string(), mask=ids[:, f] < 0)
+    if shape.timestamp is not None:
+        drawn[shape.timestamp.column] = _row_times(shape.timestamp, minute, config.seed, minute_index, n)
+    columns = {name: drawn[name] if name in drawn else pa.nulls(n, pa.string()) for name in shape.columns}
     return MinuteSlice(minute, pa.table(columns), probability)
 
 
-def write_raw_minute(table: pa.Table, directory: Path) -> Path:
-    """Writes one minute partition in the Criteo TSV layout atomically, then its _SUCCESS marker."""
+def _row_times(feature: TimestampFeature, minute: datetime, seed: int, minute_index: int, n: int) -> pa.Array:
+    """Each row's time: a second of `minute` (in order), written in the feature's format. Drawn from a stream
+    of its own, so the other columns are those of a spec without a timestamp."""
+    seconds = np.sort(np.random.default_rng([seed, minute_index, 0x75]).integers(0, 60, n))
+    epoch = int(minute.timestamp()) + seconds
+    if feature.format == "unix_seconds":
+        return pa.array(epoch, pa.int64())
+    if feature.format == "unix_millis":
+        return pa.array(epoch * 1000, pa.int64())
+    texts = np.array([(minute + timedelta(seconds=int(s))).strftime(feature.format) for s in range(60)])
+    return pa.array(texts[seconds], pa.string())
+
+
+def write_raw_minute(table: pa.Table, directory: Path, shape: RawShape | None = None) -> Path:
+    """Writes one minute partition in `shape`'s source layout (default_shape's: the Criteo TSV) atomically, then
+    its _SUCCESS marker."""
+    source = (shape or default_shape()).source
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / RAW_FILE
-    tmp = directory / f".{RAW_FILE}.{uuid.uuid4().hex[:8]}.tmp"
-    pacsv.write_csv(table, tmp, pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none"))
+    final = directory / source.file_name
+    tmp = directory / f".{source.file_name}.{uuid.uuid4().hex[:8]}.tmp"
+    if source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, tmp)
+    else:
+        # No quotes (ids are hex or digits; write_csv raises for a value holding the delimiter), header included:
+        # Arrow quotes the header's names whatever the style.
+        with open(tmp, "wb") as handle:
+            if source.header:
+                handle.write((source.field_delimiter.join(table.column_names) + "\n").encode())
+            pacsv.write_csv(table, handle, pacsv.WriteOptions(include_header=False, delimiter=source.field_delimiter,
+                                                              quoting_style="none"))
     os.replace(tmp, final)
     (directory / SUCCESS_MARKER).touch()
     return final
@@ -191,25 +306,30 @@ def planted_path(layout: Layout, minute: datetime) -> Path:
     return layout.root / "generated" / "planted" / f"date={minute:%Y-%m-%d}" / f"minute={minute:%H%M}.npy"
 
 
-def write_minute(config: GenerateConfig, layout: Layout, minute_index: int, minute: datetime) -> MinuteSlice:
-    """Generates one minute (rows drawn from (seed, minute_index)) and writes its planted probabilities and its
-    raw partition. Re-writing a minute overwrites it with the same bytes."""
-    piece = generate_minute(config, minute_index, minute)
+def write_minute(config: GenerateConfig, layout: Layout, minute_index: int, minute: datetime,
+                 shape: RawShape | None = None) -> MinuteSlice:
+    """Generates one minute in `shape`'s columns (default_shape's if unset; rows drawn from (seed,
+    minute_index)) and writes its planted probabilities and its raw partition. Re-writing a minute overwrites
+    it with the same bytes."""
+    shape = shape or default_shape()
+    piece = generate_minute(config, minute_index, minute, shape)
     # Planted first: once _SUCCESS marks the raw partition complete, its planted probabilities are there too.
     path = planted_path(layout, minute)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, np.stack([piece.table[LABEL].to_numpy().astype(np.float64), piece.probability]))
-    write_raw_minute(piece.table, layout.raw_minute_dir(minute))
+    np.save(path, np.stack([piece.table[shape.label].to_numpy().astype(np.float64), piece.probability]))
+    write_raw_minute(piece.table, layout.raw_minute_dir(minute), shape)
     return piece
 
 
-def generate(config: GenerateConfig, layout: Layout, progress=None) -> dict:
-    """Writes config.minutes minute partitions from config.start; returns a summary with the planted AUC."""
+def generate(config: GenerateConfig, layout: Layout, progress=None, shape: RawShape | None = None) -> dict:
+    """Writes config.minutes minute partitions from config.start in `shape`'s layout (RawShape.of(spec);
+    default_shape's if unset); returns a summary with the planted AUC."""
+    shape = shape or default_shape()
     start = parse_time(config.start).replace(second=0, microsecond=0)
     labels, probabilities = [], []
     for index in range(config.minutes):
-        piece = write_minute(config, layout, index, start + timedelta(minutes=index))
-        labels.append(piece.table[LABEL].to_numpy())
+        piece = write_minute(config, layout, index, start + timedelta(minutes=index), shape)
+        labels.append(piece.table[shape.label].to_numpy())
         probabilities.append(piece.probability)
         if progress:
             progress(index + 1, config.minutes)
@@ -217,6 +337,7 @@ def generate(config: GenerateConfig, layout: Layout, progress=None) -> dict:
 
     y, p = np.concatenate(labels), np.concatenate(probabilities)
     return {
+        "spec": shape.spec_name,
         "start": start.isoformat(),
         "end": (start + timedelta(minutes=config.minutes)).isoformat(),
         "minutes": config.minutes,
@@ -226,14 +347,15 @@ def generate(config: GenerateConfig, layout: Layout, progress=None) -> dict:
     }
 
 
-def planted_auc(layout: Layout, minutes: Iterable[datetime]) -> float | None:
-    """AUC of the planted probabilities on the given minutes (those still in the raw log)."""
+def planted_auc(layout: Layout, minutes: Iterable[datetime], file_name: str = RAW_FILE) -> float | None:
+    """AUC of the planted probabilities on the given minutes (those still in the raw log, whose partition file
+    is `file_name`: the spec's source.file_name)."""
     from components.evaluation import roc_auc
 
     labels, probabilities = [], []
     for minute in minutes:
         path = planted_path(layout, minute)
-        if path.exists() and (layout.raw_minute_dir(minute) / RAW_FILE).exists():
+        if path.exists() and (layout.raw_minute_dir(minute) / file_name).exists():
             y, p = np.load(path)
             labels.append(y)
             probabilities.append(p)

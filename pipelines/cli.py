@@ -58,12 +58,16 @@ def config_from_args(args: argparse.Namespace, extra: dict | None = None) -> Pip
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from components.feature_spec import spec_for
     from components.layout import Layout
-    from components.synthetic import generate
+    from components.synthetic import RawShape, generate
 
     extra = {f"generate.{k}": v for k, v in (("minutes", args.minutes), ("rows_per_minute", args.rows_per_minute),
                                               ("start", args.start), ("seed", args.seed)) if v is not None}
     config = config_from_args(args, extra)
+    # The click log's columns, from the spec (refused here, before anything is written, if it has list columns);
+    # the event streams have their own (components.events).
+    shape = None if args.events else RawShape.of(spec_for(config))
 
     def progress(done: int, total: int) -> None:
         if done == total or done % max(1, total // 10) == 0:
@@ -88,7 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"  wrote minute {minute:%Y-%m-%dT%H:%M}Z, {seconds_after_close:.1f} s after it closed",
                   flush=True)
 
-        write_live_minutes(config.generate, layout, num_minutes=num_minutes, on_minute=report)
+        write_live_minutes(config.generate, layout, num_minutes=num_minutes, on_minute=report, shape=shape)
         return 0
 
     if args.events:
@@ -99,7 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("impression and click streams written; run the daily pipeline on them with "
               "--set features.source=events")
         return 0
-    summary = generate(config.generate, Layout(config.paths.root), progress=progress)
+    summary = generate(config.generate, Layout(config.paths.root), progress=progress, shape=shape)
     print(json.dumps(summary, indent=2))
     print(f"planted model AUC (best achievable): {summary['planted_auc']:.4f}")
     return 0

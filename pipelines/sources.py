@@ -158,7 +158,7 @@ class ClickLogSource:
     def planted_auc(self, ctx: SourceContext, minutes: list[datetime], directory: Path) -> float | None:
         from components.synthetic import planted_auc
 
-        return planted_auc(ctx.layout, minutes)
+        return planted_auc(ctx.layout, minutes, ctx.spec.source.file_name)
 
 
 class EventsSource:

@@ -43,8 +43,7 @@ from components.feature_state import (
     transform_dense,
 )
 from components.manifest import commit_dir, staging_dir, write_manifest
-from components.row_codec import PER_COLUMN, ROW_LAYOUT, encode_rows
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES
+from components.row_codec import LABEL_KEY, PER_COLUMN, ROW_LAYOUT, RowColumns, encode_rows
 from spark_jobs.raw import LABEL
 
 SAMPLES_KIND = "samples"
@@ -84,14 +83,6 @@ def check_samples_layout(layout: str) -> str:
     return LAYOUTS[layout]
 
 
-def check_row_layout_spec(spec: FeatureSpec) -> None:
-    """The row layout (one column per feature, for TFX tools) is written for the criteo columns only."""
-    if spec.lists or spec.dense_names != DENSE_FEATURES or spec.categorical_names != CATEGORICAL_FEATURES \
-            or not all(f.missing_indicator and f.transform == "log_standardize" for f in spec.dense):
-        raise ValueError(f"features.samples_layout=row is written for the criteo columns only; feature spec "
-                         f"{spec.name!r} needs features.samples_layout=block")
-
-
 def writer_columns(spec: FeatureSpec) -> list[str]:
     """The columns make_shard_writer's function reads (besides SPLIT_COLUMN): the label, the dense values, the
     categorical values that are not buckets of a dense one, and the lists."""
@@ -106,8 +97,7 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
     rows are still encoded `block_rows` at a time). With several directories, each row's SPLIT_COLUMN says
     which it goes to."""
     check_samples_layout(layout)
-    if layout == "row":
-        check_row_layout_spec(spec)
+    row_columns = RowColumns.of(spec) if layout == "row" else None  # refuses a spec with list features
     check_state_matches(list(state.vocabularies), state.dense_names, spec, f"feature state {state.version}")
     # Per categorical column: its name, the dense feature whose bucket it is (or None) and its table's lookup.
     categorical = [(f.name, f.derived_from if f.derivation == BUCKET_DERIVATION else None,
@@ -136,7 +126,7 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
         rare, missing = (ids == RARE_ROW).sum(axis=0), (ids == MISSING_ROW).sum(axis=0)
         if layout == "block":
             return encode_blocks(labels, dense, ids, block_rows, id_lists), labels, rare, missing
-        return encode_rows(labels, dense, ids, PER_COLUMN), labels, rare, missing
+        return encode_rows(labels, dense, ids, PER_COLUMN, row_columns), labels, rare, missing
 
     class ShardFile:
         """One output's shard of this partition: rows gathered into whole blocks, framed and written."""
@@ -250,27 +240,34 @@ def block_schema(state: FeatureState, spec: FeatureSpec) -> str:
     return text_format.MessageToString(schema)
 
 
-def row_schema(state: FeatureState) -> str:
-    """The TensorFlow Metadata schema of the row layout: label, I1..I13 (standardized; absent when the field
-    was missing) and C1..C26 (embedding row ids within each feature's table), one value each."""
+def row_schema(state: FeatureState, spec: FeatureSpec) -> str:
+    """The TensorFlow Metadata schema of the row layout: the label, the spec's scaled dense features
+    (standardized; absent when the field was missing and the feature has a missing flag) and its categorical
+    features (embedding row ids within each feature's table), one value each."""
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
 
+    columns = RowColumns.of(spec)
     schema = schema_pb2.Schema()
     sizes = state.table_sizes()
-    label = schema.feature.add(name=LABEL, type=schema_pb2.FLOAT)
+    label = schema.feature.add(name=LABEL_KEY, type=schema_pb2.FLOAT)
     label.presence.min_fraction = 1.0
     label.shape.dim.add(size=1)
     label.float_domain.min, label.float_domain.max = 0.0, 1.0
-    for name in DENSE_FEATURES:
+    for name, flagged in zip(columns.dense, columns.flagged, strict=True):
         feature = schema.feature.add(name=name, type=schema_pb2.FLOAT)
-        feature.value_count.min, feature.value_count.max = 0, 1
-        feature.annotation.comment.append("standardized value; no value when the raw field was missing")
-    for name in CATEGORICAL_FEATURES:
+        if flagged:
+            feature.value_count.min, feature.value_count.max = 0, 1
+            feature.annotation.comment.append("standardized value; no value when the raw field was missing")
+        else:
+            feature.presence.min_fraction = 1.0
+            feature.shape.dim.add(size=1)
+            feature.annotation.comment.append("standardized value; 0 when the raw field was missing")
+    for name in columns.categorical:
         feature = schema.feature.add(name=name, type=schema_pb2.INT)
         feature.presence.min_fraction = 1.0
         feature.shape.dim.add(size=1)
-        feature.int_domain.min, feature.int_domain.max = 0, sizes[name] - 1
+        feature.int_domain.min, feature.int_domain.max = 0, sizes[spec.table_of(name)] - 1
         feature.annotation.comment.append("embedding row id (0 rare or unseen, 1 missing)")
     for feature in schema.feature:
         feature.annotation.tag.append(ROW_LAYOUT)
@@ -321,7 +318,7 @@ def write_splits(splits: dict[str, tuple[DataFrame, Path]], state: FeatureState,
             else np.zeros(len(spec.categorical), np.int64) for key in ("rare", "missing"))
         num_rows = sum(s["rows"] for s in own)
         (staging[name] / SCHEMA_FILE).write_text(block_schema(state, spec) if layout == "block"
-                                                 else row_schema(state))
+                                                 else row_schema(state, spec))
         manifests[name] = write_manifest(
             staging[name], kind=SAMPLES_KIND, version=f"{inputs.get('interval', '')}/{name}",
             files=[*(s["file"] for s in own), SCHEMA_FILE], spec_hash=spec.hash(), inputs=inputs,

@@ -157,8 +157,10 @@ def train_increment(
     def batches(files: Sequence[str], size: int, shuffle: bool, shuffle_seed: int) -> Any:
         if keras.backend.backend() == "tensorflow":
             from trainer.input import samples_dataset
+            from trainer.row_layout import row_columns
 
-            return samples_dataset(files, size, shuffle=shuffle, seed=shuffle_seed, layout=layout, inputs=inputs)
+            return samples_dataset(files, size, shuffle=shuffle, seed=shuffle_seed, layout=layout, inputs=inputs,
+                                   columns=row_columns(spec, layout))
         if layout != BLOCK_LAYOUT:
             raise ValueError(f"train.backend=jax reads block samples ({BLOCK_LAYOUT!r}) only; these are {layout!r}: "
                              "write them with features.samples_layout=block or train with train.backend=tensorflow")

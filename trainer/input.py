@@ -20,7 +20,6 @@ from components.block_codec import (
     BLOCK_LAYOUT,
     BLOCK_NUM_ROWS_KEY,
 )
-from components.schema import CATEGORICAL_FEATURES, DENSE_FEATURES, DENSE_INPUT_DIM, LABEL, NUM_CATEGORICAL
 from trainer import row_layout
 from trainer.arguments import require_integer
 from trainer.model_inputs import CATEGORICAL_INPUT, CRITEO_INPUTS, DENSE_INPUT, ModelInputs
@@ -112,36 +111,51 @@ def block_dataset(
     return blocks.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-# The packed row layout's Example keys (bench/bench_input.py parses them one Example at a time).
-PACKED_ROW_FEATURES = {
-    row_layout.PACKED_LABEL_KEY: tf.io.FixedLenFeature([], tf.float32),
-    row_layout.PACKED_DENSE_KEY: tf.io.FixedLenFeature([DENSE_INPUT_DIM], tf.float32),
-    row_layout.PACKED_CATEGORICAL_KEY: tf.io.FixedLenFeature([NUM_CATEGORICAL], tf.int64),
-}
-# A missing dense field is absent from the Example and parses as NaN, which becomes value 0, indicator 1.
-_PER_COLUMN_ROW_FEATURES = {
-    LABEL: tf.io.FixedLenFeature([], tf.float32),
-    **{name: tf.io.FixedLenFeature([], tf.float32, default_value=float("nan")) for name in DENSE_FEATURES},
-    **{name: tf.io.FixedLenFeature([], tf.int64) for name in CATEGORICAL_FEATURES},
-}
+def packed_row_features(inputs: ModelInputs = CRITEO_INPUTS) -> dict[str, tf.io.FixedLenFeature]:
+    """The packed row layout's Example keys for a model reading `inputs` (bench/bench_input.py parses them one
+    Example at a time)."""
+    return {
+        row_layout.PACKED_LABEL_KEY: tf.io.FixedLenFeature([], tf.float32),
+        row_layout.PACKED_DENSE_KEY: tf.io.FixedLenFeature([inputs.dense_dim], tf.float32),
+        row_layout.PACKED_CATEGORICAL_KEY: tf.io.FixedLenFeature([len(inputs.feature_tables)], tf.int64),
+    }
 
 
-def parse_packed_rows(records: tf.Tensor) -> tuple[Features, tf.Tensor]:
+def per_column_row_features(columns: row_layout.RowColumns) -> dict[str, tf.io.FixedLenFeature]:
+    """The per-column layout's Example keys. A missing dense field is absent from the Example and parses as NaN,
+    which becomes value 0 and, for a feature with a missing flag, flag 1."""
+    return {
+        row_layout.LABEL_KEY: tf.io.FixedLenFeature([], tf.float32),
+        **{name: tf.io.FixedLenFeature([], tf.float32, default_value=float("nan")) for name in columns.dense},
+        **{name: tf.io.FixedLenFeature([], tf.int64) for name in columns.categorical},
+    }
+
+
+def parse_packed_rows(records: tf.Tensor, inputs: ModelInputs = CRITEO_INPUTS) -> tuple[Features, tf.Tensor]:
     """A batch of serialized packed-row Examples -> (features, label), as `block_dataset` yields them."""
-    parsed = tf.io.parse_example(records, PACKED_ROW_FEATURES)
+    parsed = tf.io.parse_example(records, packed_row_features(inputs))
     features = {DENSE_INPUT: parsed[row_layout.PACKED_DENSE_KEY],
                 CATEGORICAL_INPUT: parsed[row_layout.PACKED_CATEGORICAL_KEY]}
     return features, parsed[row_layout.PACKED_LABEL_KEY]
 
 
-def parse_per_column_rows(records: tf.Tensor) -> tuple[Features, tf.Tensor]:
+def parse_per_column_rows(records: tf.Tensor, columns: row_layout.RowColumns = row_layout.CRITEO_ROW_COLUMNS
+                          ) -> tuple[Features, tf.Tensor]:
     """A batch of serialized one-feature-per-column Examples -> (features, label)."""
-    parsed = tf.io.parse_example(records, _PER_COLUMN_ROW_FEATURES)
-    values = tf.stack([parsed[name] for name in DENSE_FEATURES], axis=1)
-    missing = tf.math.is_nan(values)
-    dense = tf.concat([tf.where(missing, 0.0, values), tf.cast(missing, tf.float32)], axis=1)
-    categorical = tf.stack([parsed[name] for name in CATEGORICAL_FEATURES], axis=1)
-    return {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical}, parsed[LABEL]
+    parsed = tf.io.parse_example(records, per_column_row_features(columns))
+    if columns.dense:
+        values = tf.stack([parsed[name] for name in columns.dense], axis=1)
+        missing = tf.math.is_nan(values)
+        parts = [tf.where(missing, 0.0, values)]
+        if any(columns.flagged):
+            flagged = [i for i, has_flag in enumerate(columns.flagged) if has_flag]
+            parts.append(tf.cast(tf.gather(missing, flagged, axis=1), tf.float32))
+        dense = tf.concat(parts, axis=1)
+    else:
+        dense = tf.zeros([tf.shape(records)[0], 0], tf.float32)
+    categorical = tf.stack([parsed[name] for name in columns.categorical], axis=1) if columns.categorical \
+        else tf.zeros([tf.shape(records)[0], 0], tf.int64)
+    return {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical}, parsed[row_layout.LABEL_KEY]
 
 
 def row_dataset(
@@ -152,9 +166,12 @@ def row_dataset(
     layout: str = row_layout.PACKED,
     compression: str | None = None,
     shuffle_buffer_rows: int = 16_384,
+    inputs: ModelInputs = CRITEO_INPUTS,
+    columns: row_layout.RowColumns = row_layout.CRITEO_ROW_COLUMNS,
 ) -> tf.data.Dataset:
     """Batches from row-layout files (trainer.row_layout), with the structure, dtypes and shapes of
-    `block_dataset`'s.
+    `block_dataset`'s: the packed layout's widths from `inputs`, the per-column layout's features from `columns`
+    (the spec's, row_layout.RowColumns.of).
 
     Records are batched before parsing, so each batch is one vectorized `parse_example` call: the fastest way
     to read this layout. shuffle=False keeps file order and row order; shuffle=True shuffles file order,
@@ -180,7 +197,12 @@ def row_dataset(
         records = records.shuffle(shuffle_buffer_rows, seed=seed, reshuffle_each_iteration=True)
     else:
         records = file_names.interleave(read, cycle_length=1)
-    parse = parse_packed_rows if layout == row_layout.PACKED else parse_per_column_rows
+    if layout == row_layout.PACKED:
+        def parse(batch: tf.Tensor) -> tuple[Features, tf.Tensor]:
+            return parse_packed_rows(batch, inputs)
+    else:
+        def parse(batch: tf.Tensor) -> tuple[Features, tf.Tensor]:
+            return parse_per_column_rows(batch, columns)
     batches = records.batch(batch_size).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return batches.prefetch(tf.data.AUTOTUNE)
 
@@ -193,14 +215,16 @@ def samples_dataset(
     layout: str = BLOCK_LAYOUT,
     shuffle_buffer_blocks: int = 64,
     inputs: ModelInputs = CRITEO_INPUTS,
+    columns: row_layout.RowColumns = row_layout.CRITEO_ROW_COLUMNS,
 ) -> tf.data.Dataset:
     """Batches from the sample job's files in the layout their manifest records (its "layout"): blocks
-    (BLOCK_LAYOUT) or one per-column Example per row (row_layout.ROW_LAYOUT). Same structure either way."""
+    (BLOCK_LAYOUT) or one per-column Example per row (row_layout.ROW_LAYOUT, named after `columns`: the spec's
+    RowColumns). Same structure either way."""
     if layout == BLOCK_LAYOUT:
         return block_dataset(files, batch_size, shuffle, seed, shuffle_buffer_blocks=shuffle_buffer_blocks,
                              inputs=inputs)
     if layout == row_layout.ROW_LAYOUT:
         return row_dataset(files, batch_size, shuffle, seed, layout=row_layout.PER_COLUMN,
-                           shuffle_buffer_rows=shuffle_buffer_blocks * 1024)
+                           shuffle_buffer_rows=shuffle_buffer_blocks * 1024, inputs=inputs, columns=columns)
     raise ValueError(f"samples in layout {layout!r} cannot be read; this trainer reads {BLOCK_LAYOUT!r} and "
                      f"{row_layout.ROW_LAYOUT!r} (the manifest's 'layout')")

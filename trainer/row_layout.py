@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from components.block_codec import frame_records
+from components.feature_spec import FeatureSpec, load_spec
 from components.row_codec import (  # noqa: F401 - re-exported for the readers and benchmarks
     COMPRESSIONS,
     GZIP,
+    LABEL_KEY,
     PACKED,
     PACKED_CATEGORICAL_KEY,
     PACKED_DENSE_KEY,
@@ -21,10 +23,20 @@ from components.row_codec import (  # noqa: F401 - re-exported for the readers a
     PER_COLUMN,
     ROW_LAYOUT,
     ROW_LAYOUTS,
+    RowColumns,
     check_compression,
     check_layout,
     encode_rows,
 )
+
+# The criteo preset's columns: what the per-column layout is written and read with when no spec is given.
+CRITEO_ROW_COLUMNS = RowColumns.of(load_spec("criteo"))
+
+
+def row_columns(spec: FeatureSpec | None, layout: str) -> RowColumns:
+    """The features samples in the sample job's `layout` are read with: the spec's when they are rows
+    (ROW_LAYOUT), else (blocks, which carry no names, or no spec) the criteo preset's."""
+    return RowColumns.of(spec) if spec is not None and layout == ROW_LAYOUT else CRITEO_ROW_COLUMNS
 
 
 def write_row_file(
@@ -34,9 +46,11 @@ def write_row_file(
     categorical: np.ndarray,
     layout: str = PACKED,
     compression: str | None = None,
+    columns: RowColumns = CRITEO_ROW_COLUMNS,
 ) -> str:
-    """Writes the rows as one row-layout TFRecord file (GZIP-compressed with compression="GZIP")."""
-    framed = frame_records(encode_rows(labels, dense, categorical, layout))
+    """Writes the rows as one row-layout TFRecord file (GZIP-compressed with compression="GZIP"); the
+    per-column layout names its features after `columns`."""
+    framed = frame_records(encode_rows(labels, dense, categorical, layout, columns if layout == PER_COLUMN else None))
     if check_compression(compression) == GZIP:
         # Level 6 is zlib's and TensorFlow's default; tf.data reads Python's gzip stream as written.
         framed = gzip.compress(framed, compresslevel=6, mtime=0)
@@ -54,6 +68,7 @@ def write_row_files(
     num_files: int,
     layout: str = PACKED,
     compression: str | None = None,
+    columns: RowColumns = CRITEO_ROW_COLUMNS,
 ) -> list[str]:
     """Splits the rows into `num_files` consecutive parts, one row-layout file each; returns the paths."""
     suffix = ".tfrecord.gz" if check_compression(compression) == GZIP else ".tfrecord"
@@ -61,7 +76,7 @@ def write_row_files(
     return [
         write_row_file(
             Path(directory) / f"part-{index:05d}{suffix}",
-            labels[start:stop], dense[start:stop], categorical[start:stop], layout, compression,
+            labels[start:stop], dense[start:stop], categorical[start:stop], layout, compression, columns,
         )
         for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
     ]

@@ -30,6 +30,7 @@ from trainer.metrics import ctr_metrics
 from trainer.models import build_model
 from trainer.optimizers import EMBEDDING_VARIABLE_NAME, EmbeddingAdagrad
 from trainer.progress import ProgressCheckpoint, clear_progress, read_progress
+from trainer.row_layout import row_columns
 from trainer.warm_start import warm_start_weights
 
 MODEL_FILE = "model.keras"
@@ -188,6 +189,7 @@ def train_model(
     from trainer.tiered_tables import TABLES_DIR, TieredTables, tiered_layer
 
     inputs = model_inputs(spec) if spec is not None else CRITEO_INPUTS
+    columns = row_columns(spec, layout)
 
     # train.batch_size=0 is chosen from the rows; the checkpoint's manifest records the size used.
     config = dataclasses.replace(config, batch_size=resolve_batch_size(config.batch_size, num_rows))
@@ -229,7 +231,7 @@ def train_model(
             elif tiered is not None:
                 tiered.create(config.seed)
         eval_data = samples_dataset(eval_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
-                                    inputs=inputs)
+                                    inputs=inputs, columns=columns)
         meter = ThroughputMeter()
         saver = ProgressCheckpoint(progress_dir, identity, progress_every(config, tiered), start=resumed,
                                    save_weights=None if tiered is None else
@@ -247,7 +249,7 @@ def train_model(
             for epoch in range(first_epoch, config.epochs):
                 train_data = samples_dataset(
                     train_files, micro_batch_size, shuffle=True, seed=config.seed + epoch, layout=layout,
-                    shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs,
+                    shuffle_buffer_blocks=config.shuffle_buffer_blocks, inputs=inputs, columns=columns,
                 )
                 if resumed is not None and epoch == resumed.epoch and resumed.batches_done:
                     train_data = train_data.skip(resumed.batches_done)
@@ -273,7 +275,8 @@ def train_model(
             calibration = None
             if config.calibrate:
                 rows = samples_dataset(train_files, config.batch_size, shuffle=False, seed=config.seed, layout=layout,
-                                       inputs=inputs).take(-(-config.calibration_rows // config.batch_size))
+                                       inputs=inputs, columns=columns
+                                       ).take(-(-config.calibration_rows // config.batch_size))
                 held_out = eval_data if config.calibrate_on == "held_out" else None
                 if tiered is not None:
                     rows = tiered.applied(rows)

@@ -174,3 +174,91 @@ def test_planted_auc_skips_minutes_no_longer_in_the_raw_log(generated, tmp_path)
     (other.raw_minute_dir(START + timedelta(minutes=1)) / RAW_FILE).unlink()
     y0, p0 = np.load(planted_path(other, START))
     assert planted_auc(other, [START, START + timedelta(minutes=1)]) == pytest.approx(roc_auc(y0, p0))
+
+
+# A team's own layout: comma-separated with a header, a timestamp, dense features with and without a missing
+# flag and one bucketized, string and integer ids.
+SHOP_SPEC = {
+    "name": "shop",
+    "source": {"format": "csv", "header": True},
+    "label": {"column": "clicked"},
+    "features": [
+        {"name": "event_time", "kind": "timestamp", "format": "%Y-%m-%d %H:%M:%S", "derive": ["hour_of_day"]},
+        {"name": "price", "kind": "dense"},
+        {"name": "age", "kind": "dense", "transform": "buckets", "num_buckets": 4},
+        {"name": "stock", "kind": "dense", "missing_indicator": False},
+        {"names": ["shop_id", "brand", "campaign", "site", "page", "user_segment"], "kind": "categorical"},
+        {"name": "slot", "kind": "categorical", "dtype": "int"},
+    ],
+}
+
+
+def test_a_specs_own_columns_are_written_in_its_layout(tmp_path):
+    from components.feature_spec import spec_from_dict
+    from components.synthetic import RawShape
+    from components.validation import read_raw_slice
+
+    spec = spec_from_dict(SHOP_SPEC)
+    shape = RawShape.of(spec)
+    assert shape.dense == ("price", "age", "stock")
+    assert shape.categorical == ("shop_id", "brand", "campaign", "site", "page", "user_segment", "slot")
+    config = GenerateConfig(start="2026-01-01T00:00", minutes=3, rows_per_minute=2000, seed=4)
+    summary = generate(config, Layout(tmp_path / "a"), shape=shape)
+    assert summary["spec"] == "shop" and summary["rows"] == 6000 and summary["planted_auc"] > 0.65
+
+    minute = START + timedelta(minutes=1)
+    directory = Layout(tmp_path / "a").raw_minute_dir(minute)
+    assert sorted(p.name for p in directory.iterdir()) == [SUCCESS_MARKER, "part-00000.csv"]
+    text = (directory / "part-00000.csv").read_text()
+    assert text.split("\n")[0] == ",".join(spec.input_columns)  # the header, label first
+    assert '"' not in text
+    frame = read_raw_slice(directory / "part-00000.csv", minute, spec=spec)
+    assert len(frame) == 2000 and set(frame["clicked"]) == {"0", "1"}
+    times = [spec.timestamp.parse(value) for value in frame["event_time"]]
+    assert times == sorted(times) and minute <= times[0] and times[-1] < minute + timedelta(minutes=1)
+    assert len(set(times)) > 50  # spread over the minute's seconds
+    slots = frame["slot"].dropna()
+    assert slots.str.fullmatch(r"\d+").all() and slots.nunique() > 2
+    assert frame["shop_id"].dropna().str.fullmatch(r"[0-9a-f]{8}").all()
+    for name in ("price", "stock", "age"):
+        values = frame[name].dropna()
+        assert values.str.fullmatch(r"-?\d+").all() and values.nunique() > 5
+    # Criteo's missing rates, column by column: I1's 0.45, I3's 0.2
+    assert 0.4 < frame["price"].isna().mean() < 0.5 and 0.15 < frame["stock"].isna().mean() < 0.25
+
+    # The same config writes the same bytes.
+    generate(config, Layout(tmp_path / "b"), shape=shape)
+    assert (Layout(tmp_path / "b").raw_minute_dir(minute) / "part-00000.csv").read_bytes() == text.encode()
+
+
+def test_the_default_is_the_criteo_preset_and_names_come_only_from_the_spec():
+    import yaml
+
+    from components.feature_spec import PRESET_DIR, load_spec, spec_from_dict
+    from components.synthetic import RawShape, default_shape
+
+    criteo = RawShape.of(load_spec("criteo"))
+    assert criteo == default_shape() and criteo.columns == RAW_COLUMNS
+    # The criteo preset with every column renamed: the same rows under the new names.
+    data = yaml.safe_load((PRESET_DIR / "criteo.yaml").read_text())
+    rename = {name: f"f_{name.lower()}" for name in data["source"]["columns"]}
+    data["source"]["columns"] = [rename[c] for c in data["source"]["columns"]]
+    data["label"]["column"] = rename["label"]
+    for group in data["features"]:
+        group["names"] = [rename[n] for n in group["names"]]
+    renamed = generate_minute(CONFIG, 2, START, RawShape.of(spec_from_dict(data)))
+    original = _minute(2)
+    assert renamed.table.column_names == [rename[c] for c in original.table.column_names]
+    assert renamed.table.rename_columns(original.table.column_names).equals(original.table)
+    np.testing.assert_array_equal(renamed.probability, original.probability)
+
+
+def test_a_spec_with_list_columns_is_refused_before_anything_is_written(tmp_path, capsys):
+    from pipelines.cli import main as ctr
+
+    root = tmp_path / "data"
+    assert ctr(["generate", "--spec", "taobao", "--minutes", "2", "--set", f"paths.data_root={root}"]) == 2
+    error = capsys.readouterr().err
+    assert "feature spec 'taobao' also reads list columns (click_sequence (sequence))" in error
+    assert "ctr ingest" in error
+    assert not root.exists()

@@ -9,7 +9,7 @@ from components.block_codec import frame_records
 from components.schema import DENSE_INPUT_DIM, NUM_CATEGORICAL, NUM_DENSE
 from tests.trainer.synthetic import Rows, random_rows, write_block_files
 from trainer.input import block_dataset, row_dataset
-from trainer.row_layout import encode_rows, write_row_files
+from trainer.row_layout import CRITEO_ROW_COLUMNS, encode_rows, write_row_files
 
 pytestmark = pytest.mark.integration
 
@@ -143,11 +143,11 @@ def test_per_column_layout_refuses_rows_it_cannot_store(rows):
     dense = rows.dense[:4].copy()
     dense[0, NUM_DENSE] = 0.5
     with pytest.raises(ValueError, match=re.escape("must be 0 or 1, got np.float32(0.5)")):
-        encode_rows(rows.labels[:4], dense, rows.categorical[:4], layout="per_column")
+        encode_rows(rows.labels[:4], dense, rows.categorical[:4], layout="per_column", columns=CRITEO_ROW_COLUMNS)
     dense = rows.dense[:4].copy()
     dense[1, NUM_DENSE + 2], dense[1, 2] = 1.0, 0.25
     with pytest.raises(ValueError, match=re.escape("a missing dense field must hold 0, got np.float32(0.25)")):
-        encode_rows(rows.labels[:4], dense, rows.categorical[:4], layout="per_column")
+        encode_rows(rows.labels[:4], dense, rows.categorical[:4], layout="per_column", columns=CRITEO_ROW_COLUMNS)
 
 
 def test_row_dataset_rejects_unknown_layouts_and_compressions(files):
@@ -157,3 +157,45 @@ def test_row_dataset_rejects_unknown_layouts_and_compressions(files):
         row_dataset(files, batch_size=4, shuffle=False, seed=0, compression="ZLIB")
     with pytest.raises(ValueError, match="at least one file"):
         row_dataset([], batch_size=4, shuffle=False, seed=0)
+
+
+def test_per_column_rows_of_a_spec_read_back_as_written(tmp_path):
+    """A spec whose first dense feature has no missing flag and whose second has one: the dense input is
+    [a, b, b's flag]; b is absent where missing, a always present; categorical columns named after the spec's."""
+    from components.feature_spec import spec_from_dict
+    from components.row_codec import RowColumns
+    from trainer.input import row_dataset
+
+    spec = spec_from_dict({"name": "two", "source": {"format": "csv", "header": True}, "label": {"column": "y"},
+                           "features": [{"name": "a", "kind": "dense", "missing_indicator": False},
+                                        {"name": "b", "kind": "dense"},
+                                        {"names": ["u", "v", "w"], "kind": "categorical"}]})
+    columns = RowColumns.of(spec)
+    assert (columns.dense, columns.flagged, columns.categorical) == (("a", "b"), (False, True), ("u", "v", "w"))
+    rng = np.random.default_rng(5)
+    n = 300
+    missing = rng.random(n) < 0.3
+    dense = np.stack([rng.normal(size=n), np.where(missing, 0.0, rng.normal(size=n)), missing], axis=1)
+    categorical = rng.integers(0, 50, (n, 3))
+    labels = (rng.random(n) < 0.2).astype(np.float32)
+    files = write_row_files(tmp_path, labels, dense, categorical, num_files=2, layout="per_column", columns=columns)
+    example = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(files[0]))).numpy()).features.feature
+    assert sorted(example) == ["a", "b", "label", "u", "v", "w"]
+    _, read = read_all(row_dataset(files, batch_size=64, shuffle=False, seed=0, layout="per_column",
+                                   columns=columns))
+    np.testing.assert_array_equal(read.dense, dense.astype(np.float32))
+    np.testing.assert_array_equal(read.categorical, categorical)
+    np.testing.assert_array_equal(read.labels, labels)
+    with pytest.raises(ValueError, match=re.escape("expected dense and categorical [4, 3] and [4, 3]")):
+        encode_rows(labels[:4], dense[:4, :2], categorical[:4], layout="per_column", columns=columns)
+    with pytest.raises(ValueError, match="pass columns=RowColumns.of"):
+        encode_rows(labels[:4], dense[:4], categorical[:4], layout="per_column")
+
+
+def test_a_spec_with_list_features_has_no_per_column_rows():
+    from components.feature_spec import FeatureSpecError, load_spec
+    from components.row_codec import RowColumns
+
+    with pytest.raises(FeatureSpecError, match=re.escape("feature spec 'taobao' has list features (click_sequence)"
+                                                         ": use features.samples_layout=block")):
+        RowColumns.of(load_spec("taobao"))
