@@ -8,9 +8,11 @@ different cardinalities, values never seen before appearing every minute, heavy-
 negative values and missing entries, and pairwise feature interactions.
 
 The columns come from the spec (`RawShape`): its label, its dense and single-valued categorical columns (a value
-drawn per row; categorical features of dtype int get integer ids), its timestamp column (the row's time in the
-minute, in the spec's format) and any other column its source names (written empty). A spec with multi-valued or
-sequence columns is refused: their rows come from real logs (`ctr ingest`) or from the event generator.
+drawn per row; categorical features of dtype int get integer ids), its multi-valued columns (1-3 values of a
+vocabulary of their own), its sequence columns (ids of the column they share, the row's own value among them in a
+share of the rows, which the planted model rewards), its timestamp column (the row's time in the minute, in the
+spec's format) and any other column its source names (written empty). History sequences are not drawn: Spark
+computes them from earlier rows. A list column without a separator is refused in a text layout.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from components.config import ConfigError, GenerateConfig
-from components.feature_spec import FeatureSpec, SourceSpec, TimestampFeature, load_spec
+from components.feature_spec import FeatureSpec, SequenceFeature, SourceSpec, TimestampFeature, load_spec
 from components.interval import parse_time
 from components.layout import Layout
 
@@ -51,6 +53,16 @@ CATEGORICAL_MISSING_RATE = np.array([0.0, 0.0, 0.03, 0.03, 0.0, 0.1, 0.0, 0.0, 0
 DENSE_MISSING_RATE = np.array([0.45, 0.0, 0.2, 0.2, 0.03, 0.22, 0.04, 0.0, 0.04, 0.45, 0.04, 0.77, 0.2])
 # Pairs of categorical features whose values interact in the planted logit.
 INTERACTIONS = ((5, 13), (8, 19), (16, 21))
+# A sequence column: the share of rows whose own value is also in their sequence, and the planted logit of a row
+# whose value is there.
+SEQUENCE_TARGET_SHARE = 0.3
+SEQUENCE_MATCH_EFFECT = 0.8
+# A multi-valued column: its vocabulary, its rows with no value, the scale of its values' planted effects, and
+# the feature index its planted effects and hashes are drawn under (apart from the categorical columns').
+MULTI_VALUED_CARDINALITY = 30
+MULTI_VALUED_MISSING_RATE = 0.05
+MULTI_VALUED_SCALE = 0.4
+MULTI_VALUED_FEATURE = 1000
 # Share of the categorical features with no planted effect (6 of Criteo's 26), as in real logs.
 UNINFORMATIVE_SHARE = 6 / 26
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -89,6 +101,18 @@ class GenerateSpecError(ConfigError):
 
 
 @dataclass(frozen=True)
+class ListColumn:
+    """A multi-valued or sequence column the generator draws: `shares` is the index (in RawShape.categorical)
+    of the categorical column whose ids a sequence lists, None for a multi-valued column's own values."""
+
+    column: str
+    max_length: int
+    separator: str
+    integer: bool
+    shares: int | None = None
+
+
+@dataclass(frozen=True)
 class RawShape:
     """The raw columns the generator draws for a feature spec, and how its partition files are written."""
 
@@ -100,29 +124,38 @@ class RawShape:
     timestamp: TimestampFeature | None
     columns: tuple[str, ...]  # the file's columns, in order
     source: SourceSpec
+    lists: tuple[ListColumn, ...] = ()  # multi-valued and sequence columns (not the history ones Spark computes)
 
     @classmethod
     def of(cls, spec: FeatureSpec) -> RawShape:
         """The spec's columns, or GenerateSpecError when it reads a column the generator does not draw."""
-        lists = [f for f in spec.lists if getattr(f, "history", None) is None]
-        if lists:
-            names = ", ".join(f"{f.name} ({f.kind})" for f in lists)
-            raise GenerateSpecError(
-                f"the generator draws dense, categorical and timestamp columns; feature spec {spec.name!r} also "
-                f"reads list columns ({names}): ingest real rows (ctr ingest), or generate the events preset's "
-                "impression and click streams (--events)")
         dense = _unique(f.column for f in spec.dense)
         categorical = _unique(f.column for f in spec.categorical if not f.derived_from)
         if not dense and not categorical:
             raise GenerateSpecError(f"feature spec {spec.name!r} has no dense or categorical column to draw")
+        integer = {f.column for f in spec.categorical if not f.derived_from and f.dtype == "int"}
+        lists = []
+        for feature in spec.lists:
+            if getattr(feature, "history", None) is not None:
+                continue  # computed by Spark from earlier rows
+            if not feature.separator and spec.source.format != "parquet":
+                raise GenerateSpecError(
+                    f"feature spec {spec.name!r}: {feature.name} is a list column without a separator, which only "
+                    f"Parquet stores; give it a separator (for instance \"|\") or source.format: parquet")
+            if isinstance(feature, SequenceFeature):
+                column = spec.feature(feature.shares).column
+                lists.append(ListColumn(feature.column, feature.max_length, feature.separator, column in integer,
+                                        shares=categorical.index(column)))
+            else:
+                lists.append(ListColumn(feature.column, feature.max_length, feature.separator,
+                                        feature.dtype == "int"))
         columns = spec.source.columns or spec.input_columns
         unknown = [c for c in spec.input_columns if c not in columns]
         if unknown:  # spec_from_dict checks this; a hand-built spec may not have been
             raise GenerateSpecError(f"feature spec {spec.name!r} reads {unknown}, which its source.columns lack")
         return cls(spec_name=spec.name, label=spec.label.column, dense=dense, categorical=categorical,
-                   integer_categorical=frozenset(f.column for f in spec.categorical
-                                                 if not f.derived_from and f.dtype == "int"),
-                   timestamp=spec.timestamp, columns=tuple(columns), source=spec.source)
+                   integer_categorical=frozenset(integer), timestamp=spec.timestamp, columns=tuple(columns),
+                   source=spec.source, lists=tuple(lists))
 
 
 def _unique(names) -> tuple[str, ...]:
@@ -245,7 +278,15 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
             values = values - 3.0 * (rng.random(n) < 0.1)
         values[rng.random(n) < DENSE_MISSING_RATE[j % len(DENSE_MISSING_RATE)]] = np.nan
         dense[:, j] = values
-    probability = 1.0 / (1.0 + np.exp(-planted.logit(ids, ranks, dense)))
+    logit = planted.logit(ids, ranks, dense)
+    # List columns come from a stream of their own: a spec without them draws what it drew before they existed.
+    list_rng = np.random.default_rng([config.seed, minute_index, 0x11])
+    list_columns = {}
+    for index, item in enumerate(shape.lists):
+        values, effect = _draw_list(item, index, ids, list_rng, planted.seed)
+        list_columns[item.column] = _list_array(item, values)
+        logit += effect
+    probability = 1.0 / (1.0 + np.exp(-logit))
     labels = (rng.random(n) < probability).astype(np.int8)
 
     drawn: dict[str, pa.Array] = {shape.label: pa.array(labels)}
@@ -259,10 +300,66 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
             continue
         text = pa.array(hex8(hashed.astype(np.uint32)), pa.binary()).cast(pa.string())
         drawn[name] = pa.array(text.to_numpy(zero_copy_only=False), pa.string(), mask=ids[:, f] < 0)
+    drawn.update(list_columns)
     if shape.timestamp is not None:
         drawn[shape.timestamp.column] = _row_times(shape.timestamp, minute, config.seed, minute_index, n)
     columns = {name: drawn[name] if name in drawn else pa.nulls(n, pa.string()) for name in shape.columns}
     return MinuteSlice(minute, pa.table(columns), probability)
+
+
+def _ids_of(ranks: np.ndarray, feature: int) -> np.ndarray:
+    """Popularity ranks -> value ids of categorical feature `feature` (the permutation generate_minute uses)."""
+    return (ranks * 2_654_435_761 + feature) % (1 << 31)
+
+
+def _draw_list(item: ListColumn, index: int, ids: np.ndarray, rng: np.random.Generator,
+               seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """One list column's value ids per row (hashed as their feature's: an array per row, empty when missing) and
+    its planted logit.
+
+    A sequence lists ids of the categorical column it shares (`item.shares`), drawn by that column's popularity;
+    for SEQUENCE_TARGET_SHARE of the rows it holds the row's own value too, and a row whose value is in its
+    sequence gets SEQUENCE_MATCH_EFFECT (what attention over the sequence can find). A multi-valued column draws
+    1-3 values of a vocabulary of its own, each with a planted effect, their mean added."""
+    n = len(ids)
+    if item.shares is not None:
+        f = item.shares
+        cardinality = CARDINALITIES[f % len(CARDINALITIES)]
+        cdf = _CDFS.setdefault(cardinality, _zipf_cdf(cardinality))
+        lengths = rng.integers(0, item.max_length + 1, n)
+        drawn = _ids_of(np.minimum(np.searchsorted(cdf, rng.random((n, item.max_length))), cardinality - 1), f)
+        target = ids[:, f]
+        planted = (rng.random(n) < SEQUENCE_TARGET_SHARE) & (target >= 0) & (lengths > 0)
+        position = (rng.random(n) * np.maximum(lengths, 1)).astype(np.int64)
+        drawn[planted, position[planted]] = target[planted]
+        inside = np.arange(item.max_length) < lengths[:, None]
+        matched = ((drawn == target[:, None]) & inside).any(axis=1) & (target >= 0)
+        salt = f
+        effect = SEQUENCE_MATCH_EFFECT * matched
+    else:
+        feature = MULTI_VALUED_FEATURE + index
+        cdf = _CDFS.setdefault(MULTI_VALUED_CARDINALITY, _zipf_cdf(MULTI_VALUED_CARDINALITY))
+        longest = min(3, item.max_length)
+        lengths = np.where(rng.random(n) < MULTI_VALUED_MISSING_RATE, 0, rng.integers(1, longest + 1, n))
+        drawn = _ids_of(np.searchsorted(cdf, rng.random((n, longest))), feature)
+        inside = np.arange(longest) < lengths[:, None]
+        weights = np.where(inside, _hash_normal(seed, feature, drawn), 0.0)
+        effect = MULTI_VALUED_SCALE * weights.sum(axis=1) / np.maximum(lengths, 1)
+        salt = feature
+    hashed = splitmix64(drawn.astype(np.uint64) + np.uint64(salt << 40)) & np.uint64(0xFFFFFFFF)
+    return [row[:length] for row, length in zip(hashed, lengths, strict=True)], effect
+
+
+def _list_array(item: ListColumn, values: list[np.ndarray]) -> pa.Array:
+    """A list column as written: its values joined by the separator (text; null when empty), or a list per row
+    (no separator: Parquet)."""
+    if item.integer:
+        tokens = [[str(int(v)) for v in row] for row in values]
+    else:
+        tokens = [hex8(row.astype(np.uint32)).astype(str).tolist() for row in values]
+    if not item.separator:
+        return pa.array([row or None for row in tokens], pa.list_(pa.string()))
+    return pa.array([item.separator.join(row) if row else None for row in tokens], pa.string())
 
 
 def _row_times(feature: TimestampFeature, minute: datetime, seed: int, minute_index: int, n: int) -> pa.Array:

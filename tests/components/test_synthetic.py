@@ -253,12 +253,50 @@ def test_the_default_is_the_criteo_preset_and_names_come_only_from_the_spec():
     np.testing.assert_array_equal(renamed.probability, original.probability)
 
 
-def test_a_spec_with_list_columns_is_refused_before_anything_is_written(tmp_path, capsys):
+def test_a_list_column_without_a_separator_in_a_text_layout_is_refused_before_anything_is_written(tmp_path, capsys):
+    import yaml
+
     from pipelines.cli import main as ctr
 
+    spec = {"name": "tagged", "source": {"format": "csv", "header": True}, "label": {"column": "y"},
+            "features": [{"name": "item", "kind": "categorical"},
+                         {"name": "tags", "kind": "multi_categorical", "max_length": 4}]}
+    (tmp_path / "tagged.yaml").write_text(yaml.safe_dump(spec))
     root = tmp_path / "data"
-    assert ctr(["generate", "--spec", "taobao", "--minutes", "2", "--set", f"paths.data_root={root}"]) == 2
+    assert ctr(["generate", "--spec", str(tmp_path / "tagged.yaml"), "--minutes", "2",
+                "--set", f"paths.data_root={root}"]) == 2
     error = capsys.readouterr().err
-    assert "feature spec 'taobao' also reads list columns (click_sequence (sequence))" in error
-    assert "ctr ingest" in error
+    assert "feature spec 'tagged': tags is a list column without a separator, which only Parquet stores" in error
     assert not root.exists()
+
+
+def test_list_columns_hold_ids_of_their_own_or_of_the_column_they_share(tmp_path):
+    """A sequence lists ids of the categorical column it shares (so they meet its vocabulary), and holds the
+    row's own value in about SEQUENCE_TARGET_SHARE of the rows; a multi-valued column draws 1-3 values of its
+    own; in Parquet, without a separator, both are list columns."""
+    import pyarrow.parquet as pq
+
+    from components.feature_spec import spec_from_dict
+    from components.synthetic import MULTI_VALUED_CARDINALITY, SEQUENCE_TARGET_SHARE, RawShape
+
+    spec = spec_from_dict({
+        "name": "lists", "source": {"format": "parquet"}, "label": {"column": "y"},
+        "features": [{"names": ["user", "item"], "kind": "categorical"},
+                     {"name": "tags", "kind": "multi_categorical", "max_length": 5},
+                     {"name": "seen", "kind": "sequence", "max_length": 8, "shares": "item"}]})
+    shape = RawShape.of(spec)
+    generate(GenerateConfig(minutes=1, rows_per_minute=3000, seed=2), Layout(tmp_path), shape=shape)
+    table = pq.read_table(Layout(tmp_path).raw_minute_dir(START) / "part-00000.parquet")
+    assert table.column_names == ["y", "user", "item", "tags", "seen"]
+    assert pa.types.is_list(table.schema.field("seen").type) and pa.types.is_list(table.schema.field("tags").type)
+    rows = table.to_pylist()
+    items = {r["item"] for r in rows if r["item"]}
+    seen = [r["seen"] or [] for r in rows]
+    assert max(len(s) for s in seen) == 8 and sum(not s for s in seen) > 0
+    assert len({v for s in seen for v in s} & items) > 20  # the sequence's ids are the item column's
+    holds_own = np.mean([r["item"] in (r["seen"] or []) for r in rows if r["item"]])
+    assert SEQUENCE_TARGET_SHARE < holds_own < SEQUENCE_TARGET_SHARE + 0.25, holds_own
+    tags = [r["tags"] or [] for r in rows]
+    assert {len(t) for t in tags} == {0, 1, 2, 3}
+    assert len({v for t in tags for v in t}) <= MULTI_VALUED_CARDINALITY
+    assert not {v for t in tags for v in t} & items

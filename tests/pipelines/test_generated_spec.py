@@ -70,3 +70,29 @@ def test_a_generated_day_of_a_teams_spec_trains_from_per_column_rows(tmp_path):
     assert all(values(e, "stock") == 1 for e in examples)
     stock = np.array([e["stock"].float_list.value[0] for e in examples])
     assert 0.1 < (stock == 0).mean() < 0.3  # the missing ones (drawn at 0.2)
+
+
+@pytest.mark.parametrize(("preset", "model"), [("taobao", "din"), ("movielens", "dcnv2")])
+def test_a_generated_day_of_a_spec_with_list_columns_trains(tmp_path, preset, model):
+    """taobao: a behaviour sequence over the ad ids (DIN attends over it); movielens: a multi-valued genre column
+    and two history sequences Spark computes from earlier rows."""
+    root = tmp_path / "data"
+    assert ctr(["generate", "--spec", preset, "--minutes", "16", "--rows-per-minute", "1500",
+                "--set", f"paths.data_root={root}"]) == 0
+    overrides = {"paths.data_root": str(root), "features.spec": preset, "features.num_shards": 1,
+                 "train.epochs": 2, "train.batch_size": 256, "train.mlp_units": [32], "train.embedding_dim": 8,
+                 "train.model": model, "tracking.strict": True}
+    config = load_config(overrides=overrides, environ={})
+    ctx = RunContext(config=config, interval=Interval.parse("2026-01-01T00:00", "2026-01-01T00:16"),
+                     pipeline="daily", run_id=f"generated-{preset}")
+    outputs = run_steps(ctx, select_steps("daily", None))
+    assert outputs["evaluate"]["gate"]["passed"]
+    report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
+    auc, planted = report["metrics"]["auc"], report["planted_auc"]
+    print(f"{preset}: held-out AUC {auc:.4f}, planted {planted:.4f}")
+    assert 0.6 < auc < planted + 0.02, (auc, planted)
+    state = json.loads((ctx.layout.feature_state_dir(ctx.interval) / "manifest.json").read_text())
+    lists = {f.name: f for f in spec_for(config).lists}
+    for name in lists:  # every list's table admitted values the generator drew
+        assert state["table_sizes"][spec_for(config).table_of(name)] > 2 + 5, (name, state["table_sizes"])
+    assert set(lists) == ({"click_sequence"} if preset == "taobao" else {"genres", "liked_items", "rated_items"})
