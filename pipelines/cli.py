@@ -457,11 +457,16 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="YAML file of config sections (see components/config.py)")
     common.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override one config value")
-    common.add_argument("--spec", help="the feature spec: a preset (criteo, avazu, taobao, events) or a YAML file "
+    from components.feature_spec import preset_names
+
+    common.add_argument("--spec", help=f"the feature spec: a preset ({', '.join(preset_names())}) or a YAML file "
                                        "(features.spec)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("generate", parents=[common], help="write a synthetic click log")
+    p = sub.add_parser("generate", parents=[common], help="write a synthetic click log",
+                       description="Write minute partitions of a synthetic click log in the feature spec's layout "
+                                   "(--spec; the criteo preset by default), labels drawn from a planted model whose "
+                                   "AUC is printed: the best any model can reach on them.")
     p.add_argument("--minutes", type=int)
     p.add_argument("--rows-per-minute", type=int)
     p.add_argument("--start", help="first minute, ISO time (UTC)")
