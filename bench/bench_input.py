@@ -79,10 +79,10 @@ def per_example_dataset(files: list[str]):
     """Packed rows parsed one Example at a time, then batched: how a first input function often reads."""
     import tensorflow as tf
 
-    from trainer.input import PACKED_ROW_FEATURES
+    from trainer.input import packed_row_features
 
     def parse(record):
-        example = tf.io.parse_single_example(record, PACKED_ROW_FEATURES)
+        example = tf.io.parse_single_example(record, packed_row_features())
         return {"dense": example["dense"], "categorical": example["categorical"]}, example["label"]
 
     records = tf.data.TFRecordDataset(files)

@@ -4,8 +4,9 @@ sample job, which writes the per-column layout when asked, and `trainer.input.ro
 - "packed": three features per row: label float[1], dense float[dense input width], categorical int64[columns].
 - "per_column": one feature per column of the feature spec (`RowColumns`), as a team typically starts: label
   float[1], each scaled dense feature float[1] (the standardized value; absent when the field is missing and the
-  feature has a missing flag) and each categorical feature int64[1] (its row id). Multi-valued and sequence
-  features have no per-column form here: their specs write blocks.
+  feature has a missing flag), each categorical feature int64[1] (its row id) and each multi-valued or sequence
+  feature int64[max_length] (its row ids as the model reads them: newest last, the front padded with the
+  missing row).
 
 Encoding uses tfx-bsl's C++ RecordBatchToExamplesEncoder on Arrow columns (the encoder the Spark jobs use);
 no TensorFlow is imported here.
@@ -13,12 +14,13 @@ no TensorFlow is imported here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from components.feature_spec import FeatureSpec, FeatureSpecError
+from components.feature_spec import FeatureSpec
 
 PACKED = "packed"
 PER_COLUMN = "per_column"
@@ -41,21 +43,19 @@ ROW_LAYOUT = "row-per-column-v1"
 class RowColumns:
     """The per-column layout's features after the label, from a feature spec: its scaled dense features (the
     model's dense input, in order; `flagged`: those with a missing flag, whose flags follow the values in the
-    dense input) and its single-valued categorical features (bucket and time features included)."""
+    dense input), its single-valued categorical features (bucket and time features included) and its
+    multi-valued and sequence features with their widths (`lists`: (name, max_length))."""
 
     dense: tuple[str, ...]
     flagged: tuple[bool, ...]
     categorical: tuple[str, ...]
+    lists: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, spec: FeatureSpec) -> RowColumns:
-        if spec.lists:
-            raise FeatureSpecError(
-                f"features.samples_layout=row writes one value per column; feature spec {spec.name!r} has list "
-                f"features ({', '.join(f.name for f in spec.lists)}): use features.samples_layout=block")
         scaled = spec.scaled_dense
         return cls(dense=tuple(f.name for f in scaled), flagged=tuple(f.missing_indicator for f in scaled),
-                   categorical=spec.categorical_names)
+                   categorical=spec.categorical_names, lists=tuple((f.name, f.max_length) for f in spec.lists))
 
     @property
     def dense_input_dim(self) -> int:
@@ -63,7 +63,7 @@ class RowColumns:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (LABEL_KEY, *self.dense, *self.categorical)
+        return (LABEL_KEY, *self.dense, *self.categorical, *(name for name, _ in self.lists))
 
 
 def check_layout(layout: str) -> None:
@@ -83,15 +83,15 @@ def check_compression(compression: str | None) -> str:
 
 def encode_rows(
     labels: np.ndarray, dense: np.ndarray, categorical: np.ndarray, layout: str = PACKED,
-    columns: RowColumns | None = None,
+    columns: RowColumns | None = None, lists: Mapping[str, np.ndarray] | None = None,
 ) -> list[bytes]:
     """Serialized tf.Examples, one per row.
 
     labels: [n] float, dense: [n, dense input width] float32 (standardized values, then missing flags),
-    categorical: [n, categorical columns] int64 row ids. The per-column layout needs `columns` (the spec's,
-    RowColumns.of) and stores a missing field as an absent value, so it needs flags of exactly 0 or 1 and a
-    standardized value of 0 where the flag is 1 (what the feature job writes); anything else would not read back
-    as written and is refused.
+    categorical: [n, categorical columns] int64 row ids, lists: per list feature its [n, max_length] int64 row ids
+    (per-column layout only). The per-column layout needs `columns` (the spec's, RowColumns.of) and stores a
+    missing field as an absent value, so it needs flags of exactly 0 or 1 and a standardized value of 0 where the
+    flag is 1 (what the feature job writes); anything else would not read back as written and is refused.
     """
     check_layout(layout)
     labels = np.asarray(labels, dtype=np.float32)
@@ -108,6 +108,13 @@ def encode_rows(
                   if columns is not None else f"{num_rows} rows of each")
         raise ValueError(f"encode_rows: expected dense and categorical {widths} for {num_rows} labels, got "
                          f"{dense.shape} and {categorical.shape}")
+    lists = {name: np.asarray(ids, dtype=np.int64) for name, ids in (lists or {}).items()}
+    expected = {name: (num_rows, width) for name, width in columns.lists} if columns is not None else {}
+    if layout == PACKED and lists:
+        raise ValueError(f"encode_rows: the packed layout has no list features; got {sorted(lists)}")
+    if layout == PER_COLUMN and {name: ids.shape for name, ids in lists.items()} != expected:
+        raise ValueError(f"encode_rows: expected list features {expected}, got "
+                         f"{ {name: ids.shape for name, ids in lists.items()} }")
     if num_rows == 0:
         return []
     from tfx_bsl.coders.example_coder import RecordBatchToExamplesEncoder
@@ -138,6 +145,8 @@ def encode_rows(
             )
         for index, name in enumerate(columns.categorical):
             arrays[name] = _fixed_lists(categorical[:, index : index + 1], pa.int64())
+        for name, _ in columns.lists:
+            arrays[name] = _fixed_lists(lists[name], pa.int64())
     batch = pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
     return RecordBatchToExamplesEncoder().encode(batch)
 

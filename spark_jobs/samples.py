@@ -97,7 +97,7 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
     rows are still encoded `block_rows` at a time). With several directories, each row's SPLIT_COLUMN says
     which it goes to."""
     check_samples_layout(layout)
-    row_columns = RowColumns.of(spec) if layout == "row" else None  # refuses a spec with list features
+    row_columns = RowColumns.of(spec) if layout == "row" else None
     check_state_matches(list(state.vocabularies), state.dense_names, spec, f"feature state {state.version}")
     # Per categorical column: its name, the dense feature whose bucket it is (or None) and its table's lookup.
     categorical = [(f.name, f.derived_from if f.derivation == BUCKET_DERIVATION else None,
@@ -126,7 +126,7 @@ def make_shard_writer(state: FeatureState, spec: FeatureSpec, output_dirs: list[
         rare, missing = (ids == RARE_ROW).sum(axis=0), (ids == MISSING_ROW).sum(axis=0)
         if layout == "block":
             return encode_blocks(labels, dense, ids, block_rows, id_lists), labels, rare, missing
-        return encode_rows(labels, dense, ids, PER_COLUMN, row_columns), labels, rare, missing
+        return encode_rows(labels, dense, ids, PER_COLUMN, row_columns, id_lists), labels, rare, missing
 
     class ShardFile:
         """One output's shard of this partition: rows gathered into whole blocks, framed and written."""
@@ -243,7 +243,8 @@ def block_schema(state: FeatureState, spec: FeatureSpec) -> str:
 def row_schema(state: FeatureState, spec: FeatureSpec) -> str:
     """The TensorFlow Metadata schema of the row layout: the label, the spec's scaled dense features
     (standardized; absent when the field was missing and the feature has a missing flag) and its categorical
-    features (embedding row ids within each feature's table), one value each."""
+    features (embedding row ids within each feature's table), one value each, then its list features
+    (max_length row ids each)."""
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
 
@@ -269,6 +270,12 @@ def row_schema(state: FeatureState, spec: FeatureSpec) -> str:
         feature.shape.dim.add(size=1)
         feature.int_domain.min, feature.int_domain.max = 0, sizes[spec.table_of(name)] - 1
         feature.annotation.comment.append("embedding row id (0 rare or unseen, 1 missing)")
+    for name, width in columns.lists:
+        feature = schema.feature.add(name=name, type=schema_pb2.INT)
+        feature.presence.min_fraction = 1.0
+        feature.shape.dim.add(size=width)
+        feature.int_domain.min, feature.int_domain.max = 0, sizes[spec.table_of(name)] - 1
+        feature.annotation.comment.append("embedding row ids, newest last, the front padded with 1 (missing)")
     for feature in schema.feature:
         feature.annotation.tag.append(ROW_LAYOUT)
     return text_format.MessageToString(schema)

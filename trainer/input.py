@@ -128,6 +128,7 @@ def per_column_row_features(columns: row_layout.RowColumns) -> dict[str, tf.io.F
         row_layout.LABEL_KEY: tf.io.FixedLenFeature([], tf.float32),
         **{name: tf.io.FixedLenFeature([], tf.float32, default_value=float("nan")) for name in columns.dense},
         **{name: tf.io.FixedLenFeature([], tf.int64) for name in columns.categorical},
+        **{name: tf.io.FixedLenFeature([width], tf.int64) for name, width in columns.lists},
     }
 
 
@@ -155,7 +156,8 @@ def parse_per_column_rows(records: tf.Tensor, columns: row_layout.RowColumns = r
         dense = tf.zeros([tf.shape(records)[0], 0], tf.float32)
     categorical = tf.stack([parsed[name] for name in columns.categorical], axis=1) if columns.categorical \
         else tf.zeros([tf.shape(records)[0], 0], tf.int64)
-    return {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical}, parsed[row_layout.LABEL_KEY]
+    lists = {name: parsed[name] for name, _ in columns.lists}
+    return {DENSE_INPUT: dense, CATEGORICAL_INPUT: categorical, **lists}, parsed[row_layout.LABEL_KEY]
 
 
 def row_dataset(

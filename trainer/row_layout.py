@@ -5,7 +5,7 @@ the sample job writes them itself (features.layout = "row"). Read by `trainer.in
 from __future__ import annotations
 
 import gzip
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,10 +47,12 @@ def write_row_file(
     layout: str = PACKED,
     compression: str | None = None,
     columns: RowColumns = CRITEO_ROW_COLUMNS,
+    lists: Mapping[str, np.ndarray] | None = None,
 ) -> str:
     """Writes the rows as one row-layout TFRecord file (GZIP-compressed with compression="GZIP"); the
-    per-column layout names its features after `columns`."""
-    framed = frame_records(encode_rows(labels, dense, categorical, layout, columns if layout == PER_COLUMN else None))
+    per-column layout names its features after `columns` and carries `lists` (per list feature, [n, width] ids)."""
+    framed = frame_records(encode_rows(labels, dense, categorical, layout, columns if layout == PER_COLUMN else None,
+                                       lists))
     if check_compression(compression) == GZIP:
         # Level 6 is zlib's and TensorFlow's default; tf.data reads Python's gzip stream as written.
         framed = gzip.compress(framed, compresslevel=6, mtime=0)
@@ -69,6 +71,7 @@ def write_row_files(
     layout: str = PACKED,
     compression: str | None = None,
     columns: RowColumns = CRITEO_ROW_COLUMNS,
+    lists: Mapping[str, np.ndarray] | None = None,
 ) -> list[str]:
     """Splits the rows into `num_files` consecutive parts, one row-layout file each; returns the paths."""
     suffix = ".tfrecord.gz" if check_compression(compression) == GZIP else ".tfrecord"
@@ -77,6 +80,7 @@ def write_row_files(
         write_row_file(
             Path(directory) / f"part-{index:05d}{suffix}",
             labels[start:stop], dense[start:stop], categorical[start:stop], layout, compression, columns,
+            {name: ids[start:stop] for name, ids in (lists or {}).items()},
         )
         for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
     ]

@@ -166,6 +166,18 @@ def test_cli_generate_live_prints_one_line_per_minute(tmp_path, monkeypatch, cap
     assert text.count("\n") == 100
 
 
+def test_cli_generate_live_writes_the_named_specs_layout(tmp_path, monkeypatch, capsys):
+    clock = FakeClock(NOON + timedelta(seconds=50))
+    monkeypatch.setattr(components.live_traffic, "write_live_minutes",
+                        functools.partial(write_live_minutes, clock=clock.time, sleep=clock.sleep))
+    assert main(["generate", "--live", "--spec", "avazu", "--minutes", "1", "--rows-per-minute", "100",
+                 "--set", f"paths.data_root={tmp_path}"]) == 0
+    directory = Layout(tmp_path).raw_minute_dir(NOON)
+    assert sorted(p.name for p in directory.iterdir()) == [SUCCESS_MARKER, "part-00000.csv"]
+    header, first, *_ = (directory / "part-00000.csv").read_text().split("\n")
+    assert header.split(",")[:3] == ["click", "hour", "C1"] and first.split(",")[1] == "26030112"  # %y%m%d%H
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

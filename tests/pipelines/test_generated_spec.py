@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from components.block_codec import BLOCK_LAYOUT
 from components.config import load_config
 from components.feature_spec import spec_for
 from components.interval import Interval
@@ -72,16 +73,16 @@ def test_a_generated_day_of_a_teams_spec_trains_from_per_column_rows(tmp_path):
     assert 0.1 < (stock == 0).mean() < 0.3  # the missing ones (drawn at 0.2)
 
 
-@pytest.mark.parametrize(("preset", "model"), [("taobao", "din"), ("movielens", "dcnv2")])
-def test_a_generated_day_of_a_spec_with_list_columns_trains(tmp_path, preset, model):
-    """taobao: a behaviour sequence over the ad ids (DIN attends over it); movielens: a multi-valued genre column
-    and two history sequences Spark computes from earlier rows."""
+@pytest.mark.parametrize(("preset", "model", "layout"), [("taobao", "din", "row"), ("movielens", "dcnv2", "block")])
+def test_a_generated_day_of_a_spec_with_list_columns_trains(tmp_path, preset, model, layout):
+    """taobao: a behaviour sequence over the ad ids (DIN attends over it), its samples one tf.Example per row;
+    movielens: a multi-valued genre column and two history sequences Spark computes from earlier rows."""
     root = tmp_path / "data"
     assert ctr(["generate", "--spec", preset, "--minutes", "16", "--rows-per-minute", "1500",
                 "--set", f"paths.data_root={root}"]) == 0
     overrides = {"paths.data_root": str(root), "features.spec": preset, "features.num_shards": 1,
                  "train.epochs": 2, "train.batch_size": 256, "train.mlp_units": [32], "train.embedding_dim": 8,
-                 "train.model": model, "tracking.strict": True}
+                 "train.model": model, "tracking.strict": True, "features.samples_layout": layout}
     config = load_config(overrides=overrides, environ={})
     ctx = RunContext(config=config, interval=Interval.parse("2026-01-01T00:00", "2026-01-01T00:16"),
                      pipeline="daily", run_id=f"generated-{preset}")
@@ -96,3 +97,5 @@ def test_a_generated_day_of_a_spec_with_list_columns_trains(tmp_path, preset, mo
     for name in lists:  # every list's table admitted values the generator drew
         assert state["table_sizes"][spec_for(config).table_of(name)] > 2 + 5, (name, state["table_sizes"])
     assert set(lists) == ({"click_sequence"} if preset == "taobao" else {"genres", "liked_items", "rated_items"})
+    manifest = json.loads((ctx.layout.samples_dir(ctx.interval, "train") / "manifest.json").read_text())
+    assert manifest["layout"] == (ROW_LAYOUT if layout == "row" else BLOCK_LAYOUT)

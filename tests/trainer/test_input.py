@@ -192,10 +192,31 @@ def test_per_column_rows_of_a_spec_read_back_as_written(tmp_path):
         encode_rows(labels[:4], dense[:4], categorical[:4], layout="per_column")
 
 
-def test_a_spec_with_list_features_has_no_per_column_rows():
-    from components.feature_spec import FeatureSpecError, load_spec
+def test_per_column_rows_carry_a_specs_id_lists_as_the_model_reads_them(tmp_path):
+    from components.feature_spec import load_spec
     from components.row_codec import RowColumns
+    from trainer.input import row_dataset
+    from trainer.model_inputs import model_inputs
 
-    with pytest.raises(FeatureSpecError, match=re.escape("feature spec 'taobao' has list features (click_sequence)"
-                                                         ": use features.samples_layout=block")):
-        RowColumns.of(load_spec("taobao"))
+    spec = load_spec("taobao")
+    columns = RowColumns.of(spec)
+    assert columns.lists == (("click_sequence", 20),)
+    inputs = model_inputs(spec)
+    rng = np.random.default_rng(2)
+    n = 100
+    dense = np.stack([rng.normal(size=n), np.zeros(n)], axis=1)  # price, its missing flag
+    categorical = rng.integers(0, 40, (n, len(columns.categorical)))
+    sequence = np.where(np.arange(20) < rng.integers(0, 21, n)[:, None], 1, rng.integers(2, 40, (n, 20)))
+    labels = (rng.random(n) < 0.3).astype(np.float32)
+    files = write_row_files(tmp_path, labels, dense, categorical, num_files=1, layout="per_column",
+                            columns=columns, lists={"click_sequence": sequence})
+    (features, label), = row_dataset(files, batch_size=n, shuffle=False, seed=0, layout="per_column",
+                                     columns=columns, inputs=inputs)
+    assert {k: tuple(v.shape) for k, v in features.items()} == {k: (n, *s[1:]) for k, s in inputs.shapes.items()}
+    np.testing.assert_array_equal(features["click_sequence"].numpy(), sequence)
+    np.testing.assert_array_equal(features["categorical"].numpy(), categorical)
+    np.testing.assert_array_equal(label.numpy(), labels)
+    with pytest.raises(ValueError, match=re.escape("expected list features {'click_sequence': (100, 20)}, got {}")):
+        encode_rows(labels, dense, categorical, layout="per_column", columns=columns)
+    with pytest.raises(ValueError, match="the packed layout has no list features"):
+        encode_rows(labels, dense, categorical, lists={"click_sequence": sequence})
