@@ -130,7 +130,8 @@ class RawShape:
     def of(cls, spec: FeatureSpec) -> RawShape:
         """The spec's columns, or GenerateSpecError when it reads a column the generator does not draw."""
         dense = _unique(f.column for f in spec.dense)
-        categorical = _unique(f.column for f in spec.categorical if not f.derived_from)
+        # A column read both as a number and as an id is drawn as a number (its text is a valid id too).
+        categorical = _unique(f.column for f in spec.categorical if not f.derived_from and f.column not in dense)
         if not dense and not categorical:
             raise GenerateSpecError(f"feature spec {spec.name!r} has no dense or categorical column to draw")
         integer = {f.column for f in spec.categorical if not f.derived_from and f.dtype == "int"}
