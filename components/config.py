@@ -553,7 +553,10 @@ def _parse(key: str, raw: Any, hint: Any) -> Any:
             return text
         if origin is tuple:
             (item_type, *_rest) = typing.get_args(hint)
-            items = raw if isinstance(raw, list | tuple) else [p for p in str(raw).split(",") if p.strip()]
+            # "64,32", or as YAML writes a list ("[64, 32]", what a config file holds)
+            text = str(raw).strip()
+            text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+            items = raw if isinstance(raw, list | tuple) else [p for p in text.split(",") if p.strip()]
             return tuple(item_type(p) for p in items)
         if origin in (typing.Union, types.UnionType):
             return raw

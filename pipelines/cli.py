@@ -29,6 +29,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = generate(config.generate, Layout(config.paths.root), progress=progress, shape=shape)
     print(json.dumps(summary, indent=2))
     print(f"planted model AUC (best achievable): {summary['planted_auc']:.4f}")
+    start, end = (datetime.fromisoformat(summary[key]).strftime("%Y-%m-%dT%H:%M") for key in ("start", "end"))
+    print(f"next: {next_daily_command(args, start, end)}")
     return 0
 
 
@@ -184,8 +187,8 @@ def _ingested(run: Callable[[], Any], rows: str, where: Path, rejected: str) -> 
 
 
 def next_daily_command(args: argparse.Namespace, start: str, end: str) -> str:
-    """The daily run over what `ingest` wrote, with the --config, --spec and every --set it was given: it runs
-    as printed."""
+    """The daily run over what `ingest` or `generate` wrote, with the --config, --spec and every --set it was
+    given: it runs as printed."""
     words = [PROG, "run", "daily"]
     if args.config:
         words += ["--config", str(args.config)]

@@ -64,6 +64,9 @@ def test_with_overrides_parses_strings_to_each_field_type():
     assert config.train.mixed_precision is True
     assert config.train.mlp_units == (64, 32)
     assert config.spark.master == "local[1]"
+    # A list as YAML writes it, as a config file holds it.
+    assert PipelineConfig().with_overrides({"train.mlp_units": "[64, 32]"}).train.mlp_units == (64, 32)
+    assert PipelineConfig().with_overrides({"train.attention_units": "[]"}).train.attention_units == ()
     # Untouched sections and keys keep their defaults.
     assert config.train.epochs == 20
     assert config.gate == PipelineConfig().gate

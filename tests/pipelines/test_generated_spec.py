@@ -5,6 +5,7 @@ the layout TFX tools read) named after the spec's features."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ from tests.components.test_synthetic import SHOP_SPEC
 pytestmark = pytest.mark.integration
 
 
-def test_a_generated_day_of_a_teams_spec_trains_from_per_column_rows(tmp_path):
+def test_a_generated_day_of_a_teams_spec_trains_from_per_column_rows(tmp_path, capsys):
+    """As a user: generate with the spec, then run the daily command generate prints, as printed."""
     import tensorflow as tf
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
@@ -31,19 +33,25 @@ def test_a_generated_day_of_a_teams_spec_trains_from_per_column_rows(tmp_path):
     spec_path = tmp_path / "shop.yaml"
     spec_path.write_text(yaml.safe_dump(SHOP_SPEC))
     root = tmp_path / "data"
-    assert ctr(["generate", "--spec", str(spec_path), "--minutes", "16", "--rows-per-minute", "1500",
-                "--set", f"paths.data_root={root}"]) == 0
-    overrides = {"paths.data_root": str(root), "features.spec": str(spec_path), "features.samples_layout": "row",
-                 "features.num_shards": 1, "train.epochs": 2, "train.batch_size": 256, "train.mlp_units": [32],
-                 "train.embedding_dim": 8, "tracking.strict": True}
-    config = load_config(overrides=overrides, environ={})
+    overrides = {"paths.data_root": str(root), "features.samples_layout": "row", "features.num_shards": 1,
+                 "train.epochs": 2, "train.batch_size": 256, "train.mlp_units": [32], "train.embedding_dim": 8,
+                 "tracking.strict": True}
+    given = []
+    for key, value in overrides.items():  # lists and booleans as YAML reads them
+        given += ["--set", f"{key}={json.dumps(value) if isinstance(value, list | bool) else value}"]
+    assert ctr(["generate", "--spec", str(spec_path), "--minutes", "16", "--rows-per-minute", "1500", *given]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    command = shlex.split(next(line for line in printed if line.startswith("next: "))[len("next: "):])
+    assert command[:5] == ["ctr-pipeline", "run", "daily", "--spec", str(spec_path)]
+    assert command[-4:] == ["--start", "2026-01-01T00:00", "--end", "2026-01-01T00:16"]
+    assert ctr(command[1:]) == 0
+
+    config = load_config(overrides={**overrides, "features.spec": str(spec_path)}, environ={})
     spec = spec_for(config)
     ctx = RunContext(config=config, interval=Interval.parse("2026-01-01T00:00", "2026-01-01T00:16"),
                      pipeline="daily", run_id="generated-shop")
-    outputs = run_steps(ctx, select_steps("daily", None))
-    assert outputs["evaluate"]["gate"]["passed"]
-
     report = json.loads((ctx.layout.evaluation_dir(ctx.interval) / "report.json").read_text())
+    assert report["gate"]["passed"]
     auc, planted = report["metrics"]["auc"], report["planted_auc"]
     print(f"held-out AUC {auc:.4f}, planted {planted:.4f}")
     assert 0.6 < auc < planted + 0.02, (auc, planted)  # it learned the planted model, not more
