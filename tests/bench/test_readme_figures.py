@@ -370,6 +370,10 @@ FIGURES: dict[str, Callable[[], str]] = {
         f"outside its stages to the compiled client's slowest 1 %, which spent "
         f"{span(values(APP_SPLIT, 'loaded_tail_ms_100_compiled_client.slowest_1pct.rest_outside_app_ms'), '.2f')} "
         f"ms outside the app"),
+    "serving_run21.json": lambda: (
+        f"On an AMD EPYC host (serving_run21.json): p99 {value('serving_run21.json', 'loaded_p99_ms_100'):.2f} ms "
+        f"under load, {value('serving_run21.json', 'loaded_p99_ms_100_compiled_client'):.2f} ms from the compiled "
+        f"client, at {value('serving_run21.json', 'loaded_rate_per_s'):.1f}"),
     "serving_run19.json, serving_run20.json: idle gaps": lambda: (
         f"p50 {span(values(GAPS, 'idle_gaps_100.1.p50_ms'), '.2f')} ms after 1 ms idle, "
         f"{span(values(GAPS, 'idle_gaps_100.10.p50_ms'), '.2f')} ms after 10 ms and "
