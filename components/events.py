@@ -54,7 +54,7 @@ from components.feature_spec import (
 )
 from components.interval import parse_time
 from components.layout import Layout
-from components.synthetic import SUCCESS_MARKER, default_shape, generate_minute, hex8, splitmix64
+from components.synthetic import SUCCESS_MARKER, default_shape, generate_minute, hex8, splitmix64, zipf_ranks
 
 IMPRESSIONS = "impressions"
 CLICKS = "clicks"
@@ -258,17 +258,6 @@ def _user_topic(seed: int, users: np.ndarray) -> np.ndarray:
     return (mixed % np.uint64(NUM_TOPICS)).astype(np.int64)
 
 
-_CDFS: dict[tuple[int, float], np.ndarray] = {}
-
-
-def _zipf_ranks(cardinality: int, exponent: float, uniform: np.ndarray) -> np.ndarray:
-    key = (cardinality, exponent)
-    if key not in _CDFS:
-        weights = 1.0 / np.arange(1, cardinality + 1) ** exponent
-        _CDFS[key] = np.cumsum(weights) / weights.sum()
-    return np.minimum(np.searchsorted(_CDFS[key], uniform), cardinality - 1)
-
-
 def click_delays_ms(events: EventsConfig, uniform: np.ndarray, late: np.ndarray) -> np.ndarray:
     """Inverse-CDF draws: the lognormal below the window where `late` is false, its tail beyond it where true.
 
@@ -311,12 +300,12 @@ def generate_event_minute(generate: GenerateConfig, events: EventsConfig, minute
     minute_ms = int(minute.timestamp() * 1000)
     # Every draw is made for every row, in a fixed order, so each stream of draws is stable.
     ts = minute_ms + np.sort(rng.integers(0, 60_000, n))
-    users = _zipf_ranks(events.num_users, USER_ZIPF_EXPONENT, rng.random(n))
+    users = zipf_ranks(events.num_users, rng.random(n), USER_ZIPF_EXPONENT)
     preferred = _user_topic(generate.seed, users)
     targeted = rng.random(n) < TARGETED_SHARE
     per_topic = events.num_items // NUM_TOPICS
-    in_topic = _zipf_ranks(per_topic, ITEM_ZIPF_EXPONENT, rng.random(n)) * NUM_TOPICS + preferred
-    anywhere = _zipf_ranks(events.num_items, ITEM_ZIPF_EXPONENT, rng.random(n))
+    in_topic = zipf_ranks(per_topic, rng.random(n), ITEM_ZIPF_EXPONENT) * NUM_TOPICS + preferred
+    anywhere = zipf_ranks(events.num_items, rng.random(n), ITEM_ZIPF_EXPONENT)
     items = np.where(targeted, in_topic, anywhere)
     slot = rng.integers(1, NUM_SLOTS + 1, n)
     device = rng.choice(len(DEVICES), n, p=DEVICE_SHARE)

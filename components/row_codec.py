@@ -61,10 +61,6 @@ class RowColumns:
     def dense_input_dim(self) -> int:
         return len(self.dense) + sum(self.flagged)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (LABEL_KEY, *self.dense, *self.categorical, *(name for name, _ in self.lists))
-
 
 def check_layout(layout: str) -> None:
     if layout not in ROW_LAYOUTS:

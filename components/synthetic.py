@@ -241,12 +241,20 @@ class MinuteSlice:
     probability: np.ndarray  # planted click probability per row
 
 
-def _zipf_cdf(cardinality: int) -> np.ndarray:
-    weights = 1.0 / np.arange(1, cardinality + 1) ** ZIPF_EXPONENT
+@functools.cache
+def _zipf_cdf(cardinality: int, exponent: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, cardinality + 1) ** exponent
     return np.cumsum(weights) / weights.sum()
 
 
-_CDFS: dict[int, np.ndarray] = {}
+def zipf_ranks(cardinality: int, uniform: np.ndarray, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
+    """Uniform draws in [0, 1) -> popularity ranks in [0, cardinality), Zipf-distributed with `exponent`."""
+    return np.minimum(np.searchsorted(_zipf_cdf(cardinality, exponent), uniform), cardinality - 1)
+
+
+def _hashed(ids: np.ndarray, salt: int) -> np.ndarray:
+    """Value ids -> the 32-bit hashes written for them (as uint64), salted by their feature."""
+    return splitmix64(ids.astype(np.uint64) + np.uint64(salt << 40)) & np.uint64(0xFFFFFFFF)
 
 
 def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
@@ -261,10 +269,8 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
     ranks = np.empty((n, num_categorical), dtype=np.int64)
     for f in range(num_categorical):
         cardinality = CARDINALITIES[f % len(CARDINALITIES)]
-        cdf = _CDFS.setdefault(cardinality, _zipf_cdf(cardinality))
-        rank = np.minimum(np.searchsorted(cdf, rng.random(n)), cardinality - 1)
-        # A value's id is a fixed permutation of its popularity rank.
-        value_id = (rank * 2_654_435_761 + f) % (1 << 31)
+        rank = zipf_ranks(cardinality, rng.random(n))
+        value_id = _ids_of(rank, f)
         new = rng.random(n) < config.new_value_rate
         new_ids = (1 << 31) + minute_index * 100_000 + rng.integers(0, max(1, int(n * config.new_value_rate)), n)
         value_id = np.where(new, new_ids, value_id)
@@ -295,7 +301,7 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
         column = dense[:, j]
         drawn[name] = pa.array(np.nan_to_num(column).astype(np.int64), mask=np.isnan(column))
     for f, name in enumerate(shape.categorical):
-        hashed = splitmix64(ids[:, f].astype(np.uint64) + np.uint64(f << 40)) & np.uint64(0xFFFFFFFF)
+        hashed = _hashed(ids[:, f], f)
         if name in shape.integer_categorical:
             drawn[name] = pa.array(hashed.astype(np.int64), mask=ids[:, f] < 0)
             continue
@@ -309,7 +315,7 @@ def generate_minute(config: GenerateConfig, minute_index: int, minute: datetime,
 
 
 def _ids_of(ranks: np.ndarray, feature: int) -> np.ndarray:
-    """Popularity ranks -> value ids of categorical feature `feature` (the permutation generate_minute uses)."""
+    """Popularity ranks -> value ids of feature `feature`: a fixed permutation of the ranks."""
     return (ranks * 2_654_435_761 + feature) % (1 << 31)
 
 
@@ -326,9 +332,8 @@ def _draw_list(item: ListColumn, index: int, ids: np.ndarray, rng: np.random.Gen
     if item.shares is not None:
         f = item.shares
         cardinality = CARDINALITIES[f % len(CARDINALITIES)]
-        cdf = _CDFS.setdefault(cardinality, _zipf_cdf(cardinality))
         lengths = rng.integers(0, item.max_length + 1, n)
-        drawn = _ids_of(np.minimum(np.searchsorted(cdf, rng.random((n, item.max_length))), cardinality - 1), f)
+        drawn = _ids_of(zipf_ranks(cardinality, rng.random((n, item.max_length))), f)
         target = ids[:, f]
         planted = (rng.random(n) < SEQUENCE_TARGET_SHARE) & (target >= 0) & (lengths > 0)
         position = (rng.random(n) * np.maximum(lengths, 1)).astype(np.int64)
@@ -339,15 +344,14 @@ def _draw_list(item: ListColumn, index: int, ids: np.ndarray, rng: np.random.Gen
         effect = SEQUENCE_MATCH_EFFECT * matched
     else:
         feature = MULTI_VALUED_FEATURE + index
-        cdf = _CDFS.setdefault(MULTI_VALUED_CARDINALITY, _zipf_cdf(MULTI_VALUED_CARDINALITY))
         longest = min(3, item.max_length)
         lengths = np.where(rng.random(n) < MULTI_VALUED_MISSING_RATE, 0, rng.integers(1, longest + 1, n))
-        drawn = _ids_of(np.searchsorted(cdf, rng.random((n, longest))), feature)
+        drawn = _ids_of(zipf_ranks(MULTI_VALUED_CARDINALITY, rng.random((n, longest))), feature)
         inside = np.arange(longest) < lengths[:, None]
         weights = np.where(inside, _hash_normal(seed, feature, drawn), 0.0)
         effect = MULTI_VALUED_SCALE * weights.sum(axis=1) / np.maximum(lengths, 1)
         salt = feature
-    hashed = splitmix64(drawn.astype(np.uint64) + np.uint64(salt << 40)) & np.uint64(0xFFFFFFFF)
+    hashed = _hashed(drawn, salt)
     return [row[:length] for row, length in zip(hashed, lengths, strict=True)], effect
 
 
